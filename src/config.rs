@@ -1,0 +1,613 @@
+//! Configuration: the `sidecar.toml` file, `LITESTREAM_SIDECAR__SECTION__KEY` environment overrides, and the one
+//! place where strings become typed values.
+//!
+//! Loading and validation are separate so that `--check-config` can report every problem at once and tests can
+//! build a config from a string. Nothing here touches the network.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Prefix of the environment variables that override file keys: `LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL`
+/// overrides `[litestream] backup_url`.
+pub const ENV_PREFIX: &str = "LITESTREAM_SIDECAR";
+/// Separator between prefix, section and key in environment variable names.
+pub const ENV_SEPARATOR: &str = "__";
+/// Files tried in order when no `--config` is given.
+pub const DEFAULT_PATHS: [&str; 2] = ["./sidecar.toml", "/etc/litestream-sidecar/sidecar.toml"];
+
+/// Zero's client drops a socket that has seen neither a ping nor a message within 33 s of opening it
+/// (PROTOCOL.md §4.4), so a longer ping interval would lose every idle reservation.
+const MAX_PING_INTERVAL: Duration = Duration::from_secs(30);
+/// Zero's `ws` peers accept 100 MiB messages; a smaller limit would break large transactions.
+const MIN_MESSAGE_BYTES: u64 = 100 << 20;
+
+/// The file format as written by operators: strings where units matter, every field defaulted.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub server: RawServer,
+    pub litestream: RawLitestream,
+    pub zero: RawZero,
+    pub change_db: RawChangeDb,
+    pub cleanup: RawCleanup,
+    pub log: RawLog,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawServer {
+    pub listen: String,
+    pub ping_interval: String,
+    pub max_message_bytes: u64,
+    pub shutdown_grace: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLitestream {
+    pub backup_url: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawZero {
+    pub app_id: String,
+    pub shard_num: i64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawChangeDb {
+    pub url: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCleanup {
+    pub initial_delay: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLog {
+    pub format: String,
+    pub filter: String,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:4851".into(),
+            ping_interval: "10s".into(),
+            max_message_bytes: 128 << 20,
+            shutdown_grace: "10s".into(),
+        }
+    }
+}
+
+impl Default for RawZero {
+    fn default() -> Self {
+        Self {
+            app_id: "zero".into(),
+            shard_num: 0,
+        }
+    }
+}
+
+impl Default for RawChangeDb {
+    fn default() -> Self {
+        Self {
+            url: "postgres://zero@127.0.0.1:5432/zero".into(),
+        }
+    }
+}
+
+impl Default for RawCleanup {
+    fn default() -> Self {
+        Self {
+            initial_delay: "30s".into(),
+        }
+    }
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        Self {
+            format: "text".into(),
+            filter: "warn,litestream_sidecar=info".into(),
+        }
+    }
+}
+
+/// The validated configuration the daemon runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub litestream: LitestreamConfig,
+    pub zero: ZeroConfig,
+    pub change_db: ChangeDbConfig,
+    pub cleanup: CleanupConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where view-syncers reach the sidecar; default port 4851 sits next to Zero's 4848-4850.
+    pub listen: SocketAddr,
+    /// How often every downstream WebSocket is pinged; a peer silent until the next ping is dropped.
+    pub ping_interval: Duration,
+    /// Largest WebSocket message or frame accepted; larger ones close with 1009.
+    pub max_message_bytes: usize,
+    /// How long shutdown waits for connections to close before exiting anyway.
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct LitestreamConfig {
+    /// Sent verbatim as `backupURL` in every snapshot status; view-syncers restore from it.
+    pub backup_url: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ZeroConfig {
+    pub app_id: String,
+    pub shard_num: u32,
+}
+
+impl ZeroConfig {
+    /// The change DB schema, e.g. `zero_0/cdc`, unquoted (PROTOCOL.md §8.1).
+    pub fn cdc_schema(&self) -> String {
+        format!("{}_{}/cdc", self.app_id, self.shard_num)
+    }
+}
+
+#[derive(Clone)]
+pub struct ChangeDbConfig {
+    /// Parsed connection settings; its `Debug` form hides the password.
+    pub pg: tokio_postgres::Config,
+}
+
+impl fmt::Debug for ChangeDbConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChangeDbConfig").field("pg", &self.pg).finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CleanupConfig {
+    /// Lower bound of the cleanup delay, raised by long reservations (PROTOCOL.md §9.1); never below 30 s.
+    pub initial_delay: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// `tracing_subscriber::EnvFilter` directives; `RUST_LOG` wins when set.
+    pub filter: String,
+}
+
+/// One problem with one key. Validation collects all of them so an operator fixes the file in one pass.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct KeyError {
+    pub key: &'static str,
+    pub problem: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {source}")]
+    File {
+        path: PathBuf,
+        source: Box<config::ConfigError>,
+    },
+    #[error("config: {0}")]
+    Load(Box<config::ConfigError>),
+    #[error("{} invalid config key(s):\n{}", .0.len(), list(.0))]
+    Invalid(Vec<KeyError>),
+}
+
+fn list(errors: &[KeyError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("  {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Which file to read: the explicit one (must exist), else the first default that exists, else none (environment
+/// and defaults only, as in a container).
+pub fn resolve_path(explicit: Option<&Path>) -> Option<PathBuf> {
+    match explicit {
+        Some(path) => Some(path.to_path_buf()),
+        None => DEFAULT_PATHS
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file()),
+    }
+}
+
+/// Reads the file (if any) and the process environment into a [`RawConfig`].
+pub fn load(path: Option<&Path>) -> Result<RawConfig, ConfigError> {
+    let mut builder = config::Config::builder();
+    if let Some(path) = path {
+        if !path.is_file() {
+            return Err(ConfigError::File {
+                path: path.to_path_buf(),
+                source: Box::new(config::ConfigError::Message("no such file".into())),
+            });
+        }
+        builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+    }
+    builder = builder.add_source(environment(None));
+    builder
+        .build()
+        .and_then(|c| c.try_deserialize())
+        .map_err(|source| match path {
+            Some(path) => ConfigError::File {
+                path: path.to_path_buf(),
+                source: Box::new(source),
+            },
+            None => ConfigError::Load(Box::new(source)),
+        })
+}
+
+/// Builds a [`RawConfig`] from TOML text and an explicit set of environment variables; tests use it so they never
+/// touch the process environment.
+pub fn from_toml_str(
+    text: &str,
+    env: Option<std::collections::HashMap<String, String>>,
+) -> Result<RawConfig, ConfigError> {
+    config::Config::builder()
+        .add_source(config::File::from_str(text, config::FileFormat::Toml))
+        .add_source(environment(env))
+        .build()
+        .and_then(|c| c.try_deserialize())
+        .map_err(|e| ConfigError::Load(Box::new(e)))
+}
+
+fn environment(source: Option<std::collections::HashMap<String, String>>) -> config::Environment {
+    config::Environment::with_prefix(ENV_PREFIX)
+        .prefix_separator(ENV_SEPARATOR)
+        .separator(ENV_SEPARATOR)
+        .source(source)
+}
+
+impl RawConfig {
+    /// Checks every key and converts it; returns all problems, not just the first.
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let mut errors = Vec::new();
+        let mut check = |key: &'static str, result: Result<(), String>| {
+            if let Err(problem) = result {
+                errors.push(KeyError { key, problem });
+            }
+        };
+
+        let listen = parse_addr(&self.server.listen);
+        check("server.listen", listen.as_ref().map(drop).map_err(Clone::clone));
+        let ping_interval = parse_duration(&self.server.ping_interval).and_then(|d| {
+            if d < Duration::from_millis(10) || d > MAX_PING_INTERVAL {
+                Err(format!(
+                    "{:?} is outside 10ms..=30s (Zero's client drops a socket silent for 33 s)",
+                    self.server.ping_interval
+                ))
+            } else {
+                Ok(d)
+            }
+        });
+        check(
+            "server.ping_interval",
+            ping_interval.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let max_message_bytes = if self.server.max_message_bytes < MIN_MESSAGE_BYTES {
+            Err(format!(
+                "{} is below {MIN_MESSAGE_BYTES} (Zero sends messages up to 100 MiB)",
+                self.server.max_message_bytes
+            ))
+        } else {
+            usize::try_from(self.server.max_message_bytes).map_err(|e| e.to_string())
+        };
+        check(
+            "server.max_message_bytes",
+            max_message_bytes.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let shutdown_grace = parse_duration(&self.server.shutdown_grace);
+        check(
+            "server.shutdown_grace",
+            shutdown_grace.as_ref().map(drop).map_err(Clone::clone),
+        );
+
+        let backup_url = self.litestream.backup_url.trim();
+        check(
+            "litestream.backup_url",
+            if backup_url.is_empty() {
+                Err("must not be empty: it is the backupURL every view-syncer restores from".into())
+            } else if backup_url.chars().any(char::is_control) {
+                Err("must not contain control characters".into())
+            } else {
+                Ok(())
+            },
+        );
+
+        check("zero.app_id", validate_app_id(&self.zero.app_id));
+        let shard_num = u32::try_from(self.zero.shard_num)
+            .map_err(|_| format!("{} is not a shard number (0..=4294967295)", self.zero.shard_num));
+        check(
+            "zero.shard_num",
+            shard_num.as_ref().map(drop).map_err(Clone::clone),
+        );
+
+        let pg = self
+            .change_db
+            .url
+            .parse::<tokio_postgres::Config>()
+            .map_err(|e| format!("not a PostgreSQL connection string: {e}"));
+        check("change_db.url", pg.as_ref().map(drop).map_err(Clone::clone));
+
+        let initial_delay = parse_duration(&self.cleanup.initial_delay);
+        check(
+            "cleanup.initial_delay",
+            initial_delay.as_ref().map(drop).map_err(Clone::clone),
+        );
+
+        let format = match self.log.format.as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("{other:?} is neither \"text\" nor \"json\"")),
+        };
+        check("log.format", format.as_ref().map(drop).map_err(Clone::clone));
+        check(
+            "log.filter",
+            tracing_subscriber::EnvFilter::try_new(&self.log.filter)
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        );
+
+        if !errors.is_empty() {
+            return Err(ConfigError::Invalid(errors));
+        }
+        // Every `unwrap` below is on a value checked just above.
+        Ok(Config {
+            server: ServerConfig {
+                listen: listen.unwrap(),
+                ping_interval: ping_interval.unwrap(),
+                max_message_bytes: max_message_bytes.unwrap(),
+                shutdown_grace: shutdown_grace.unwrap(),
+            },
+            litestream: LitestreamConfig {
+                backup_url: backup_url.to_string(),
+            },
+            zero: ZeroConfig {
+                app_id: self.zero.app_id.clone(),
+                shard_num: shard_num.unwrap(),
+            },
+            change_db: ChangeDbConfig { pg: pg.unwrap() },
+            cleanup: CleanupConfig {
+                initial_delay: initial_delay.unwrap(),
+            },
+            log: LogConfig {
+                format: format.unwrap(),
+                filter: self.log.filter.clone(),
+            },
+        })
+    }
+
+    /// The effective configuration as TOML, with any password in `change_db.url` replaced.
+    pub fn to_redacted_toml(&self) -> String {
+        let mut shown = self.clone();
+        shown.change_db.url = redact_db_url(&shown.change_db.url);
+        toml::to_string(&shown).expect("config serializes")
+    }
+}
+
+/// Zero refuses other app IDs (PROTOCOL.md §8.1); the ID also becomes part of a quoted SQL identifier.
+pub fn validate_app_id(app_id: &str) -> Result<(), String> {
+    if app_id.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if !app_id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(format!(
+            "{app_id:?} must match ^[a-z0-9_]+$ (lower-case letters, digits and '_', as Zero requires)"
+        ));
+    }
+    Ok(())
+}
+
+/// Accepts `30s`, `5m`, `1h 30m`, `250ms`; a bare number is refused because its unit would be a guess.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not a duration like \"30s\" or \"5m\": {e}"))
+}
+
+fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a socket address like \"0.0.0.0:4851\" or \"[::1]:4851\""))
+}
+
+/// Hides the password of a `postgres://` URL or a `password=` pair of a key-value connection string.
+pub fn redact_db_url(text: &str) -> String {
+    if let Ok(mut url) = url::Url::parse(text) {
+        if url.password().is_some() {
+            let _ = url.set_password(Some("REDACTED"));
+        }
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "password" { "REDACTED".into() } else { v.into_owned() };
+                (k.into_owned(), v)
+            })
+            .collect();
+        if pairs.iter().any(|(k, _)| k == "password") {
+            url.query_pairs_mut().clear().extend_pairs(pairs);
+        }
+        return url.to_string();
+    }
+    text.split_whitespace()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.trim() == "password" => "password=REDACTED".to_string(),
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "[litestream]\nbackup_url = \"s3://bucket/replica\"\n";
+
+    fn errors_of(text: &str) -> Vec<KeyError> {
+        match from_toml_str(text, Some(Default::default())).unwrap().validate() {
+            Err(ConfigError::Invalid(errors)) => errors,
+            other => panic!("expected invalid config, got {other:?}"),
+        }
+    }
+
+    fn keys(errors: &[KeyError]) -> Vec<&'static str> {
+        errors.iter().map(|e| e.key).collect()
+    }
+
+    #[test]
+    fn reference_file_is_valid_and_matches_the_defaults() {
+        let text = include_str!("../sidecar.toml");
+        let raw = from_toml_str(text, Some(Default::default())).unwrap();
+        let config = raw.validate().unwrap();
+        assert_eq!(config.server.listen, "0.0.0.0:4851".parse().unwrap());
+        assert_eq!(config.server.ping_interval, Duration::from_secs(10));
+        assert_eq!(config.server.max_message_bytes, 128 << 20);
+        // Every default written in the reference file is the code's default: only backup_url has none.
+        let mut from_file = toml::Value::try_from(&raw).unwrap();
+        let mut defaults = toml::Value::try_from(RawConfig::default()).unwrap();
+        from_file["litestream"]["backup_url"] = "".into();
+        defaults["litestream"]["backup_url"] = "".into();
+        assert_eq!(from_file, defaults);
+    }
+
+    #[test]
+    fn default_port_is_none_of_zeros() {
+        let port = RawServer::default().listen.parse::<SocketAddr>().unwrap().port();
+        assert!(![4848, 4849, 4850].contains(&port));
+    }
+
+    #[test]
+    fn minimal_file_is_valid() {
+        let config = from_toml_str(MINIMAL, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(config.litestream.backup_url, "s3://bucket/replica");
+        assert_eq!(config.zero.cdc_schema(), "zero_0/cdc");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_key() {
+        let errors = errors_of(
+            r#"
+            [server]
+            listen = "localhost"
+            ping_interval = "31s"
+            max_message_bytes = 1000
+            shutdown_grace = "soon"
+            [litestream]
+            backup_url = ""
+            [zero]
+            app_id = "Zero-App"
+            shard_num = -1
+            [cleanup]
+            initial_delay = "30"
+            [log]
+            format = "xml"
+            "#,
+        );
+        assert_eq!(
+            keys(&errors),
+            [
+                "server.listen",
+                "server.ping_interval",
+                "server.max_message_bytes",
+                "server.shutdown_grace",
+                "litestream.backup_url",
+                "zero.app_id",
+                "zero.shard_num",
+                "cleanup.initial_delay",
+                "log.format",
+            ]
+        );
+        let app_id = errors.iter().find(|e| e.key == "zero.app_id").unwrap();
+        assert!(app_id.problem.contains("^[a-z0-9_]+$"), "{app_id}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = from_toml_str(
+            "[litestream]\nbackup_url = \"s3://b\"\nbackup_ulr = \"x\"\n",
+            Some(Default::default()),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("backup_ulr"), "{err}");
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = [
+            ("LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL", "file:///backups/replica"),
+            ("LITESTREAM_SIDECAR__ZERO__SHARD_NUM", "3"),
+            ("LITESTREAM_SIDECAR__SERVER__PING_INTERVAL", "15s"),
+            ("UNRELATED", "ignored"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let config = from_toml_str(MINIMAL, Some(env)).unwrap().validate().unwrap();
+        assert_eq!(config.litestream.backup_url, "file:///backups/replica");
+        assert_eq!(config.zero.shard_num, 3);
+        assert_eq!(config.zero.cdc_schema(), "zero_3/cdc");
+        assert_eq!(config.server.ping_interval, Duration::from_secs(15));
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_db_url("postgres://zero:s3cret@db:5432/zero?sslmode=require"),
+            "postgres://zero:REDACTED@db:5432/zero?sslmode=require"
+        );
+        assert_eq!(
+            redact_db_url("postgres://db/zero?user=zero&password=s3cret"),
+            "postgres://db/zero?user=zero&password=REDACTED"
+        );
+        assert_eq!(
+            redact_db_url("host=db user=zero password=s3cret dbname=zero"),
+            "host=db user=zero password=REDACTED dbname=zero"
+        );
+        let mut raw = from_toml_str(MINIMAL, Some(Default::default())).unwrap();
+        raw.change_db.url = "postgres://zero:s3cret@db/zero".into();
+        let shown = raw.to_redacted_toml();
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("REDACTED"), "{shown}");
+        assert!(!format!("{:?}", raw.validate().unwrap()).contains("s3cret"));
+    }
+
+    #[test]
+    fn durations_need_units() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert!(parse_duration("30").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

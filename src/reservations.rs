@@ -1,0 +1,376 @@
+//! Snapshot reservations: the registry the cleanup policy reads, and the `/snapshot` WebSocket handler.
+//!
+//! A reservation protects a view-syncer's restore: while it is open, change-log rows the restored backup may need
+//! must stay. It ends when its socket closes, when a retry with the same taskID replaces it, or when the task's
+//! first `initial=true` subscription arrives — only that last way proves how long a restore takes, so only it can
+//! raise the cleanup delay (PROTOCOL.md §5.3).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fastwebsockets::{OpCode, WebSocket};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use crate::protocol::{self, close};
+use crate::ws::{self, Assembled, Assembler, CloseWith, Liveness, PeerClose};
+
+/// Zero's `MIN_CLEANUP_DELAY_MS`: the delay never goes below what a reconnecting subscriber needs.
+pub const MIN_CLEANUP_DELAY: Duration = Duration::from_secs(30);
+
+/// Why a reservation's socket is being closed by the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// A new reservation with the same taskID took its place.
+    Replaced,
+    /// The task's restore finished: its `initial=true` subscription arrived.
+    Subscribed,
+}
+
+/// An open reservation as the cleanup logic sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub task_id: String,
+    pub started: Instant,
+}
+
+/// Shared registry of open reservations and the cleanup delay. Cheap to clone; the lock is never held across an
+/// `.await`.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Mutex<Inner>>,
+}
+
+struct Inner {
+    next_id: u64,
+    open: HashMap<String, Entry>,
+    cleanup_delay: Duration,
+}
+
+struct Entry {
+    id: u64,
+    started: Instant,
+    end: oneshot::Sender<EndReason>,
+}
+
+impl Registry {
+    /// `initial_delay` comes from configuration; it is raised to Zero's 30 s minimum.
+    pub fn new(initial_delay: Duration) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                next_id: 0,
+                open: HashMap::new(),
+                cleanup_delay: initial_delay.max(MIN_CLEANUP_DELAY),
+            })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding this lock leaves plain data behind; keep serving with it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a reservation for `task_id`, replacing (and closing) any existing one for the same task.
+    pub fn open(&self, task_id: &str, now: Instant) -> Lease {
+        let (end, ended) = oneshot::channel();
+        let mut inner = self.lock();
+        inner.next_id += 1;
+        let id = inner.next_id;
+        let previous = inner.open.insert(task_id.to_string(), Entry { id, started: now, end });
+        drop(inner);
+        if let Some(previous) = previous {
+            let _ = previous.end.send(EndReason::Replaced);
+        }
+        Lease {
+            registry: self.clone(),
+            task_id: task_id.to_string(),
+            id,
+            ended,
+        }
+    }
+
+    /// Ends `task_id`'s reservation because its subscription arrived; a restore that took longer than the current
+    /// cleanup delay raises it. Returns how long the reservation was held, or `None` if there was none.
+    pub fn end_by_subscription(&self, task_id: &str, now: Instant) -> Option<Duration> {
+        let mut inner = self.lock();
+        let entry = inner.open.remove(task_id)?;
+        let held = now.saturating_duration_since(entry.started);
+        if held > inner.cleanup_delay {
+            inner.cleanup_delay = held;
+        }
+        drop(inner);
+        let _ = entry.end.send(EndReason::Subscribed);
+        Some(held)
+    }
+
+    fn release(&self, task_id: &str, id: u64) {
+        let mut inner = self.lock();
+        if inner.open.get(task_id).is_some_and(|entry| entry.id == id) {
+            inner.open.remove(task_id);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().open.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The open reservations, oldest first.
+    pub fn open_reservations(&self) -> Vec<Reservation> {
+        let inner = self.lock();
+        let mut list: Vec<_> = inner
+            .open
+            .iter()
+            .map(|(task_id, entry)| Reservation {
+                task_id: task_id.clone(),
+                started: entry.started,
+            })
+            .collect();
+        list.sort_by(|a, b| a.started.cmp(&b.started).then_with(|| a.task_id.cmp(&b.task_id)));
+        list
+    }
+
+    /// `max(30 s, initial delay, longest reservation ended by a subscription)`.
+    pub fn cleanup_delay(&self) -> Duration {
+        self.lock().cleanup_delay
+    }
+}
+
+/// A held reservation. Dropping it removes the reservation unless something else already ended or replaced it,
+/// so no exit path of a handler (error, panic, cancellation) can leave one behind.
+pub struct Lease {
+    registry: Registry,
+    task_id: String,
+    id: u64,
+    ended: oneshot::Receiver<EndReason>,
+}
+
+impl Lease {
+    /// Resolves when the registry ends this reservation (replaced or subscribed).
+    pub async fn ended(&mut self) -> EndReason {
+        match (&mut self.ended).await {
+            Ok(reason) => reason,
+            // The sender is only dropped with the entry, which happens only through `end`.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.registry.release(&self.task_id, self.id);
+    }
+}
+
+/// Everything a snapshot connection needs besides its socket.
+#[derive(Clone)]
+pub struct SnapshotContext {
+    pub registry: Registry,
+    pub backup_url: Arc<str>,
+    pub ping_interval: Duration,
+    pub max_message_bytes: usize,
+    pub shutdown: CancellationToken,
+}
+
+/// How a reservation socket ended, for logs and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    ClosedByPeer,
+    Ended(EndReason),
+    Shutdown,
+    Unresponsive,
+    ProtocolError(CloseWith),
+    Gone,
+}
+
+/// Serves one reservation: status frame, then hold the socket open with pings until something ends it.
+pub async fn handle_snapshot<S>(ctx: SnapshotContext, task_id: String, ws: WebSocket<S>) -> Outcome
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut lease = ctx.registry.open(&task_id, Instant::now());
+    info!("reservation opened");
+    let (reader, mut writer) = ws::split(ws, ctx.max_message_bytes);
+    let status = protocol::snapshot_status_v3(&ctx.backup_url);
+    if writer.write_frame(ws::text(status)).await.is_err() {
+        return Outcome::Gone;
+    }
+
+    let mut liveness = Liveness::new(ctx.ping_interval);
+    let mut assembler = Assembler::new(ctx.max_message_bytes);
+    let mut acked = false;
+    let read = ws::next_frame(reader);
+    tokio::pin!(read);
+
+    let (outcome, close) = loop {
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => {
+                let with = CloseWith::new(close::GOING_AWAY, "sidecar shutting down");
+                break (Outcome::Shutdown, Some(Some(with)));
+            }
+            reason = lease.ended() => {
+                // Zero closes an ended or replaced reservation without a status code (PROTOCOL.md §5.3).
+                break (Outcome::Ended(reason), Some(None));
+            }
+            alive = liveness.tick() => {
+                if !alive {
+                    // Like Zero's terminate(): no close handshake with a peer that stopped answering.
+                    break (Outcome::Unresponsive, None);
+                }
+                if writer.write_frame(ws::ping()).await.is_err() {
+                    break (Outcome::Gone, None);
+                }
+            }
+            (reader, result) = &mut read => {
+                let frame = match result {
+                    Ok(frame) => frame,
+                    Err(err) => match ws::close_for_error(&err) {
+                        Some(with) => {
+                            debug!(error = %err, "bad frame");
+                            // The stream is unusable after a framing error: close and drop without lingering.
+                            let _ = writer.write_frame(ws::close_frame(&with)).await;
+                            break (Outcome::ProtocolError(with), None);
+                        }
+                        None => break (Outcome::Gone, None),
+                    },
+                };
+                liveness.heard();
+                read.set(ws::next_frame(reader));
+                match assembler.push(frame) {
+                    Err(with) => break (Outcome::ProtocolError(with.clone()), Some(Some(with))),
+                    Ok(Assembled::Incomplete) => {}
+                    Ok(Assembled::Control(frame)) => match frame.opcode {
+                        OpCode::Ping => {
+                            let pong = fastwebsockets::Frame::pong(fastwebsockets::Payload::Bytes(frame.payload));
+                            if writer.write_frame(pong).await.is_err() {
+                                break (Outcome::Gone, None);
+                            }
+                        }
+                        OpCode::Close => {
+                            match ws::read_close(frame.payload) {
+                                PeerClose::Valid { payload, .. } => {
+                                    let echo = fastwebsockets::Frame::close_raw(fastwebsockets::Payload::Bytes(payload));
+                                    let _ = writer.write_frame(echo).await;
+                                    break (Outcome::ClosedByPeer, None);
+                                }
+                                PeerClose::Invalid(with) => {
+                                    let _ = writer.write_frame(ws::close_frame(&with)).await;
+                                    break (Outcome::ProtocolError(with), None);
+                                }
+                            }
+                        }
+                        _ => {}
+                    },
+                    Ok(Assembled::Message(OpCode::Text, payload)) => {
+                        match check_ack(&payload, acked) {
+                            Ok(()) => acked = true,
+                            Err(with) => break (Outcome::ProtocolError(with.clone()), Some(Some(with))),
+                        }
+                    }
+                    Ok(Assembled::Message(_, _)) => {
+                        let with = CloseWith::new(close::UNSUPPORTED_DATA, "binary frames are not supported");
+                        break (Outcome::ProtocolError(with.clone()), Some(Some(with)));
+                    }
+                }
+            }
+        }
+    };
+    // `Some(close)`: send that close (a code, or none) and wait briefly for the peer's; `None`: just drop.
+    if let Some(with) = close {
+        ws::close_and_linger(&mut writer, read, with.as_ref()).await;
+    }
+    drop(lease);
+    info!(outcome = ?outcome, "reservation closed");
+    outcome
+}
+
+/// The only message a reservation client sends is the ack of the status, id 1, once.
+fn check_ack(payload: &[u8], already_acked: bool) -> Result<(), CloseWith> {
+    match protocol::decode_ack(payload) {
+        Ok(1) if !already_acked => Ok(()),
+        Ok(n) => Err(CloseWith::new(
+            close::PROTOCOL_ERROR,
+            format!("Error: unexpected ack {n}: only message 1 was sent"),
+        )),
+        Err(err) => Err(CloseWith::new(close::PROTOCOL_ERROR, format!("Error: {err}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> Instant {
+        // A fixed base keeps the arithmetic readable; Instant has no zero.
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now) + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn delay_starts_at_thirty_seconds_or_the_configured_value() {
+        assert_eq!(Registry::new(Duration::from_secs(5)).cleanup_delay(), MIN_CLEANUP_DELAY);
+        assert_eq!(Registry::new(Duration::from_secs(240)).cleanup_delay(), Duration::from_secs(240));
+    }
+
+    #[tokio::test]
+    async fn subscription_end_raises_the_delay_only_when_longer() {
+        let registry = Registry::new(Duration::from_secs(100));
+        let mut lease = registry.open("t1", at(0));
+        assert_eq!(registry.end_by_subscription("t1", at(125)), Some(Duration::from_secs(125)));
+        assert_eq!(lease.ended().await, EndReason::Subscribed);
+        assert_eq!(registry.cleanup_delay(), Duration::from_secs(125));
+        assert!(registry.is_empty());
+
+        let _short = registry.open("t2", at(200));
+        assert_eq!(registry.end_by_subscription("t2", at(210)), Some(Duration::from_secs(10)));
+        assert_eq!(registry.cleanup_delay(), Duration::from_secs(125));
+        assert_eq!(registry.end_by_subscription("unknown", at(300)), None);
+    }
+
+    #[tokio::test]
+    async fn retry_replaces_and_leaves_the_delay_alone() {
+        let registry = Registry::new(Duration::ZERO);
+        let mut first = registry.open("t1", at(0));
+        let second = registry.open("t1", at(500));
+        assert_eq!(first.ended().await, EndReason::Replaced);
+        assert_eq!(registry.len(), 1);
+        // The replaced lease going away must not remove its successor.
+        drop(first);
+        assert_eq!(
+            registry.open_reservations(),
+            vec![Reservation {
+                task_id: "t1".into(),
+                started: at(500)
+            }]
+        );
+        assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
+        drop(second);
+        assert!(registry.is_empty());
+    }
+
+    #[test]
+    fn dropping_a_lease_ends_the_reservation_without_touching_the_delay() {
+        let registry = Registry::new(Duration::ZERO);
+        let lease = registry.open("t1", at(0));
+        let _other = registry.open("t2", at(1));
+        drop(lease);
+        assert_eq!(registry.len(), 1);
+        assert_eq!(registry.end_by_subscription("t1", at(1000)), None);
+        assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
+    }
+
+    #[test]
+    fn only_a_single_ack_of_the_status_is_accepted() {
+        assert_eq!(check_ack(br#"{"ack":1}"#, false), Ok(()));
+        assert_eq!(check_ack(br#"{"ack":1}"#, true).unwrap_err().code, close::PROTOCOL_ERROR);
+        assert_eq!(check_ack(br#"{"ack":2}"#, false).unwrap_err().code, close::PROTOCOL_ERROR);
+        assert_eq!(check_ack(br#"{"ack":1,"x":1}"#, false).unwrap_err().code, close::PROTOCOL_ERROR);
+    }
+}

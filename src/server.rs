@@ -1,0 +1,188 @@
+//! The HTTP front door: accept loop, hyper HTTP/1 with upgrades, and the endpoints.
+//!
+//! - `GET /` — liveness: 200 `OK` whenever the process serves requests.
+//! - `GET /keepalive` — readiness: 200 `OK` when every readiness condition holds, else 503 naming what is missing.
+//! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::reservations`]).
+//! - `GET /replication/v{N}/changes?…` — the change-stream relay (not served yet: 503 before the upgrade).
+//!
+//! Requests Zero would reject are refused with HTTP 400 *before* the upgrade, with Zero's own message as the body:
+//! a 0.20 view-syncer whose snapshot socket is accepted and then closed without a status waits forever
+//! (PROTOCOL.md W9), while a refused upgrade makes it fail and restart.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info_span, warn, Instrument};
+
+use crate::protocol::{self, Route};
+use crate::reservations::{self, SnapshotContext};
+
+/// A client that has not sent its request head within this time is dropped (slow-loris protection).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Back-off after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Conditions `/keepalive` waits for. Each later component owns one flag.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    listening: AtomicBool,
+}
+
+impl Readiness {
+    pub fn set_listening(&self, value: bool) {
+        self.listening.store(value, Ordering::Relaxed);
+    }
+
+    /// What is still missing, empty when ready.
+    pub fn missing(&self) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if !self.listening.load(Ordering::Relaxed) {
+            missing.push("not accepting connections");
+        }
+        missing
+    }
+}
+
+/// State every request handler reads.
+pub struct Shared {
+    pub snapshot: SnapshotContext,
+    pub readiness: Readiness,
+    pub shutdown: CancellationToken,
+    pub tracker: TaskTracker,
+}
+
+/// Accepts connections until `shutdown` is cancelled. Connections already open are tracked in `shared.tracker`.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    shared.readiness.set_listening(true);
+    loop {
+        let (stream, peer) = tokio::select! {
+            biased;
+            _ = shared.shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    warn!(error = %err, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let span = info_span!("conn", %peer);
+        shared
+            .tracker
+            .spawn(serve_connection(stream, peer, shared.clone()).instrument(span));
+    }
+    shared.readiness.set_listening(false);
+}
+
+async fn serve_connection(stream: tokio::net::TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let service = {
+        let shared = shared.clone();
+        hyper::service::service_fn(move |req| {
+            let shared = shared.clone();
+            async move { Ok::<_, Infallible>(handle(req, peer, &shared)) }
+        })
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        _ = shared.shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(err) = result {
+        debug!(error = %err, "connection ended with an error");
+    }
+}
+
+fn handle(mut req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET {
+        let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
+        response.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
+        return response;
+    }
+    let route = protocol::route(req.uri().path());
+    match route {
+        Route::Root => plain(StatusCode::OK, "OK"),
+        Route::Keepalive => {
+            let missing = shared.readiness.missing();
+            if missing.is_empty() && !shared.shutdown.is_cancelled() {
+                plain(StatusCode::OK, "OK")
+            } else if shared.shutdown.is_cancelled() {
+                plain(StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n")
+            } else {
+                plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {}\n", missing.join(", ")),
+                )
+            }
+        }
+        Route::NotFound => plain(StatusCode::NOT_FOUND, "not found\n"),
+        Route::Snapshot(_) | Route::Changes(_) if !fastwebsockets::upgrade::is_upgrade_request(&req) => plain(
+            StatusCode::BAD_REQUEST,
+            "this path serves Zero's change-streamer protocol over WebSocket: send a WebSocket upgrade request\n",
+        ),
+        Route::Snapshot(version) => {
+            let task_id = match protocol::check_snapshot(&version, req.uri().query()) {
+                Ok(task_id) => task_id,
+                Err(message) => {
+                    debug!(%message, "snapshot request refused");
+                    return plain(StatusCode::BAD_REQUEST, message);
+                }
+            };
+            if shared.shutdown.is_cancelled() {
+                return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+            }
+            let (response, upgrade) = match fastwebsockets::upgrade::upgrade(&mut req) {
+                Ok(pair) => pair,
+                Err(err) => return plain(StatusCode::BAD_REQUEST, format!("bad WebSocket upgrade: {err}\n")),
+            };
+            let ctx = shared.snapshot.clone();
+            let span = info_span!("reservation", task_id = %task_id, %peer);
+            shared.tracker.spawn(
+                async move {
+                    match upgrade.await {
+                        Ok(ws) => {
+                            reservations::handle_snapshot(ctx, task_id, ws).await;
+                        }
+                        Err(err) => debug!(error = %err, "upgrade failed"),
+                    }
+                }
+                .instrument(span),
+            );
+            response.map(|_| Full::default())
+        }
+        Route::Changes(_) => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the changes relay is not available on this sidecar\n",
+        ),
+    }
+}
+
+fn plain(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
