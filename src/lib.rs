@@ -10,7 +10,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cleanup;
 pub mod config;
+pub mod litestream;
 pub mod protocol;
 pub mod reservations;
 pub mod server;
