@@ -173,7 +173,9 @@ pub struct ChangeDbConfig {
 
 impl fmt::Debug for ChangeDbConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ChangeDbConfig").field("pg", &self.pg).finish()
+        f.debug_struct("ChangeDbConfig")
+            .field("pg", &self.pg)
+            .finish()
     }
 }
 
@@ -294,7 +296,10 @@ impl RawConfig {
         };
 
         let listen = parse_addr(&self.server.listen);
-        check("server.listen", listen.as_ref().map(drop).map_err(Clone::clone));
+        check(
+            "server.listen",
+            listen.as_ref().map(drop).map_err(Clone::clone),
+        );
         let ping_interval = parse_duration(&self.server.ping_interval).and_then(|d| {
             if d < Duration::from_millis(10) || d > MAX_PING_INTERVAL {
                 Err(format!(
@@ -340,8 +345,12 @@ impl RawConfig {
         );
 
         check("zero.app_id", validate_app_id(&self.zero.app_id));
-        let shard_num = u32::try_from(self.zero.shard_num)
-            .map_err(|_| format!("{} is not a shard number (0..=4294967295)", self.zero.shard_num));
+        let shard_num = u32::try_from(self.zero.shard_num).map_err(|_| {
+            format!(
+                "{} is not a shard number (0..=4294967295)",
+                self.zero.shard_num
+            )
+        });
         check(
             "zero.shard_num",
             shard_num.as_ref().map(drop).map_err(Clone::clone),
@@ -365,7 +374,10 @@ impl RawConfig {
             "json" => Ok(LogFormat::Json),
             other => Err(format!("{other:?} is neither \"text\" nor \"json\"")),
         };
-        check("log.format", format.as_ref().map(drop).map_err(Clone::clone));
+        check(
+            "log.format",
+            format.as_ref().map(drop).map_err(Clone::clone),
+        );
         check(
             "log.filter",
             tracing_subscriber::EnvFilter::try_new(&self.log.filter)
@@ -433,9 +445,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn parse_addr(text: &str) -> Result<SocketAddr, String> {
-    text.trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a socket address like \"0.0.0.0:4851\" or \"[::1]:4851\""))
+    text.trim().parse().map_err(|_| {
+        format!("{text:?} is not a socket address like \"0.0.0.0:4851\" or \"[::1]:4851\"")
+    })
 }
 
 /// Hides the password of a `postgres://` URL or a `password=` pair of a key-value connection string.
@@ -447,7 +459,11 @@ pub fn redact_db_url(text: &str) -> String {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(k, v)| {
-                let v = if k == "password" { "REDACTED".into() } else { v.into_owned() };
+                let v = if k == "password" {
+                    "REDACTED".into()
+                } else {
+                    v.into_owned()
+                };
                 (k.into_owned(), v)
             })
             .collect();
@@ -472,7 +488,10 @@ mod tests {
     const MINIMAL: &str = "[litestream]\nbackup_url = \"s3://bucket/replica\"\n";
 
     fn errors_of(text: &str) -> Vec<KeyError> {
-        match from_toml_str(text, Some(Default::default())).unwrap().validate() {
+        match from_toml_str(text, Some(Default::default()))
+            .unwrap()
+            .validate()
+        {
             Err(ConfigError::Invalid(errors)) => errors,
             other => panic!("expected invalid config, got {other:?}"),
         }
@@ -500,7 +519,11 @@ mod tests {
 
     #[test]
     fn default_port_is_none_of_zeros() {
-        let port = RawServer::default().listen.parse::<SocketAddr>().unwrap().port();
+        let port = RawServer::default()
+            .listen
+            .parse::<SocketAddr>()
+            .unwrap()
+            .port();
         assert!(![4848, 4849, 4850].contains(&port));
     }
 
@@ -565,7 +588,10 @@ mod tests {
     #[test]
     fn environment_overrides_the_file() {
         let env = [
-            ("LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL", "file:///backups/replica"),
+            (
+                "LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL",
+                "file:///backups/replica",
+            ),
             ("LITESTREAM_SIDECAR__ZERO__SHARD_NUM", "3"),
             ("LITESTREAM_SIDECAR__SERVER__PING_INTERVAL", "15s"),
             ("UNRELATED", "ignored"),
@@ -573,7 +599,10 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let config = from_toml_str(MINIMAL, Some(env)).unwrap().validate().unwrap();
+        let config = from_toml_str(MINIMAL, Some(env))
+            .unwrap()
+            .validate()
+            .unwrap();
         assert_eq!(config.litestream.backup_url, "file:///backups/replica");
         assert_eq!(config.zero.shard_num, 3);
         assert_eq!(config.zero.cdc_schema(), "zero_3/cdc");

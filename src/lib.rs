@@ -48,7 +48,11 @@ impl App {
 
     /// Serves on `listener` until `shutdown` is cancelled, then closes every WebSocket (1001) and waits up to
     /// `server.shutdown_grace` for connections to finish.
-    pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
         let tracker = TaskTracker::new();
         let shared = Arc::new(Shared {
             snapshot: SnapshotContext {

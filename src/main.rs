@@ -33,14 +33,20 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     let path = config::resolve_path(args.config.as_deref());
-    let loaded = config::load(path.as_deref()).and_then(|raw| raw.validate().map(|config| (raw, config)));
+    let loaded =
+        config::load(path.as_deref()).and_then(|raw| raw.validate().map(|config| (raw, config)));
 
     if args.check_config {
         return match loaded {
             Ok((raw, _)) => {
                 match &path {
-                    Some(path) => println!("# effective config from {} and the environment", path.display()),
-                    None => println!("# effective config from defaults and the environment (no file found)"),
+                    Some(path) => println!(
+                        "# effective config from {} and the environment",
+                        path.display()
+                    ),
+                    None => println!(
+                        "# effective config from defaults and the environment (no file found)"
+                    ),
                 }
                 print!("{}", raw.to_redacted_toml());
                 ExitCode::SUCCESS
@@ -65,7 +71,10 @@ fn main() -> ExitCode {
         None => info!("no config file found; using defaults and the environment"),
     }
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => {
             error!(error = %err, "cannot start the async runtime");
@@ -128,6 +137,10 @@ fn init_tracing(log: &config::LogConfig) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match log.format {
         LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init(),
     }
 }

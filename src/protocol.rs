@@ -162,8 +162,14 @@ mod tests {
     fn routes_match_zeros_patterns() {
         assert_eq!(route("/"), Route::Root);
         assert_eq!(route("/keepalive"), Route::Keepalive);
-        assert_eq!(route("/replication/v3/snapshot"), Route::Snapshot(Version::Number(3)));
-        assert_eq!(route("/replication/v12/changes"), Route::Changes(Version::Number(12)));
+        assert_eq!(
+            route("/replication/v3/snapshot"),
+            Route::Snapshot(Version::Number(3))
+        );
+        assert_eq!(
+            route("/replication/v12/changes"),
+            Route::Changes(Version::Number(12))
+        );
         assert_eq!(
             route("/replication/three/snapshot"),
             Route::Snapshot(Version::Invalid("/replication/three/snapshot".into()))
@@ -194,21 +200,36 @@ mod tests {
     fn snapshot_checks_in_zeros_order() {
         let v = |n| Version::Number(n);
         assert_eq!(check_snapshot(&v(3), Some("taskID=t1")), Ok("t1".into()));
-        assert_eq!(check_snapshot(&v(6), Some("taskID=a%2Fb+c")), Ok("a/b c".into()));
+        assert_eq!(
+            check_snapshot(&v(6), Some("taskID=a%2Fb+c")),
+            Ok("a/b c".into())
+        );
         assert_eq!(
             check_snapshot(&v(3), Some("taskID=first&taskID=second")),
             Ok("first".into())
         );
         assert_eq!(check_snapshot(&v(3), None), Err(MISSING_TASK_ID.into()));
-        assert_eq!(check_snapshot(&v(3), Some("taskID=")), Err(MISSING_TASK_ID.into()));
-        assert_eq!(check_snapshot(&v(3), Some("%%%&&=")), Err(MISSING_TASK_ID.into()));
+        assert_eq!(
+            check_snapshot(&v(3), Some("taskID=")),
+            Err(MISSING_TASK_ID.into())
+        );
+        assert_eq!(
+            check_snapshot(&v(3), Some("%%%&&=")),
+            Err(MISSING_TASK_ID.into())
+        );
         assert_eq!(
             check_snapshot(&v(7), Some("taskID=t1")),
-            Err("Error: Cannot service client at protocol v7. Supported protocols: [v3 ... v6]".into())
+            Err(
+                "Error: Cannot service client at protocol v7. Supported protocols: [v3 ... v6]"
+                    .into()
+            )
         );
         assert_eq!(
             check_snapshot(&v(2), None),
-            Err("Error: Cannot service client at protocol v2. Supported protocols: [v3 ... v6]".into())
+            Err(
+                "Error: Cannot service client at protocol v2. Supported protocols: [v3 ... v6]"
+                    .into()
+            )
         );
         assert_eq!(
             check_snapshot(&Version::Invalid("/replication/x/snapshot".into()), None),

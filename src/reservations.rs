@@ -79,7 +79,14 @@ impl Registry {
         let mut inner = self.lock();
         inner.next_id += 1;
         let id = inner.next_id;
-        let previous = inner.open.insert(task_id.to_string(), Entry { id, started: now, end });
+        let previous = inner.open.insert(
+            task_id.to_string(),
+            Entry {
+                id,
+                started: now,
+                end,
+            },
+        );
         drop(inner);
         if let Some(previous) = previous {
             let _ = previous.end.send(EndReason::Replaced);
@@ -132,7 +139,11 @@ impl Registry {
                 started: entry.started,
             })
             .collect();
-        list.sort_by(|a, b| a.started.cmp(&b.started).then_with(|| a.task_id.cmp(&b.task_id)));
+        list.sort_by(|a, b| {
+            a.started
+                .cmp(&b.started)
+                .then_with(|| a.task_id.cmp(&b.task_id))
+        });
         list
     }
 
@@ -299,7 +310,10 @@ fn check_ack(payload: &[u8], already_acked: bool) -> Result<(), CloseWith> {
             close::PROTOCOL_ERROR,
             format!("Error: unexpected ack {n}: only message 1 was sent"),
         )),
-        Err(err) => Err(CloseWith::new(close::PROTOCOL_ERROR, format!("Error: {err}"))),
+        Err(err) => Err(CloseWith::new(
+            close::PROTOCOL_ERROR,
+            format!("Error: {err}"),
+        )),
     }
 }
 
@@ -315,21 +329,33 @@ mod tests {
 
     #[test]
     fn delay_starts_at_thirty_seconds_or_the_configured_value() {
-        assert_eq!(Registry::new(Duration::from_secs(5)).cleanup_delay(), MIN_CLEANUP_DELAY);
-        assert_eq!(Registry::new(Duration::from_secs(240)).cleanup_delay(), Duration::from_secs(240));
+        assert_eq!(
+            Registry::new(Duration::from_secs(5)).cleanup_delay(),
+            MIN_CLEANUP_DELAY
+        );
+        assert_eq!(
+            Registry::new(Duration::from_secs(240)).cleanup_delay(),
+            Duration::from_secs(240)
+        );
     }
 
     #[tokio::test]
     async fn subscription_end_raises_the_delay_only_when_longer() {
         let registry = Registry::new(Duration::from_secs(100));
         let mut lease = registry.open("t1", at(0));
-        assert_eq!(registry.end_by_subscription("t1", at(125)), Some(Duration::from_secs(125)));
+        assert_eq!(
+            registry.end_by_subscription("t1", at(125)),
+            Some(Duration::from_secs(125))
+        );
         assert_eq!(lease.ended().await, EndReason::Subscribed);
         assert_eq!(registry.cleanup_delay(), Duration::from_secs(125));
         assert!(registry.is_empty());
 
         let _short = registry.open("t2", at(200));
-        assert_eq!(registry.end_by_subscription("t2", at(210)), Some(Duration::from_secs(10)));
+        assert_eq!(
+            registry.end_by_subscription("t2", at(210)),
+            Some(Duration::from_secs(10))
+        );
         assert_eq!(registry.cleanup_delay(), Duration::from_secs(125));
         assert_eq!(registry.end_by_subscription("unknown", at(300)), None);
     }
@@ -369,8 +395,17 @@ mod tests {
     #[test]
     fn only_a_single_ack_of_the_status_is_accepted() {
         assert_eq!(check_ack(br#"{"ack":1}"#, false), Ok(()));
-        assert_eq!(check_ack(br#"{"ack":1}"#, true).unwrap_err().code, close::PROTOCOL_ERROR);
-        assert_eq!(check_ack(br#"{"ack":2}"#, false).unwrap_err().code, close::PROTOCOL_ERROR);
-        assert_eq!(check_ack(br#"{"ack":1,"x":1}"#, false).unwrap_err().code, close::PROTOCOL_ERROR);
+        assert_eq!(
+            check_ack(br#"{"ack":1}"#, true).unwrap_err().code,
+            close::PROTOCOL_ERROR
+        );
+        assert_eq!(
+            check_ack(br#"{"ack":2}"#, false).unwrap_err().code,
+            close::PROTOCOL_ERROR
+        );
+        assert_eq!(
+            check_ack(br#"{"ack":1,"x":1}"#, false).unwrap_err().code,
+            close::PROTOCOL_ERROR
+        );
     }
 }

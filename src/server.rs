@@ -114,10 +114,16 @@ async fn serve_connection(stream: tokio::net::TcpStream, peer: SocketAddr, share
     }
 }
 
-fn handle(mut req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
+fn handle(
+    mut req: Request<Incoming>,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+) -> Response<Full<Bytes>> {
     if req.method() != Method::GET {
         let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
-        response.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET"));
         return response;
     }
     let route = protocol::route(req.uri().path());
@@ -181,8 +187,9 @@ fn handle(mut req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) ->
 fn plain(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body.into()));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }

@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use bytes::BytesMut;
-use fastwebsockets::{Frame, OpCode, Payload, WebSocket, WebSocketError, WebSocketRead, WebSocketWrite};
+use fastwebsockets::{
+    Frame, OpCode, Payload, WebSocket, WebSocketError, WebSocketRead, WebSocketWrite,
+};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::io::{ReadHalf, WriteHalf};
@@ -51,14 +53,17 @@ where
 {
     // With auto pong and auto close off the crate never has an obligated frame to send.
     let mut no_send = |_: Frame<'_>| async { Ok::<(), std::convert::Infallible>(()) };
-    let result = reader.read_frame(&mut no_send).await.map(|frame| OwnedFrame {
-        fin: frame.fin,
-        opcode: frame.opcode,
-        payload: match frame.payload {
-            Payload::Bytes(bytes) => bytes,
-            other => BytesMut::from(&other[..]),
-        },
-    });
+    let result = reader
+        .read_frame(&mut no_send)
+        .await
+        .map(|frame| OwnedFrame {
+            fin: frame.fin,
+            opcode: frame.opcode,
+            payload: match frame.payload {
+                Payload::Bytes(bytes) => bytes,
+                other => BytesMut::from(&other[..]),
+            },
+        });
     (reader, result)
 }
 
@@ -84,7 +89,11 @@ pub fn close_for_error(err: &WebSocketError) -> Option<CloseWith> {
     match err {
         E::FrameTooLarge => Some(CloseWith::new(close::MESSAGE_TOO_BIG, "message too big")),
         E::InvalidUTF8 => Some(CloseWith::new(close::INVALID_PAYLOAD, "invalid UTF-8")),
-        E::UnexpectedEOF | E::IoError(_) | E::ConnectionClosed | E::SendError(_) | E::HTTPError(_) => None,
+        E::UnexpectedEOF
+        | E::IoError(_)
+        | E::ConnectionClosed
+        | E::SendError(_)
+        | E::HTTPError(_) => None,
         other => Some(CloseWith::new(close::PROTOCOL_ERROR, other.to_string())),
     }
 }
@@ -93,7 +102,10 @@ pub fn close_for_error(err: &WebSocketError) -> Option<CloseWith> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerClose {
     /// A valid close: echo this payload back (an empty one, or code plus reason).
-    Valid { code: Option<u16>, payload: BytesMut },
+    Valid {
+        code: Option<u16>,
+        payload: BytesMut,
+    },
     /// Malformed close frame: answer with this close instead.
     Invalid(CloseWith),
 }
@@ -101,14 +113,20 @@ pub enum PeerClose {
 /// Validates a received close frame (RFC 6455 §5.5.1, §7.4).
 pub fn read_close(payload: BytesMut) -> PeerClose {
     match payload.len() {
-        0 => PeerClose::Valid { code: None, payload },
+        0 => PeerClose::Valid {
+            code: None,
+            payload,
+        },
         1 => PeerClose::Invalid(CloseWith::new(close::PROTOCOL_ERROR, "invalid close frame")),
         _ => {
             let code = u16::from_be_bytes([payload[0], payload[1]]);
             if !is_valid_close_code(code) {
                 PeerClose::Invalid(CloseWith::new(close::PROTOCOL_ERROR, "invalid close code"))
             } else if std::str::from_utf8(&payload[2..]).is_err() {
-                PeerClose::Invalid(CloseWith::new(close::INVALID_PAYLOAD, "invalid UTF-8 in close reason"))
+                PeerClose::Invalid(CloseWith::new(
+                    close::INVALID_PAYLOAD,
+                    "invalid UTF-8 in close reason",
+                ))
             } else {
                 PeerClose::Valid {
                     code: Some(code),
@@ -144,7 +162,10 @@ pub enum Assembled {
 
 impl Assembler {
     pub fn new(limit: usize) -> Self {
-        Self { limit, partial: None }
+        Self {
+            limit,
+            partial: None,
+        }
     }
 
     pub fn push(&mut self, frame: OwnedFrame) -> Result<Assembled, CloseWith> {
@@ -152,7 +173,10 @@ impl Assembler {
             OpCode::Close | OpCode::Ping | OpCode::Pong => Ok(Assembled::Control(frame)),
             OpCode::Text | OpCode::Binary => {
                 if self.partial.is_some() {
-                    return Err(CloseWith::new(close::PROTOCOL_ERROR, "new message inside a fragmented one"));
+                    return Err(CloseWith::new(
+                        close::PROTOCOL_ERROR,
+                        "new message inside a fragmented one",
+                    ));
                 }
                 if frame.fin {
                     return finish(frame.opcode, frame.payload);
@@ -162,7 +186,10 @@ impl Assembler {
             }
             OpCode::Continuation => {
                 let Some((opcode, mut buffer)) = self.partial.take() else {
-                    return Err(CloseWith::new(close::PROTOCOL_ERROR, "continuation without a message"));
+                    return Err(CloseWith::new(
+                        close::PROTOCOL_ERROR,
+                        "continuation without a message",
+                    ));
                 };
                 if buffer.len() + frame.payload.len() > self.limit {
                     return Err(CloseWith::new(close::MESSAGE_TOO_BIG, "message too big"));
@@ -197,7 +224,10 @@ impl Liveness {
     pub fn new(interval: Duration) -> Self {
         let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        Self { ticker, heard: true }
+        Self {
+            ticker,
+            heard: true,
+        }
     }
 
     /// Records that the peer is alive.
@@ -227,8 +257,11 @@ pub fn close_frame(with: &CloseWith) -> Frame<'static> {
 
 /// Sends a close frame (`None`: a close without a status code, which the peer reports as 1005), then waits briefly
 /// for the peer's close so that the frame is not lost to a reset, then drops the connection.
-pub async fn close_and_linger<S, F>(writer: &mut Writer<S>, pending_read: F, with: Option<&CloseWith>)
-where
+pub async fn close_and_linger<S, F>(
+    writer: &mut Writer<S>,
+    pending_read: F,
+    with: Option<&CloseWith>,
+) where
     S: tokio::io::AsyncWrite + tokio::io::AsyncRead + Unpin,
     F: std::future::Future<Output = (Reader<S>, Result<OwnedFrame, WebSocketError>)>,
 {
@@ -268,14 +301,27 @@ mod tests {
     #[test]
     fn fragments_are_joined_within_the_limit() {
         let mut a = Assembler::new(10);
-        assert!(matches!(a.push(frame(false, OpCode::Text, b"{\"ack\"")), Ok(Assembled::Incomplete)));
-        assert!(matches!(a.push(frame(true, OpCode::Ping, b"")), Ok(Assembled::Control(_))));
+        assert!(matches!(
+            a.push(frame(false, OpCode::Text, b"{\"ack\"")),
+            Ok(Assembled::Incomplete)
+        ));
+        assert!(matches!(
+            a.push(frame(true, OpCode::Ping, b"")),
+            Ok(Assembled::Control(_))
+        ));
         match a.push(frame(true, OpCode::Continuation, b":1}")) {
-            Ok(Assembled::Message(OpCode::Text, payload)) => assert_eq!(&payload[..], b"{\"ack\":1}"),
+            Ok(Assembled::Message(OpCode::Text, payload)) => {
+                assert_eq!(&payload[..], b"{\"ack\":1}")
+            }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(a.push(frame(false, OpCode::Text, b"12345")), Ok(Assembled::Incomplete)));
-        let err = a.push(frame(true, OpCode::Continuation, b"678901")).unwrap_err();
+        assert!(matches!(
+            a.push(frame(false, OpCode::Text, b"12345")),
+            Ok(Assembled::Incomplete)
+        ));
+        let err = a
+            .push(frame(true, OpCode::Continuation, b"678901"))
+            .unwrap_err();
         assert_eq!(err.code, close::MESSAGE_TOO_BIG);
     }
 
@@ -283,15 +329,22 @@ mod tests {
     fn fragment_protocol_errors() {
         let mut a = Assembler::new(100);
         assert_eq!(
-            a.push(frame(true, OpCode::Continuation, b"x")).unwrap_err().code,
+            a.push(frame(true, OpCode::Continuation, b"x"))
+                .unwrap_err()
+                .code,
             close::PROTOCOL_ERROR
         );
         a.push(frame(false, OpCode::Text, b"a")).unwrap();
-        assert_eq!(a.push(frame(true, OpCode::Text, b"b")).unwrap_err().code, close::PROTOCOL_ERROR);
+        assert_eq!(
+            a.push(frame(true, OpCode::Text, b"b")).unwrap_err().code,
+            close::PROTOCOL_ERROR
+        );
         let mut a = Assembler::new(100);
         a.push(frame(false, OpCode::Text, &[0xe2, 0x82])).unwrap();
         assert_eq!(
-            a.push(frame(true, OpCode::Continuation, &[0xff])).unwrap_err().code,
+            a.push(frame(true, OpCode::Continuation, &[0xff]))
+                .unwrap_err()
+                .code,
             close::INVALID_PAYLOAD
         );
     }
@@ -305,7 +358,10 @@ mod tests {
                 payload: BytesMut::new()
             }
         );
-        assert!(matches!(read_close(BytesMut::from(&[3u8][..])), PeerClose::Invalid(_)));
+        assert!(matches!(
+            read_close(BytesMut::from(&[3u8][..])),
+            PeerClose::Invalid(_)
+        ));
         assert!(matches!(
             read_close(BytesMut::from(&1005u16.to_be_bytes()[..])),
             PeerClose::Invalid(CloseWith { code: 1002, .. })
@@ -318,15 +374,31 @@ mod tests {
         ));
         assert!(matches!(
             read_close(BytesMut::from(&4000u16.to_be_bytes()[..])),
-            PeerClose::Valid { code: Some(4000), .. }
+            PeerClose::Valid {
+                code: Some(4000),
+                ..
+            }
         ));
     }
 
     #[test]
     fn read_errors_map_to_close_codes() {
-        assert_eq!(close_for_error(&WebSocketError::FrameTooLarge).unwrap().code, 1009);
-        assert_eq!(close_for_error(&WebSocketError::InvalidUTF8).unwrap().code, 1007);
-        assert_eq!(close_for_error(&WebSocketError::ReservedBitsNotZero).unwrap().code, 1002);
+        assert_eq!(
+            close_for_error(&WebSocketError::FrameTooLarge)
+                .unwrap()
+                .code,
+            1009
+        );
+        assert_eq!(
+            close_for_error(&WebSocketError::InvalidUTF8).unwrap().code,
+            1007
+        );
+        assert_eq!(
+            close_for_error(&WebSocketError::ReservedBitsNotZero)
+                .unwrap()
+                .code,
+            1002
+        );
         assert!(close_for_error(&WebSocketError::UnexpectedEOF).is_none());
     }
 }
