@@ -1,1 +1,1145 @@
+//! Change-log cleanup policy: decides whether, and below which watermark, rows of Zero's `changeLog` may be purged now.
+//!
+//! Pure: [`decide`] reads plain data and returns a [`Decision`]; it reads no clock, does no I/O and logs nothing. The
+//! monitor loop gathers the inputs (litestream scrape, reservation registry, relay acks), calls it once per interval,
+//! logs the [`HoldReason`] and runs the purge. Not owned here: growing the cleanup delay (the reservation registry),
+//! and keeping the purge at or below the newest `changeLog` watermark (the purge itself, PROTOCOL.md W8a).
+//!
+//! Zero 0.20 pauses all cleanup while any reservation is open (W5), purges past a restore in progress through the
+//! legacy signal (W2), stalls for good after one check without subscribers (W1) and can stream a gap to a subscriber
+//! still at the replica version (W8b). Here every rule is re-evaluated from scratch on each call, reservations pin a
+//! floor instead of pausing (unless configured to pause), and the chosen watermark is the largest one that every rule
+//! allows.
+//!
+//! Watermarks are compared as plain strings (byte-wise), never parsed (PROTOCOL.md §2).
 
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// How open snapshot reservations constrain cleanup (config `cleanup.reservations`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationMode {
+    /// Each reservation pins the newest watermark known backed up when it opened: purges stay at or below every
+    /// open reservation's floor, so a restore never loses the rows after the backup it restores.
+    #[default]
+    Pin,
+    /// Zero's own rule: any open reservation pauses all cleanup (PROTOCOL.md §5.3 3, W5).
+    Pause,
+}
+
+/// A watermark litestream reported as backed up, with the time it reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backup {
+    pub watermark: String,
+    /// Wall-clock time of the backup as litestream reports it (epoch seconds on the metrics page).
+    pub backed_up_at: SystemTime,
+}
+
+/// An open snapshot reservation as the cleanup policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldReservation {
+    pub task_id: String,
+    /// The newest watermark known backed up when the reservation opened ([`newest_backup`] at that moment); the
+    /// restore it protects starts at or after it. `None`: no backup was known then, so it protects every row.
+    pub floor: Option<String>,
+}
+
+/// A `/changes` subscriber seen by the relay, connected now or departed earlier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscriber {
+    /// Acknowledged watermark (PROTOCOL.md §6.8): the subscriber resumes at or after it.
+    pub acked: String,
+    /// The `replicaVersion` the subscriber asked for.
+    pub replica_version: String,
+    /// When it disconnected; `None` while connected.
+    pub departed: Option<Instant>,
+}
+
+impl Subscriber {
+    pub fn is_connected(&self) -> bool {
+        self.departed.is_none()
+    }
+
+    /// Connected, or departed less than `grace` ago and so still expected to reconnect from `acked`.
+    pub fn is_tracked(&self, now: Instant, grace: Duration) -> bool {
+        match self.departed {
+            None => true,
+            // A departure stamped after `now` counts as just now.
+            Some(departed) => now.saturating_duration_since(departed) < grace,
+        }
+    }
+}
+
+/// Everything [`decide`] looks at, gathered by the monitor loop at one instant.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    pub now: Instant,
+    /// Wall-clock time of `now`, compared with [`Backup::backed_up_at`].
+    pub wall_now: SystemTime,
+    /// When the sidecar started.
+    pub started: Instant,
+    /// Already `max(30 s, configured initial delay, longest reservation observed)`.
+    pub cleanup_delay: Duration,
+    /// How long a departed subscriber's ack still bounds the purge (default 30 s, Zero's `CLEANUP_DELAY_MS`).
+    pub reconnect_grace: Duration,
+    pub mode: ReservationMode,
+    /// Tracked backed-up watermarks, in any order.
+    pub backups: &'a [Backup],
+    /// Every open reservation, whoever will end it.
+    pub reservations: &'a [HeldReservation],
+    /// Connected and departed subscribers, departed ones of any age (those past the grace are ignored here).
+    pub subscribers: &'a [Subscriber],
+    /// The `before` of the last purge done, if any.
+    pub last_purged: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Delete change-log rows with `watermark < before`; rows at `before` stay.
+    Purge { before: String },
+    Hold(HoldReason),
+}
+
+/// Why [`decide`] did not purge. Variants are listed in the order [`decide`] checks them: the first that applies is
+/// reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HoldReason {
+    /// The sidecar has been up for less than the cleanup delay: a restore that began before it started may still
+    /// be running unseen.
+    StartingUp,
+    /// Mode `pause` and at least one reservation is open.
+    ReservationsOpen,
+    /// Mode `pin` and a reservation opened before any backup was known: it protects every row.
+    ReservationWithoutFloor,
+    /// No backed-up watermark is tracked.
+    NoBackup,
+    /// No subscriber is connected, so nothing confirms what the subscribers still need.
+    NoSubscribers,
+    /// A connected or recently departed subscriber is still at the replica version; Zero would stream it a gap
+    /// instead of an error once the log is purged past it (W8b).
+    SubscriberAtReplicaVersion,
+    /// No tracked backup is newer than the last purge.
+    NothingNew,
+    /// Every backup newer than the last purge is younger than the cleanup delay (or has a time in the future).
+    BackupTooRecent,
+    /// Every aged backup newer than the last purge is above some reservation's floor.
+    ReservationFloor,
+    /// Every remaining backup is above some tracked subscriber's acked watermark.
+    SubscriberBehind,
+}
+
+impl HoldReason {
+    /// Every variant, in evaluation order (for pre-registering metric label values).
+    pub const ALL: [HoldReason; 10] = [
+        HoldReason::StartingUp,
+        HoldReason::ReservationsOpen,
+        HoldReason::ReservationWithoutFloor,
+        HoldReason::NoBackup,
+        HoldReason::NoSubscribers,
+        HoldReason::SubscriberAtReplicaVersion,
+        HoldReason::NothingNew,
+        HoldReason::BackupTooRecent,
+        HoldReason::ReservationFloor,
+        HoldReason::SubscriberBehind,
+    ];
+
+    /// The snake_case value of the `reason` metric label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HoldReason::StartingUp => "starting_up",
+            HoldReason::ReservationsOpen => "reservations_open",
+            HoldReason::ReservationWithoutFloor => "reservation_without_floor",
+            HoldReason::NoBackup => "no_backup",
+            HoldReason::NoSubscribers => "no_subscribers",
+            HoldReason::SubscriberAtReplicaVersion => "subscriber_at_replica_version",
+            HoldReason::NothingNew => "nothing_new",
+            HoldReason::BackupTooRecent => "backup_too_recent",
+            HoldReason::ReservationFloor => "reservation_floor",
+            HoldReason::SubscriberBehind => "subscriber_behind",
+        }
+    }
+}
+
+impl fmt::Display for HoldReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HoldReason::StartingUp => "starting up",
+            HoldReason::ReservationsOpen => "reservations open",
+            HoldReason::ReservationWithoutFloor => "reservation opened before any backup",
+            HoldReason::NoBackup => "no backup yet",
+            HoldReason::NoSubscribers => "no connected subscriber",
+            HoldReason::SubscriberAtReplicaVersion => "subscriber at replica version",
+            HoldReason::NothingNew => "nothing new since last purge",
+            HoldReason::BackupTooRecent => "backup too recent",
+            HoldReason::ReservationFloor => "backup above a reservation floor",
+            HoldReason::SubscriberBehind => "subscriber behind backup",
+        })
+    }
+}
+
+/// Decides whether to purge now, and below which watermark.
+///
+/// Purges below `W`, the largest tracked backup watermark that satisfies every rule:
+/// - it was backed up at least `cleanup_delay` ago by the wall clock (a time in the future is not aged);
+/// - mode `pin`: `W <=` every open reservation's floor; mode `pause`: no reservation is open;
+/// - `W <=` the acked watermark of every connected subscriber and of every subscriber departed less than
+///   `reconnect_grace` ago;
+/// - `W >` `last_purged`.
+///
+/// It also needs the sidecar to have been up for `cleanup_delay`, at least one connected subscriber, and no tracked
+/// subscriber still at its replica version. W need not be the newest backup: a slow subscriber or an older
+/// reservation only lowers it.
+///
+/// Otherwise it holds with the first reason that applies, checked in this fixed order (that of [`HoldReason::ALL`]):
+/// 1. `StartingUp`: uptime `< cleanup_delay`.
+/// 2. `ReservationsOpen`: mode `pause` and a reservation is open.
+/// 3. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
+/// 4. `NoBackup`: no backup is tracked.
+/// 5. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count).
+/// 6. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
+/// 7. `NothingNew`: no backup is newer than `last_purged`.
+/// 8. `BackupTooRecent`: none of those is old enough.
+/// 9. `ReservationFloor`: all of those are above some reservation's floor.
+/// 10. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+pub fn decide(inputs: &Inputs) -> Decision {
+    match choose(inputs) {
+        Ok(before) => Decision::Purge {
+            before: before.to_owned(),
+        },
+        Err(reason) => Decision::Hold(reason),
+    }
+}
+
+fn choose<'a>(inputs: &Inputs<'a>) -> Result<&'a str, HoldReason> {
+    if inputs.now.saturating_duration_since(inputs.started) < inputs.cleanup_delay {
+        return Err(HoldReason::StartingUp);
+    }
+
+    let mut lowest_floor: Option<&str> = None;
+    match inputs.mode {
+        ReservationMode::Pause if !inputs.reservations.is_empty() => {
+            return Err(HoldReason::ReservationsOpen)
+        }
+        ReservationMode::Pause => {}
+        ReservationMode::Pin => {
+            for reservation in inputs.reservations {
+                let Some(floor) = reservation.floor.as_deref() else {
+                    return Err(HoldReason::ReservationWithoutFloor);
+                };
+                lowest_floor = Some(lowest_floor.map_or(floor, |lowest| lowest.min(floor)));
+            }
+        }
+    }
+
+    if inputs.backups.is_empty() {
+        return Err(HoldReason::NoBackup);
+    }
+
+    if !inputs.subscribers.iter().any(Subscriber::is_connected) {
+        return Err(HoldReason::NoSubscribers);
+    }
+    let tracked = || {
+        inputs
+            .subscribers
+            .iter()
+            .filter(|s| s.is_tracked(inputs.now, inputs.reconnect_grace))
+    };
+    if tracked().any(|s| s.acked == s.replica_version) {
+        return Err(HoldReason::SubscriberAtReplicaVersion);
+    }
+    // At least one subscriber is connected, hence tracked.
+    let lowest_ack = tracked().map(|s| s.acked.as_str()).min();
+
+    // Backups at or below the last purge could only repeat it; leaving them out first keeps a stale one from
+    // hiding the constraint that actually stops the next purge.
+    let mut candidates: Vec<&'a str> = inputs
+        .backups
+        .iter()
+        .filter(|b| inputs.last_purged.map_or(true, |last| b.watermark.as_str() > last))
+        .filter_map(|b| is_aged(b, inputs).then_some(b.watermark.as_str()))
+        .collect();
+    if candidates.is_empty() {
+        let any_new = inputs
+            .backups
+            .iter()
+            .any(|b| inputs.last_purged.map_or(true, |last| b.watermark.as_str() > last));
+        return Err(if any_new {
+            HoldReason::BackupTooRecent
+        } else {
+            HoldReason::NothingNew
+        });
+    }
+
+    if let Some(floor) = lowest_floor {
+        candidates.retain(|&w| w <= floor);
+        if candidates.is_empty() {
+            return Err(HoldReason::ReservationFloor);
+        }
+    }
+
+    if let Some(ack) = lowest_ack {
+        candidates.retain(|&w| w <= ack);
+    }
+    candidates
+        .into_iter()
+        .max()
+        .ok_or(HoldReason::SubscriberBehind)
+}
+
+/// Backed up at least `cleanup_delay` ago. A wall clock too early to subtract the delay from ages nothing.
+fn is_aged(backup: &Backup, inputs: &Inputs) -> bool {
+    inputs
+        .wall_now
+        .checked_sub(inputs.cleanup_delay)
+        .is_some_and(|cutoff| backup.backed_up_at <= cutoff)
+}
+
+/// The newest tracked backed-up watermark: the floor a reservation opened now gets.
+pub fn newest_backup(backups: &[Backup]) -> Option<&str> {
+    backups.iter().map(|b| b.watermark.as_str()).max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::OnceLock;
+    use std::time::UNIX_EPOCH;
+
+    use proptest::prelude::*;
+
+    use HoldReason::*;
+
+    /// Seconds since the test epoch at which most tests decide.
+    const NOW: u64 = 10_000;
+    /// The replica version every test subscriber asked for; below every test watermark.
+    const RV: &str = "01";
+
+    fn at(secs: u64) -> Instant {
+        // A fixed base keeps the arithmetic readable; Instant has no zero.
+        static BASE: OnceLock<Instant> = OnceLock::new();
+        *BASE.get_or_init(Instant::now) + Duration::from_secs(secs)
+    }
+
+    fn wall(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_746_600_000 + secs)
+    }
+
+    fn wm(s: &str) -> String {
+        s.to_owned()
+    }
+
+    /// Backed up `secs_ago` seconds before [`NOW`].
+    fn backup(watermark: &str, secs_ago: u64) -> Backup {
+        Backup {
+            watermark: wm(watermark),
+            backed_up_at: wall(NOW - secs_ago),
+        }
+    }
+
+    fn reservation(task_id: &str, floor: Option<&str>) -> HeldReservation {
+        HeldReservation {
+            task_id: task_id.to_owned(),
+            floor: floor.map(wm),
+        }
+    }
+
+    fn sub(acked: &str) -> Subscriber {
+        Subscriber {
+            acked: wm(acked),
+            replica_version: wm(RV),
+            departed: None,
+        }
+    }
+
+    /// Disconnected `secs_ago` seconds before [`NOW`].
+    fn departed(acked: &str, secs_ago: u64) -> Subscriber {
+        Subscriber {
+            departed: Some(at(NOW - secs_ago)),
+            ..sub(acked)
+        }
+    }
+
+    /// Owned inputs; defaults: long uptime, 60 s delay, 30 s grace, mode pin, nothing tracked.
+    struct Case {
+        now: u64,
+        started: u64,
+        delay: u64,
+        grace: u64,
+        mode: ReservationMode,
+        backups: Vec<Backup>,
+        reservations: Vec<HeldReservation>,
+        subscribers: Vec<Subscriber>,
+        last_purged: Option<String>,
+    }
+
+    fn case() -> Case {
+        Case {
+            now: NOW,
+            started: 0,
+            delay: 60,
+            grace: 30,
+            mode: ReservationMode::Pin,
+            backups: vec![],
+            reservations: vec![],
+            subscribers: vec![],
+            last_purged: None,
+        }
+    }
+
+    impl Case {
+        fn decide(&self) -> Decision {
+            decide(&Inputs {
+                now: at(self.now),
+                wall_now: wall(self.now),
+                started: at(self.started),
+                cleanup_delay: Duration::from_secs(self.delay),
+                reconnect_grace: Duration::from_secs(self.grace),
+                mode: self.mode,
+                backups: &self.backups,
+                reservations: &self.reservations,
+                subscribers: &self.subscribers,
+                last_purged: self.last_purged.as_deref(),
+            })
+        }
+    }
+
+    fn purge(before: &str) -> Decision {
+        Decision::Purge { before: wm(before) }
+    }
+
+    /// One aged backup at "0a" and a caught-up subscriber: purges unless the test adds an obstacle.
+    fn ready() -> Case {
+        Case {
+            backups: vec![backup("0a", 120)],
+            subscribers: vec![sub("0a")],
+            ..case()
+        }
+    }
+
+    #[test]
+    fn ready_case_purges_below_the_backup() {
+        assert_eq!(ready().decide(), purge("0a"));
+    }
+
+    // Rule d: uptime.
+
+    #[test]
+    fn holds_until_uptime_reaches_the_cleanup_delay() {
+        let young = Case {
+            started: NOW - 59,
+            ..ready()
+        };
+        assert_eq!(young.decide(), Decision::Hold(StartingUp));
+        let old_enough = Case {
+            started: NOW - 60,
+            ..ready()
+        };
+        assert_eq!(old_enough.decide(), purge("0a"));
+    }
+
+    #[test]
+    fn starting_up_comes_before_every_other_reason() {
+        let d = Case {
+            started: NOW,
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(StartingUp));
+    }
+
+    // Rule b: reservations.
+
+    #[test]
+    fn pause_mode_holds_while_any_reservation_is_open() {
+        let d = Case {
+            mode: ReservationMode::Pause,
+            reservations: vec![reservation("t1", Some("0z"))],
+            ..ready()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(ReservationsOpen));
+    }
+
+    #[test]
+    fn pin_mode_purges_up_to_a_floor_at_or_above_the_backup() {
+        let d = Case {
+            reservations: vec![reservation("t1", Some("0a"))],
+            ..ready()
+        }
+        .decide();
+        assert_eq!(d, purge("0a"));
+    }
+
+    #[test]
+    fn reservation_without_floor_holds_everything_in_pin_mode() {
+        let d = Case {
+            reservations: vec![reservation("t1", Some("0z")), reservation("t2", None)],
+            ..ready()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(ReservationWithoutFloor));
+    }
+
+    #[test]
+    fn pin_mode_stops_at_the_lowest_floor() {
+        let d = Case {
+            backups: vec![backup("0a", 300), backup("0b", 200), backup("0c", 100)],
+            subscribers: vec![sub("0c")],
+            reservations: vec![reservation("t1", Some("0c")), reservation("t2", Some("0b"))],
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, purge("0b"));
+    }
+
+    #[test]
+    fn holds_when_every_aged_backup_is_above_a_floor() {
+        let d = Case {
+            reservations: vec![reservation("t1", Some("09"))],
+            ..ready()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(ReservationFloor));
+    }
+
+    #[test]
+    fn pin_purges_below_the_older_floor_where_pause_holds_with_overlapping_reservations() {
+        // A opened when "0a" was the newest backup, B after "0c" was backed up; both restores still run.
+        let overlapping = Case {
+            backups: vec![backup("0a", 600), backup("0c", 300), backup("0e", 120)],
+            subscribers: vec![sub("0e")],
+            reservations: vec![reservation("a", Some("0a")), reservation("b", Some("0c"))],
+            ..case()
+        };
+        assert_eq!(overlapping.decide(), purge("0a"));
+        let paused = Case {
+            mode: ReservationMode::Pause,
+            ..overlapping
+        };
+        assert_eq!(paused.decide(), Decision::Hold(ReservationsOpen));
+    }
+
+    // Rule a: backup age.
+
+    #[test]
+    fn no_backup_holds() {
+        let d = Case {
+            subscribers: vec![sub("0a")],
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(NoBackup));
+    }
+
+    #[test]
+    fn backup_younger_than_the_delay_is_not_a_candidate() {
+        let d = Case {
+            backups: vec![backup("0a", 59)],
+            ..ready()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(BackupTooRecent));
+        let exactly = Case {
+            backups: vec![backup("0a", 60)],
+            ..ready()
+        };
+        assert_eq!(exactly.decide(), purge("0a"));
+    }
+
+    #[test]
+    fn newest_aged_backup_wins_over_a_newer_young_one() {
+        let d = Case {
+            backups: vec![backup("0a", 120), backup("0b", 10)],
+            subscribers: vec![sub("0b")],
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, purge("0a"));
+    }
+
+    #[test]
+    fn backup_time_in_the_future_is_not_aged() {
+        let d = Case {
+            backups: vec![Backup {
+                watermark: wm("0a"),
+                backed_up_at: wall(NOW + 3600),
+            }],
+            ..ready()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(BackupTooRecent));
+    }
+
+    #[test]
+    fn wall_clock_before_the_delay_can_be_subtracted_ages_nothing() {
+        let backups = [Backup {
+            watermark: wm("0a"),
+            backed_up_at: UNIX_EPOCH,
+        }];
+        let subscribers = [sub("0a")];
+        let d = decide(&Inputs {
+            now: at(NOW),
+            wall_now: UNIX_EPOCH,
+            started: at(0),
+            cleanup_delay: Duration::from_secs(60),
+            reconnect_grace: Duration::from_secs(30),
+            mode: ReservationMode::Pin,
+            backups: &backups,
+            reservations: &[],
+            subscribers: &subscribers,
+            last_purged: None,
+        });
+        assert_eq!(d, Decision::Hold(BackupTooRecent));
+    }
+
+    // Rule e: subscribers.
+
+    #[test]
+    fn no_connected_subscriber_holds_even_with_a_departed_one_in_its_grace() {
+        let none = Case {
+            subscribers: vec![],
+            ..ready()
+        };
+        assert_eq!(none.decide(), Decision::Hold(NoSubscribers));
+        let only_departed = Case {
+            subscribers: vec![departed("0a", 5)],
+            ..ready()
+        };
+        assert_eq!(only_departed.decide(), Decision::Hold(NoSubscribers));
+    }
+
+    #[test]
+    fn holds_when_a_subscriber_is_behind_every_aged_backup() {
+        let d = Case {
+            subscribers: vec![sub("0a"), sub("09")],
+            ..ready()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(SubscriberBehind));
+    }
+
+    #[test]
+    fn slow_subscriber_lowers_the_purge_to_an_older_backup() {
+        let d = Case {
+            backups: vec![backup("0a", 300), backup("0c", 200), backup("0e", 100)],
+            subscribers: vec![sub("0e"), sub("0d")],
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, purge("0c"));
+    }
+
+    #[test]
+    fn departed_subscriber_within_the_grace_still_bounds_the_purge() {
+        let d = Case {
+            backups: vec![backup("0a", 300), backup("0c", 200)],
+            subscribers: vec![sub("0c"), departed("0b", 29)],
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, purge("0a"));
+    }
+
+    #[test]
+    fn departed_subscriber_outside_the_grace_is_ignored() {
+        let d = Case {
+            backups: vec![backup("0a", 300), backup("0c", 200)],
+            subscribers: vec![sub("0c"), departed("0b", 30)],
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, purge("0c"));
+    }
+
+    // Rule g: replica version.
+
+    #[test]
+    fn subscriber_at_its_replica_version_holds_even_where_acks_allow() {
+        // Purging below RV itself would pass the ack rule; rule g alone holds it.
+        let d = Case {
+            backups: vec![backup(RV, 120)],
+            subscribers: vec![sub("0a"), sub(RV)],
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(SubscriberAtReplicaVersion));
+    }
+
+    #[test]
+    fn departed_subscriber_at_replica_version_holds_only_within_the_grace() {
+        let within = Case {
+            subscribers: vec![sub("0a"), departed(RV, 10)],
+            ..ready()
+        };
+        assert_eq!(within.decide(), Decision::Hold(SubscriberAtReplicaVersion));
+        let after = Case {
+            subscribers: vec![sub("0a"), departed(RV, 31)],
+            ..ready()
+        };
+        assert_eq!(after.decide(), purge("0a"));
+    }
+
+    // Rule f: progress.
+
+    #[test]
+    fn holds_when_nothing_new_was_backed_up_since_the_last_purge() {
+        let d = Case {
+            last_purged: Some(wm("0a")),
+            ..ready()
+        }
+        .decide();
+        assert_eq!(d, Decision::Hold(NothingNew));
+    }
+
+    #[test]
+    fn purges_a_backup_newer_than_the_last_purge() {
+        let d = Case {
+            backups: vec![backup("0a", 300), backup("0b", 200)],
+            subscribers: vec![sub("0b")],
+            last_purged: Some(wm("0a")),
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, purge("0b"));
+    }
+
+    #[test]
+    fn an_already_purged_backup_does_not_hide_the_real_obstacle() {
+        let stale = |c: Case| Case {
+            backups: vec![backup("0a", 300), backup("0b", 10)],
+            last_purged: Some(wm("0a")),
+            ..c
+        };
+        let too_recent = stale(Case {
+            subscribers: vec![sub("0b")],
+            ..case()
+        });
+        assert_eq!(too_recent.decide(), Decision::Hold(BackupTooRecent));
+        let behind = stale(Case {
+            backups: vec![],
+            subscribers: vec![sub("0a")],
+            ..case()
+        });
+        let behind = Case {
+            backups: vec![backup("0a", 300), backup("0b", 200)],
+            ..behind
+        };
+        assert_eq!(behind.decide(), Decision::Hold(SubscriberBehind));
+    }
+
+    // Watermark ordering.
+
+    #[test]
+    fn watermarks_compare_byte_wise_across_lengths() {
+        // "0z" (35) < "110" (36): byte-wise order is numeric order for lexi-versions.
+        let d = Case {
+            backups: vec![backup("110", 100), backup("0z", 200)],
+            subscribers: vec![sub("0z")],
+            ..case()
+        }
+        .decide();
+        assert_eq!(d, purge("0z"));
+        let caught_up = Case {
+            backups: vec![backup("110", 100), backup("0z", 200)],
+            subscribers: vec![sub("110")],
+            last_purged: Some(wm("0z")),
+            ..case()
+        };
+        assert_eq!(caught_up.decide(), purge("110"));
+    }
+
+    #[test]
+    fn newest_backup_is_the_byte_wise_maximum() {
+        assert_eq!(newest_backup(&[]), None);
+        let backups = [backup("0z", 3), backup("110", 2), backup("09", 1)];
+        assert_eq!(newest_backup(&backups), Some("110"));
+    }
+
+    // PROTOCOL.md §9.3, adapted: the sidecar starts with the RM restore at 00:00 with a 4 min delay; litestream
+    // uploads W1="0w" at 00:10; V reserves at 00:12 and subscribes at 00:19 (the delay becomes 7 min).
+    #[test]
+    fn worked_timeline() {
+        let min = |m: u64| m * 60;
+        let timeline = |now: u64, delay: u64, mode, reservations, subscribers| {
+            Case {
+                now,
+                started: 0,
+                delay,
+                mode,
+                backups: vec![Backup {
+                    watermark: wm("0w"),
+                    backed_up_at: wall(min(10)),
+                }],
+                reservations,
+                subscribers,
+                ..case()
+            }
+            .decide()
+        };
+        let rm_backup = || sub("0x");
+        let v_reserved = || vec![reservation("v", Some("0w"))];
+        for mode in [ReservationMode::Pin, ReservationMode::Pause] {
+            // 00:03: still starting up.
+            let d = timeline(min(3), min(4), mode, vec![], vec![rm_backup()]);
+            assert_eq!(d, Decision::Hold(StartingUp));
+            // 00:13, V reserving: W1 is 3 min old.
+            let d = timeline(min(13), min(4), mode, v_reserved(), vec![rm_backup()]);
+            let expected = match mode {
+                ReservationMode::Pin => BackupTooRecent,
+                ReservationMode::Pause => ReservationsOpen,
+            };
+            assert_eq!(d, Decision::Hold(expected));
+            // 00:15, V restoring: pin may purge below V's floor; pause waits for V (Zero's behaviour).
+            let d = timeline(min(15), min(4), mode, v_reserved(), vec![rm_backup()]);
+            let expected = match mode {
+                ReservationMode::Pin => purge("0w"),
+                ReservationMode::Pause => Decision::Hold(ReservationsOpen),
+            };
+            assert_eq!(d, expected);
+            // 00:20: V subscribed at W1, its reservation ended, the delay is 7 min; W1 (00:10) is aged.
+            let d = timeline(min(20), min(7), mode, vec![], vec![rm_backup(), sub("0w")]);
+            assert_eq!(d, purge("0w"));
+        }
+    }
+
+    #[test]
+    fn hold_reasons_have_distinct_labels_in_evaluation_order() {
+        let labels: std::collections::HashSet<_> = HoldReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels.len(), HoldReason::ALL.len());
+        for reason in HoldReason::ALL {
+            let label = reason.as_str();
+            assert!(label.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{label}");
+            let phrase = reason.to_string();
+            assert!(!phrase.is_empty() && phrase == phrase.to_lowercase(), "{phrase}");
+        }
+        assert_eq!(HoldReason::ALL[0], StartingUp);
+        assert_eq!(HoldReason::ALL[9], SubscriberBehind);
+    }
+
+    #[test]
+    fn reservation_mode_parses_lowercase_and_defaults_to_pin() {
+        #[derive(Deserialize)]
+        struct Cfg {
+            reservations: ReservationMode,
+        }
+        let parse = |s: &str| serde_json::from_str::<Cfg>(s).map(|c| c.reservations);
+        assert_eq!(parse(r#"{"reservations":"pin"}"#).unwrap(), ReservationMode::Pin);
+        assert_eq!(parse(r#"{"reservations":"pause"}"#).unwrap(), ReservationMode::Pause);
+        assert!(parse(r#"{"reservations":"Pause"}"#).is_err());
+        assert_eq!(ReservationMode::default(), ReservationMode::Pin);
+    }
+
+    // Property tests: a model of the monitor's view over random event sequences.
+
+    /// The LexiVersion of `n` (PROTOCOL.md §2), to produce watermarks of varying length.
+    fn lexi(n: u64) -> String {
+        let mut digits = Vec::new();
+        let mut rest = n;
+        loop {
+            digits.push(std::char::from_digit((rest % 36) as u32, 36).unwrap());
+            rest /= 36;
+            if rest == 0 {
+                break;
+            }
+        }
+        digits.push(std::char::from_digit(digits.len() as u32 - 1, 36).unwrap());
+        digits.iter().rev().collect()
+    }
+
+    #[test]
+    fn lexi_matches_the_protocol_examples() {
+        assert_eq!(lexi(0), "00");
+        assert_eq!(lexi(10), "0a");
+        assert_eq!(lexi(35), "0z");
+        assert_eq!(lexi(36), "110");
+        assert_eq!(lexi(46655), "2zzz");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Event {
+        /// The stream advances by `step` positions.
+        Commit(u64),
+        /// Litestream backs up a new head, reported `lag` seconds ago (or ahead, with clock trouble).
+        Backup { lag: u64, future: bool },
+        /// A reservation opens with the newest backup known now as its floor.
+        Open,
+        Close(usize),
+        /// A subscriber connects at some position reached so far.
+        Connect(usize),
+        /// A connected subscriber acks some position (only a newer one moves it).
+        Ack(usize, usize),
+        Leave(usize),
+        Advance(u64),
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            2 => (1..400u64).prop_map(Event::Commit),
+            3 => (0..120u64, prop::bool::weighted(0.1))
+                .prop_map(|(lag, future)| Event::Backup { lag, future }),
+            1 => Just(Event::Open),
+            1 => any::<usize>().prop_map(Event::Close),
+            1 => any::<usize>().prop_map(Event::Connect),
+            4 => (any::<usize>(), any::<usize>()).prop_map(|(s, p)| Event::Ack(s, p)),
+            1 => any::<usize>().prop_map(Event::Leave),
+            4 => (0..90u64).prop_map(Event::Advance),
+        ]
+    }
+
+    struct Model {
+        mode: ReservationMode,
+        delay: Duration,
+        grace: Duration,
+        clock: u64,
+        head: u64,
+        positions: Vec<String>,
+        backups: Vec<Backup>,
+        reservations: Vec<HeldReservation>,
+        next_task: u32,
+        subscribers: Vec<Subscriber>,
+        last_purged: Option<String>,
+    }
+
+    impl Model {
+        fn new(mode: ReservationMode, delay: u64, grace: u64, head: u64) -> Self {
+            Model {
+                mode,
+                delay: Duration::from_secs(delay),
+                grace: Duration::from_secs(grace),
+                clock: 0,
+                head,
+                positions: vec![lexi(head)],
+                backups: vec![],
+                reservations: vec![],
+                next_task: 0,
+                subscribers: vec![],
+                last_purged: None,
+            }
+        }
+
+        fn replica_version(&self) -> &str {
+            &self.positions[0]
+        }
+
+        fn apply(&mut self, event: &Event) {
+            match *event {
+                Event::Commit(step) => {
+                    self.head += step;
+                    self.positions.push(lexi(self.head));
+                }
+                Event::Backup { lag, future } => {
+                    self.head += 1;
+                    self.positions.push(lexi(self.head));
+                    let backed_up_at = if future {
+                        wall(self.clock + lag + 1)
+                    } else {
+                        wall(self.clock.saturating_sub(lag))
+                    };
+                    self.backups.push(Backup {
+                        watermark: lexi(self.head),
+                        backed_up_at,
+                    });
+                }
+                Event::Open => {
+                    self.next_task += 1;
+                    let floor = newest_backup(&self.backups).map(str::to_owned);
+                    self.reservations.push(HeldReservation {
+                        task_id: format!("t{}", self.next_task),
+                        floor,
+                    });
+                }
+                Event::Close(i) if !self.reservations.is_empty() => {
+                    let i = i % self.reservations.len();
+                    self.reservations.remove(i);
+                }
+                Event::Connect(p) => {
+                    let acked = self.positions[p % self.positions.len()].clone();
+                    let replica_version = self.replica_version().to_owned();
+                    self.subscribers.push(Subscriber {
+                        acked,
+                        replica_version,
+                        departed: None,
+                    });
+                }
+                Event::Ack(s, p) if !self.subscribers.is_empty() => {
+                    let position = self.positions[p % self.positions.len()].clone();
+                    let i = s % self.subscribers.len();
+                    let subscriber = &mut self.subscribers[i];
+                    if subscriber.is_connected() && position > subscriber.acked {
+                        subscriber.acked = position;
+                    }
+                }
+                Event::Leave(s) if !self.subscribers.is_empty() => {
+                    let i = s % self.subscribers.len();
+                    let now = at(self.clock);
+                    self.subscribers[i].departed.get_or_insert(now);
+                }
+                Event::Advance(secs) => self.clock += secs,
+                Event::Close(_) | Event::Ack(..) | Event::Leave(_) => {}
+            }
+        }
+
+        fn inputs(&self) -> Inputs<'_> {
+            Inputs {
+                now: at(self.clock),
+                wall_now: wall(self.clock),
+                started: at(0),
+                cleanup_delay: self.delay,
+                reconnect_grace: self.grace,
+                mode: self.mode,
+                backups: &self.backups,
+                reservations: &self.reservations,
+                subscribers: &self.subscribers,
+                last_purged: self.last_purged.as_deref(),
+            }
+        }
+
+        fn tracked(&self) -> impl Iterator<Item = &Subscriber> {
+            let now = at(self.clock);
+            self.subscribers.iter().filter(move |s| match s.departed {
+                None => true,
+                Some(d) => now - d < self.grace,
+            })
+        }
+
+        fn is_aged(&self, backup: &Backup) -> bool {
+            backup.backed_up_at + self.delay <= wall(self.clock)
+        }
+
+        /// Every rule, written independently of `decide`, for purging below `w`.
+        fn violations(&self, w: &str) -> Vec<&'static str> {
+            let mut broken = vec![];
+            if Duration::from_secs(self.clock) < self.delay {
+                broken.push("purge before uptime reached the delay");
+            }
+            if self.mode == ReservationMode::Pause && !self.reservations.is_empty() {
+                broken.push("purge in pause mode with a reservation open");
+            }
+            for r in &self.reservations {
+                match &r.floor {
+                    None => broken.push("purge with a floorless reservation open"),
+                    Some(floor) if w > floor.as_str() => broken.push("purge above a reservation floor"),
+                    Some(_) => {}
+                }
+            }
+            if !self.subscribers.iter().any(Subscriber::is_connected) {
+                broken.push("purge without a connected subscriber");
+            }
+            for s in self.tracked() {
+                if w > s.acked.as_str() {
+                    broken.push("purge above a tracked subscriber's ack");
+                }
+                if s.acked == s.replica_version {
+                    broken.push("purge with a tracked subscriber at the replica version");
+                }
+            }
+            if !self.backups.iter().any(|b| b.watermark == w && self.is_aged(b)) {
+                broken.push("purge at a watermark that is not an aged backup");
+            }
+            if self.last_purged.as_deref().is_some_and(|last| w <= last) {
+                broken.push("purge not above the last purge");
+            }
+            broken
+        }
+
+        fn check(&mut self) -> Result<(), TestCaseError> {
+            let decision = decide(&self.inputs());
+            // The largest backup that every rule allows, if any.
+            let best = self
+                .backups
+                .iter()
+                .map(|b| b.watermark.as_str())
+                .filter(|w| self.violations(w).is_empty())
+                .max()
+                .map(str::to_owned);
+            match decision {
+                Decision::Purge { before } => {
+                    let broken = self.violations(&before);
+                    prop_assert!(broken.is_empty(), "Purge({}) breaks {:?}", before, broken);
+                    prop_assert_eq!(Some(&before), best.as_ref(), "not the largest safe backup");
+                    self.last_purged = Some(before);
+                }
+                Decision::Hold(reason) => {
+                    prop_assert_eq!(best, None, "held ({}) although a backup was safe", reason);
+                }
+            }
+            Ok(())
+        }
+    }
+
+    fn mode() -> impl Strategy<Value = ReservationMode> {
+        prop_oneof![Just(ReservationMode::Pin), Just(ReservationMode::Pause)]
+    }
+
+    proptest! {
+        #[test]
+        fn decisions_over_random_histories_are_safe_and_maximal(
+            mode in mode(),
+            delay in 30..150u64,
+            grace in 0..60u64,
+            start in 1..1400u64,
+            events in prop::collection::vec(event(), 1..80),
+        ) {
+            let mut model = Model::new(mode, delay, grace, start);
+            model.check()?;
+            for event in &events {
+                model.apply(event);
+                model.check()?;
+            }
+        }
+
+        #[test]
+        fn purges_the_newest_aged_backup_when_nothing_stands_in_the_way(
+            mode in mode(),
+            delay in 30..3600u64,
+            ages in prop::collection::vec(0..7200u64, 1..6),
+            start in 1..3000u64,
+            steps in prop::collection::vec(1..2000u64, 6),
+            uptime_extra in 0..3600u64,
+        ) {
+            // Backups at increasing watermarks, oldest first; at least the first is aged.
+            let mut ages = ages;
+            ages.sort_unstable_by(|a, b| b.cmp(a));
+            ages[0] += delay;
+            let now = 20_000;
+            let mut head = start;
+            let backups: Vec<Backup> = ages
+                .iter()
+                .zip(&steps)
+                .map(|(&age, &step)| {
+                    head += step;
+                    Backup { watermark: lexi(head), backed_up_at: wall(now - age) }
+                })
+                .collect();
+            let newest_aged = backups
+                .iter()
+                .zip(&ages)
+                .filter(|(_, &age)| age >= delay)
+                .map(|(b, _)| b.watermark.clone())
+                .last()
+                .unwrap();
+            let subscribers = [Subscriber {
+                acked: lexi(head),
+                replica_version: lexi(start),
+                departed: None,
+            }];
+            let d = decide(&Inputs {
+                now: at(now),
+                wall_now: wall(now),
+                started: at(now - delay - uptime_extra),
+                cleanup_delay: Duration::from_secs(delay),
+                reconnect_grace: Duration::from_secs(30),
+                mode,
+                backups: &backups,
+                reservations: &[],
+                subscribers: &subscribers,
+                last_purged: None,
+            });
+            prop_assert_eq!(d, Decision::Purge { before: newest_aged });
+        }
+    }
+}

@@ -15,11 +15,15 @@ const EXIT_CONFIG: u8 = 78;
 const EXIT_CHECK_FAILED: u8 = 2;
 
 /// Serves Zero's snapshot reservations beside litestream and keeps Zero's change log purged safely.
-///
-/// Every config key can be overridden by an environment variable named
-/// LITESTREAM_SIDECAR__<SECTION>__<KEY>, e.g. LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
+#[command(
+    version,
+    about,
+    long_about = None,
+    after_help = "Every config key can be overridden by an environment variable named \
+                  LITESTREAM_SIDECAR__<SECTION>__<KEY>,\ne.g. LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL.\n\
+                  Exit codes: 0 done, 1 runtime failure, 2 usage or --check-config errors, 78 invalid config."
+)]
 struct Args {
     /// Config file [default: ./sidecar.toml, then /etc/litestream-sidecar/sidecar.toml]
     #[arg(long, value_name = "PATH")]

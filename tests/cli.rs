@@ -1,0 +1,216 @@
+//! The real binary: arguments, config errors and exit codes, signals, and the systemd unit.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_litestream-sidecar");
+
+fn run(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> (i32, String, String) {
+    let output = Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        output.status.code().expect("exited normally"),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn version_and_help() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, _) = run(&["--version"], dir.path(), &[]);
+    assert_eq!(code, 0);
+    assert_eq!(out.trim(), format!("litestream-sidecar {}", env!("CARGO_PKG_VERSION")));
+    let (code, out, _) = run(&["--help"], dir.path(), &[]);
+    assert_eq!(code, 0);
+    for needle in ["--config", "--check-config", "LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL"] {
+        assert!(out.contains(needle), "help lacks {needle}:\n{out}");
+    }
+    let (code, _, err) = run(&["--bogus"], dir.path(), &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--bogus"), "{err}");
+}
+
+#[test]
+fn check_config_prints_the_effective_config_without_passwords() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "sidecar.toml",
+        "[litestream]\nbackup_url = \"s3://bucket/replica\"\n[change_db]\nurl = \"postgres://zero:hunter2@db:5432/zero\"\n",
+    );
+    let (code, out, err) = run(
+        &["--config", &path, "--check-config"],
+        dir.path(),
+        &[("LITESTREAM_SIDECAR__ZERO__SHARD_NUM", "7")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("hunter2"), "{out}");
+    assert!(out.contains("postgres://zero:REDACTED@db:5432/zero"), "{out}");
+    assert!(out.contains("backup_url = \"s3://bucket/replica\""), "{out}");
+    assert!(out.contains("shard_num = 7"), "{out}");
+    assert!(out.contains("ping_interval = \"10s\""), "defaults are shown:\n{out}");
+}
+
+#[test]
+fn check_config_reports_every_error_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "bad.toml",
+        "[server]\nlisten = \"nowhere\"\nping_interval = \"1 fortnight\"\n[zero]\napp_id = \"My App\"\n",
+    );
+    let (code, out, err) = run(&["--config", &path, "--check-config"], dir.path(), &[]);
+    assert_eq!(code, 2);
+    assert!(out.is_empty(), "{out}");
+    for key in ["server.listen", "server.ping_interval", "litestream.backup_url", "zero.app_id"] {
+        assert!(err.contains(key), "missing {key} in:\n{err}");
+    }
+    assert!(err.contains("^[a-z0-9_]+$"), "{err}");
+
+    // Environment overrides are validated the same way.
+    let good = write(dir.path(), "good.toml", "[litestream]\nbackup_url = \"s3://b/r\"\n");
+    let (code, _, err) = run(
+        &["--config", &good, "--check-config"],
+        dir.path(),
+        &[("LITESTREAM_SIDECAR__ZERO__SHARD_NUM", "-4")],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("zero.shard_num"), "{err}");
+
+    // Unknown keys and unreadable files name the problem.
+    let typo = write(dir.path(), "typo.toml", "[litestream]\nbackup_url = \"s3://b/r\"\nbakup = 1\n");
+    let (code, _, err) = run(&["--config", &typo, "--check-config"], dir.path(), &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("bakup"), "{err}");
+    let (code, _, err) = run(&["--config", "/nonexistent/sidecar.toml", "--check-config"], dir.path(), &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent/sidecar.toml"), "{err}");
+}
+
+#[test]
+fn sidecar_toml_in_the_working_directory_is_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "sidecar.toml", "[litestream]\nbackup_url = \"file:///from/cwd\"\n");
+    let (code, out, err) = run(&["--check-config"], dir.path(), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("file:///from/cwd"), "{out}");
+}
+
+#[test]
+fn starting_with_a_bad_config_exits_78_before_listening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "bad.toml", "[zero]\napp_id = \"UPPER\"\n");
+    let (code, _, err) = run(&["--config", &path], dir.path(), &[]);
+    assert_eq!(code, 78);
+    assert!(err.contains("zero.app_id") && err.contains("litestream.backup_url"), "{err}");
+}
+
+#[test]
+fn the_reference_config_is_accepted_by_the_binary() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (code, out, err) = run(&["--config", "sidecar.toml", "--check-config"], root, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("listen = \"0.0.0.0:4851\""), "{out}");
+}
+
+#[tokio::test]
+async fn sigterm_closes_reservations_with_1001_and_exits_0() {
+    for signal in ["-TERM", "-INT"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            "sidecar.toml",
+            "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\n[log]\nformat = \"json\"\n",
+        );
+        let mut child = std::process::Command::new(BIN)
+            .args(["--config", &path])
+            .env_clear()
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The JSON log names the bound address.
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let addr = loop {
+            let mut line = String::new();
+            assert!(stderr.read_line(&mut line).unwrap() > 0, "exited before listening");
+            let event: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
+            if event["message"] == "listening" {
+                break event["addr"].as_str().unwrap().to_string();
+            }
+        };
+        let drain = std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
+            rest
+        });
+        let url = format!("ws://{addr}/replication/v3/snapshot?taskID=t1");
+        let mut ws = common::connect(&url).await;
+        assert!(common::next_text(&mut ws).await.contains("\"backupURL\":\"s3://b/r\""));
+
+        Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap();
+        assert_eq!(
+            common::expect_close(&mut ws).await,
+            Some((1001, "sidecar shutting down".into()))
+        );
+        drop(ws);
+        let status = wait_with_timeout(&mut child, Duration::from_secs(10));
+        assert_eq!(status, Some(0), "{signal}");
+        let logs = drain.join().unwrap();
+        assert!(logs.contains("shutting down"), "{logs}");
+    }
+}
+
+fn wait_with_timeout(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `systemd-analyze verify` checks the unit's syntax and directives. It needs the binary named in `ExecStart`
+/// to exist, so the check runs on a copy that points at the freshly built one.
+#[test]
+fn systemd_unit_verifies() {
+    let Ok(probe) = Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("systemd-analyze not installed: unit check skipped");
+        return;
+    };
+    assert!(probe.status.success());
+    let unit = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/litestream-sidecar.service"))
+        .unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/litestream-sidecar --config /etc/litestream-sidecar/sidecar.toml"));
+    assert!(unit.contains("RestartPreventExitStatus=78"));
+    let dir = tempfile::tempdir().unwrap();
+    let copy = write(
+        dir.path(),
+        "litestream-sidecar.service",
+        &unit.replace("/usr/local/bin/litestream-sidecar", BIN),
+    );
+    let output = Command::new("systemd-analyze").args(["verify", &copy]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.trim().is_empty(), "systemd-analyze complained:\n{stderr}");
+}
