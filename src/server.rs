@@ -24,7 +24,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info_span, warn, Instrument};
+use tracing::{debug, debug_span, info_span, warn, Instrument};
 
 use crate::protocol::{self, Route};
 use crate::reservations::{self, SnapshotContext};
@@ -80,7 +80,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             },
         };
         let _ = stream.set_nodelay(true);
-        let span = info_span!("conn", %peer);
+        let span = debug_span!("conn", %peer);
         shared
             .tracker
             .spawn(serve_connection(stream, peer, shared.clone()).instrument(span));

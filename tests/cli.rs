@@ -35,10 +35,17 @@ fn version_and_help() {
     let dir = tempfile::tempdir().unwrap();
     let (code, out, _) = run(&["--version"], dir.path(), &[]);
     assert_eq!(code, 0);
-    assert_eq!(out.trim(), format!("litestream-sidecar {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        out.trim(),
+        format!("litestream-sidecar {}", env!("CARGO_PKG_VERSION"))
+    );
     let (code, out, _) = run(&["--help"], dir.path(), &[]);
     assert_eq!(code, 0);
-    for needle in ["--config", "--check-config", "LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL"] {
+    for needle in [
+        "--config",
+        "--check-config",
+        "LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL",
+    ] {
         assert!(out.contains(needle), "help lacks {needle}:\n{out}");
     }
     let (code, _, err) = run(&["--bogus"], dir.path(), &[]);
@@ -61,10 +68,19 @@ fn check_config_prints_the_effective_config_without_passwords() {
     );
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("hunter2"), "{out}");
-    assert!(out.contains("postgres://zero:REDACTED@db:5432/zero"), "{out}");
-    assert!(out.contains("backup_url = \"s3://bucket/replica\""), "{out}");
+    assert!(
+        out.contains("postgres://zero:REDACTED@db:5432/zero"),
+        "{out}"
+    );
+    assert!(
+        out.contains("backup_url = \"s3://bucket/replica\""),
+        "{out}"
+    );
     assert!(out.contains("shard_num = 7"), "{out}");
-    assert!(out.contains("ping_interval = \"10s\""), "defaults are shown:\n{out}");
+    assert!(
+        out.contains("ping_interval = \"10s\""),
+        "defaults are shown:\n{out}"
+    );
 }
 
 #[test]
@@ -78,13 +94,22 @@ fn check_config_reports_every_error_and_exits_2() {
     let (code, out, err) = run(&["--config", &path, "--check-config"], dir.path(), &[]);
     assert_eq!(code, 2);
     assert!(out.is_empty(), "{out}");
-    for key in ["server.listen", "server.ping_interval", "litestream.backup_url", "zero.app_id"] {
+    for key in [
+        "server.listen",
+        "server.ping_interval",
+        "litestream.backup_url",
+        "zero.app_id",
+    ] {
         assert!(err.contains(key), "missing {key} in:\n{err}");
     }
     assert!(err.contains("^[a-z0-9_]+$"), "{err}");
 
     // Environment overrides are validated the same way.
-    let good = write(dir.path(), "good.toml", "[litestream]\nbackup_url = \"s3://b/r\"\n");
+    let good = write(
+        dir.path(),
+        "good.toml",
+        "[litestream]\nbackup_url = \"s3://b/r\"\n",
+    );
     let (code, _, err) = run(
         &["--config", &good, "--check-config"],
         dir.path(),
@@ -94,11 +119,19 @@ fn check_config_reports_every_error_and_exits_2() {
     assert!(err.contains("zero.shard_num"), "{err}");
 
     // Unknown keys and unreadable files name the problem.
-    let typo = write(dir.path(), "typo.toml", "[litestream]\nbackup_url = \"s3://b/r\"\nbakup = 1\n");
+    let typo = write(
+        dir.path(),
+        "typo.toml",
+        "[litestream]\nbackup_url = \"s3://b/r\"\nbakup = 1\n",
+    );
     let (code, _, err) = run(&["--config", &typo, "--check-config"], dir.path(), &[]);
     assert_eq!(code, 2);
     assert!(err.contains("bakup"), "{err}");
-    let (code, _, err) = run(&["--config", "/nonexistent/sidecar.toml", "--check-config"], dir.path(), &[]);
+    let (code, _, err) = run(
+        &["--config", "/nonexistent/sidecar.toml", "--check-config"],
+        dir.path(),
+        &[],
+    );
     assert_eq!(code, 2);
     assert!(err.contains("/nonexistent/sidecar.toml"), "{err}");
 }
@@ -106,7 +139,11 @@ fn check_config_reports_every_error_and_exits_2() {
 #[test]
 fn sidecar_toml_in_the_working_directory_is_the_default() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "sidecar.toml", "[litestream]\nbackup_url = \"file:///from/cwd\"\n");
+    write(
+        dir.path(),
+        "sidecar.toml",
+        "[litestream]\nbackup_url = \"file:///from/cwd\"\n",
+    );
     let (code, out, err) = run(&["--check-config"], dir.path(), &[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("file:///from/cwd"), "{out}");
@@ -118,7 +155,10 @@ fn starting_with_a_bad_config_exits_78_before_listening() {
     let path = write(dir.path(), "bad.toml", "[zero]\napp_id = \"UPPER\"\n");
     let (code, _, err) = run(&["--config", &path], dir.path(), &[]);
     assert_eq!(code, 78);
-    assert!(err.contains("zero.app_id") && err.contains("litestream.backup_url"), "{err}");
+    assert!(
+        err.contains("zero.app_id") && err.contains("litestream.backup_url"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -148,7 +188,10 @@ async fn sigterm_closes_reservations_with_1001_and_exits_0() {
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let addr = loop {
             let mut line = String::new();
-            assert!(stderr.read_line(&mut line).unwrap() > 0, "exited before listening");
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "exited before listening"
+            );
             let event: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
             if event["message"] == "listening" {
                 break event["addr"].as_str().unwrap().to_string();
@@ -161,9 +204,14 @@ async fn sigterm_closes_reservations_with_1001_and_exits_0() {
         });
         let url = format!("ws://{addr}/replication/v3/snapshot?taskID=t1");
         let mut ws = common::connect(&url).await;
-        assert!(common::next_text(&mut ws).await.contains("\"backupURL\":\"s3://b/r\""));
+        assert!(common::next_text(&mut ws)
+            .await
+            .contains("\"backupURL\":\"s3://b/r\""));
 
-        Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap();
+        Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
         assert_eq!(
             common::expect_close(&mut ws).await,
             Some((1001, "sidecar shutting down".into()))
@@ -199,9 +247,13 @@ fn systemd_unit_verifies() {
         return;
     };
     assert!(probe.status.success());
-    let unit = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/litestream-sidecar.service"))
-        .unwrap();
-    assert!(unit.contains("ExecStart=/usr/local/bin/litestream-sidecar --config /etc/litestream-sidecar/sidecar.toml"));
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/litestream-sidecar.service"),
+    )
+    .unwrap();
+    assert!(unit.contains(
+        "ExecStart=/usr/local/bin/litestream-sidecar --config /etc/litestream-sidecar/sidecar.toml"
+    ));
     assert!(unit.contains("RestartPreventExitStatus=78"));
     let dir = tempfile::tempdir().unwrap();
     let copy = write(
@@ -209,8 +261,14 @@ fn systemd_unit_verifies() {
         "litestream-sidecar.service",
         &unit.replace("/usr/local/bin/litestream-sidecar", BIN),
     );
-    let output = Command::new("systemd-analyze").args(["verify", &copy]).output().unwrap();
+    let output = Command::new("systemd-analyze")
+        .args(["verify", &copy])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    assert!(stderr.trim().is_empty(), "systemd-analyze complained:\n{stderr}");
+    assert!(
+        stderr.trim().is_empty(),
+        "systemd-analyze complained:\n{stderr}"
+    );
 }

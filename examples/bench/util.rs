@@ -1,0 +1,156 @@
+//! Shared bench helpers: the release binary as a child process, its resident memory, percentiles, the report.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// One printed line: what was measured, the figure, and the target it is held against.
+pub struct Row {
+    pub name: String,
+    pub value: String,
+    pub target: String,
+    pub ok: Option<bool>,
+}
+
+#[derive(Default)]
+pub struct Report {
+    rows: Vec<Row>,
+}
+
+impl Report {
+    pub fn add(
+        &mut self,
+        name: impl Into<String>,
+        value: impl Into<String>,
+        target: impl Into<String>,
+        ok: Option<bool>,
+    ) {
+        let row = Row {
+            name: name.into(),
+            value: value.into(),
+            target: target.into(),
+            ok,
+        };
+        println!("  {:<62} {:>16}   {}", row.name, row.value, row.target);
+        self.rows.push(row);
+    }
+
+    pub fn print(&self) {
+        println!();
+        println!("{:<64} {:>16}   target", "benchmark", "figure");
+        println!("{}", "-".repeat(110));
+        for row in &self.rows {
+            let flag = match row.ok {
+                Some(true) => "ok",
+                Some(false) => "OUTSIDE TARGET",
+                None => "",
+            };
+            println!(
+                "{:<64} {:>16}   {:<22} {}",
+                row.name, row.value, row.target, flag
+            );
+        }
+    }
+}
+
+pub fn release_binary() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "--bin",
+            "litestream-sidecar",
+        ])
+        .current_dir(root)
+        .status()
+        .expect("cargo build");
+    assert!(status.success(), "building the release binary failed");
+    root.join("target/release/litestream-sidecar")
+}
+
+/// The sidecar binary running with a config; killed when dropped.
+pub struct Daemon {
+    pub child: Child,
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// Starts the release binary with `config`, in which `{addr}` stands for a free loopback address.
+    pub fn start(config: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sidecar.toml");
+        let addr = free_addr();
+        std::fs::write(&path, config.replace("{addr}", &addr)).unwrap();
+        let mut child = Command::new(release_binary())
+            .arg("--config")
+            .arg(&path)
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_RUST_LOG").unwrap_or("warn,litestream_sidecar=info".into()),
+            )
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the sidecar");
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        // Keep draining the log so the sidecar never blocks on a full pipe.
+        std::thread::spawn(move || for _ in stderr.lines() {});
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sidecar did not start listening"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Daemon {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    /// Resident memory in KiB (VmRSS).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback address no one listens on right now.
+pub fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index]
+}
+
+pub fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+pub fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
