@@ -7,6 +7,9 @@
 //! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads, limits, liveness, closing).
 //! - [`reservations`]: the reservation registry and the `/snapshot` handler.
 //! - [`server`]: accept loop, HTTP routing and health endpoints.
+//! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
+//! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
+//! - [`cleanup`]: the pure decision when the change log may be purged.
 
 #![forbid(unsafe_code)]
 
@@ -16,6 +19,7 @@ pub mod litestream;
 pub mod protocol;
 pub mod reservations;
 pub mod server;
+pub mod subscribers;
 pub mod ws;
 
 use std::sync::Arc;

@@ -1,0 +1,191 @@
+//! Relayed subscribers and how far each has acknowledged: the cleanup policy's view of who still needs which
+//! change-log rows (PROTOCOL.md §6.8).
+//!
+//! The relay registers a subscriber when the upstream accepts it, advances its acked watermark as commits are
+//! acknowledged, and drops the handle when the connection ends; the departure is remembered for the reconnect
+//! grace so that a subscriber between two connections still holds cleanup back.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cleanup;
+
+/// What a subscription said about itself in its query string (PROTOCOL.md §6.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriberInfo {
+    /// Zero's `id` parameter, for logs.
+    pub id: String,
+    pub task_id: Option<String>,
+    pub mode: String,
+    pub replica_version: String,
+    /// The watermark it subscribed from: durable on the subscriber already.
+    pub watermark: String,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    info: SubscriberInfo,
+    acked: String,
+    departed: Option<Instant>,
+}
+
+/// Shared registry of relayed subscribers. Cheap to clone; the lock is never held across an `.await`.
+#[derive(Clone, Default)]
+pub struct Subscribers {
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    entries: HashMap<u64, Entry>,
+}
+
+impl Subscribers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a connected subscriber; its acked watermark starts at the watermark it subscribed from.
+    pub fn connect(&self, info: SubscriberInfo) -> SubscriberHandle {
+        let mut inner = self.lock();
+        inner.next_id += 1;
+        let id = inner.next_id;
+        let acked = info.watermark.clone();
+        inner.entries.insert(
+            id,
+            Entry {
+                info,
+                acked,
+                departed: None,
+            },
+        );
+        SubscriberHandle {
+            subscribers: self.clone(),
+            id,
+        }
+    }
+
+    /// Subscribers connected now.
+    pub fn connected(&self) -> usize {
+        self.lock()
+            .entries
+            .values()
+            .filter(|e| e.departed.is_none())
+            .count()
+    }
+
+    /// The policy's input: connected subscribers and those that left within `grace`. Older departures are
+    /// forgotten here.
+    pub fn for_policy(&self, now: Instant, grace: Duration) -> Vec<cleanup::Subscriber> {
+        let mut inner = self.lock();
+        inner.entries.retain(|_, e| match e.departed {
+            None => true,
+            Some(at) => now.saturating_duration_since(at) < grace,
+        });
+        inner
+            .entries
+            .values()
+            .map(|e| cleanup::Subscriber {
+                acked: e.acked.clone(),
+                replica_version: e.info.replica_version.clone(),
+                departed: e.departed,
+            })
+            .collect()
+    }
+
+    /// The acked watermarks of connected subscribers, by Zero's `id`, for logs and tests.
+    pub fn acked_by_id(&self) -> Vec<(String, String)> {
+        let mut list: Vec<_> = self
+            .lock()
+            .entries
+            .values()
+            .filter(|e| e.departed.is_none())
+            .map(|e| (e.info.id.clone(), e.acked.clone()))
+            .collect();
+        list.sort();
+        list
+    }
+}
+
+/// A connected subscriber. Dropping it records the departure time.
+pub struct SubscriberHandle {
+    subscribers: Subscribers,
+    id: u64,
+}
+
+impl SubscriberHandle {
+    /// Records that the subscriber acknowledged a commit at `watermark`. Watermarks compare as bytes; an older
+    /// one never moves the acked watermark back.
+    pub fn ack(&self, watermark: &str) {
+        let mut inner = self.subscribers.lock();
+        if let Some(entry) = inner.entries.get_mut(&self.id) {
+            if watermark > entry.acked.as_str() {
+                entry.acked = watermark.to_string();
+            }
+        }
+    }
+
+    pub fn acked(&self) -> String {
+        let inner = self.subscribers.lock();
+        inner
+            .entries
+            .get(&self.id)
+            .map(|e| e.acked.clone())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for SubscriberHandle {
+    fn drop(&mut self) {
+        let mut inner = self.subscribers.lock();
+        if let Some(entry) = inner.entries.get_mut(&self.id) {
+            entry.departed = Some(Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: &str, watermark: &str) -> SubscriberInfo {
+        SubscriberInfo {
+            id: id.into(),
+            task_id: None,
+            mode: "serving".into(),
+            replica_version: "01".into(),
+            watermark: watermark.into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acks_only_move_forward_and_departures_are_kept_for_the_grace() {
+        let subscribers = Subscribers::default();
+        let a = subscribers.connect(info("a", "0a"));
+        let b = subscribers.connect(info("b", "0b"));
+        a.ack("0c");
+        a.ack("0b");
+        assert_eq!(a.acked(), "0c");
+        assert_eq!(
+            subscribers.acked_by_id(),
+            [
+                ("a".to_string(), "0c".to_string()),
+                ("b".to_string(), "0b".to_string())
+            ]
+        );
+        drop(b);
+        assert_eq!(subscribers.connected(), 1);
+        let grace = Duration::from_secs(30);
+        let view = subscribers.for_policy(Instant::now(), grace);
+        assert_eq!(view.len(), 2);
+        assert_eq!(view.iter().filter(|s| s.departed.is_some()).count(), 1);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let view = subscribers.for_policy(Instant::now(), grace);
+        assert_eq!(view.len(), 1);
+        assert_eq!(view[0].acked, "0c");
+    }
+}
