@@ -46,10 +46,17 @@ pub struct RawServer {
     pub shutdown_grace: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawLitestream {
     pub backup_url: String,
+    pub metrics_url: String,
+    pub check_interval: String,
+    pub scrape_timeout: String,
+    pub max_page_bytes: u64,
+    pub db: String,
+    pub name: String,
+    pub proxy_listen: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -68,7 +75,11 @@ pub struct RawChangeDb {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawCleanup {
+    pub enabled: bool,
     pub initial_delay: String,
+    pub reservations: crate::cleanup::ReservationMode,
+    pub reconnect_grace: String,
+    pub batch_rows: i64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -85,6 +96,21 @@ impl Default for RawServer {
             ping_interval: "10s".into(),
             max_message_bytes: 128 << 20,
             shutdown_grace: "10s".into(),
+        }
+    }
+}
+
+impl Default for RawLitestream {
+    fn default() -> Self {
+        Self {
+            backup_url: String::new(),
+            metrics_url: "http://127.0.0.1:4860/metrics".into(),
+            check_interval: "60s".into(),
+            scrape_timeout: "5s".into(),
+            max_page_bytes: 4 << 20,
+            db: String::new(),
+            name: String::new(),
+            proxy_listen: "localhost:4850".into(),
         }
     }
 }
@@ -109,7 +135,11 @@ impl Default for RawChangeDb {
 impl Default for RawCleanup {
     fn default() -> Self {
         Self {
+            enabled: true,
             initial_delay: "30s".into(),
+            reservations: crate::cleanup::ReservationMode::Pin,
+            reconnect_grace: "30s".into(),
+            batch_rows: 10_000,
         }
     }
 }
@@ -150,6 +180,17 @@ pub struct ServerConfig {
 pub struct LitestreamConfig {
     /// Sent verbatim as `backupURL` in every snapshot status; view-syncers restore from it.
     pub backup_url: String,
+    /// litestream's own metrics page (its `addr:`), scraped for backed-up watermarks.
+    pub metrics_url: hyper::Uri,
+    /// How often litestream is scraped and cleanup decided.
+    pub check_interval: Duration,
+    pub scrape_timeout: Duration,
+    /// A larger metrics page is refused rather than buffered.
+    pub max_page_bytes: usize,
+    /// Only samples with these `db` / `name` labels count (PROTOCOL.md W13: with several replicas, pick one).
+    pub filter: crate::litestream::Filter,
+    /// `host:port` where Zero's BackupMonitor fetches `/metrics`; every address the host resolves to is bound.
+    pub proxy_listen: String,
 }
 
 #[derive(Debug, Clone)]
@@ -181,8 +222,15 @@ impl fmt::Debug for ChangeDbConfig {
 
 #[derive(Debug, Clone)]
 pub struct CleanupConfig {
+    /// Off: the sidecar decides and reports, but never deletes.
+    pub enabled: bool,
     /// Lower bound of the cleanup delay, raised by long reservations (PROTOCOL.md §9.1); never below 30 s.
     pub initial_delay: Duration,
+    pub reservations: crate::cleanup::ReservationMode,
+    /// How long a departed subscriber's ack still holds cleanup back: Zero's clients reconnect within 10 s.
+    pub reconnect_grace: Duration,
+    /// Rows per DELETE statement, so no statement holds locks or writes WAL without bound.
+    pub batch_rows: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,6 +392,54 @@ impl RawConfig {
             },
         );
 
+        let metrics_url = parse_http_url(&self.litestream.metrics_url);
+        check(
+            "litestream.metrics_url",
+            metrics_url.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let check_interval = parse_duration(&self.litestream.check_interval).and_then(|d| {
+            if d < Duration::from_secs(1) {
+                Err(format!("{:?} is below 1s", self.litestream.check_interval))
+            } else {
+                Ok(d)
+            }
+        });
+        check(
+            "litestream.check_interval",
+            check_interval.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let scrape_timeout = parse_duration(&self.litestream.scrape_timeout).and_then(|d| {
+            if d.is_zero() {
+                Err("must be above 0".to_string())
+            } else {
+                Ok(d)
+            }
+        });
+        check(
+            "litestream.scrape_timeout",
+            scrape_timeout.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let max_page_bytes = match usize::try_from(self.litestream.max_page_bytes) {
+            Ok(n) if n >= 1024 => Ok(n),
+            _ => Err(format!(
+                "{} is not a size of at least 1024 bytes",
+                self.litestream.max_page_bytes
+            )),
+        };
+        check(
+            "litestream.max_page_bytes",
+            max_page_bytes.as_ref().map(drop).map_err(Clone::clone),
+        );
+        check(
+            "litestream.proxy_listen",
+            parse_host_port(&self.litestream.proxy_listen).map(drop),
+        );
+        if let (Ok(url), Ok((host, port))) =
+            (&metrics_url, parse_host_port(&self.litestream.proxy_listen))
+        {
+            check("litestream.metrics_url", not_the_proxy(url, &host, port));
+        }
+
         check("zero.app_id", validate_app_id(&self.zero.app_id));
         let shard_num = u32::try_from(self.zero.shard_num).map_err(|_| {
             format!(
@@ -367,6 +463,23 @@ impl RawConfig {
         check(
             "cleanup.initial_delay",
             initial_delay.as_ref().map(drop).map_err(Clone::clone),
+        );
+
+        let reconnect_grace = parse_duration(&self.cleanup.reconnect_grace);
+        check(
+            "cleanup.reconnect_grace",
+            reconnect_grace.as_ref().map(drop).map_err(Clone::clone),
+        );
+        check(
+            "cleanup.batch_rows",
+            if (1..=1_000_000).contains(&self.cleanup.batch_rows) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} is outside 1..=1000000",
+                    self.cleanup.batch_rows
+                ))
+            },
         );
 
         let format = match self.log.format.as_str() {
@@ -398,6 +511,15 @@ impl RawConfig {
             },
             litestream: LitestreamConfig {
                 backup_url: backup_url.to_string(),
+                metrics_url: metrics_url.unwrap(),
+                check_interval: check_interval.unwrap(),
+                scrape_timeout: scrape_timeout.unwrap(),
+                max_page_bytes: max_page_bytes.unwrap(),
+                filter: crate::litestream::Filter {
+                    db: Some(self.litestream.db.clone()).filter(|s| !s.is_empty()),
+                    name: Some(self.litestream.name.clone()).filter(|s| !s.is_empty()),
+                },
+                proxy_listen: self.litestream.proxy_listen.trim().to_string(),
             },
             zero: ZeroConfig {
                 app_id: self.zero.app_id.clone(),
@@ -405,7 +527,11 @@ impl RawConfig {
             },
             change_db: ChangeDbConfig { pg: pg.unwrap() },
             cleanup: CleanupConfig {
+                enabled: self.cleanup.enabled,
                 initial_delay: initial_delay.unwrap(),
+                reservations: self.cleanup.reservations,
+                reconnect_grace: reconnect_grace.unwrap(),
+                batch_rows: self.cleanup.batch_rows,
             },
             log: LogConfig {
                 format: format.unwrap(),
@@ -448,6 +574,58 @@ fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     text.trim().parse().map_err(|_| {
         format!("{text:?} is not a socket address like \"0.0.0.0:4851\" or \"[::1]:4851\"")
     })
+}
+
+/// Scraping the proxy would read a page with the watermarks already removed: cleanup would never run.
+fn not_the_proxy(url: &hyper::Uri, proxy_host: &str, proxy_port: u16) -> Result<(), String> {
+    let local = |h: &str| {
+        matches!(
+            h,
+            "localhost" | "127.0.0.1" | "::1" | "[::1]" | "0.0.0.0" | "[::]"
+        )
+    };
+    let host = url.host().unwrap_or("");
+    let same_host = host == proxy_host || (local(host) && local(proxy_host));
+    if same_host && url.port_u16().unwrap_or(80) == proxy_port {
+        return Err(format!(
+            "{url} is the sidecar's own metrics proxy (litestream.proxy_listen): point it at litestream's real addr, \
+             e.g. http://127.0.0.1:4860/metrics"
+        ));
+    }
+    Ok(())
+}
+
+/// An `http://host:port/path` URL; litestream serves plain HTTP on loopback.
+fn parse_http_url(text: &str) -> Result<hyper::Uri, String> {
+    let uri: hyper::Uri = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        return Err(format!(
+            "{text:?} must be an http:// URL with a host, e.g. http://127.0.0.1:4860/metrics"
+        ));
+    }
+    Ok(uri)
+}
+
+/// `host:port` (IPv6 hosts in brackets); the host is resolved when binding.
+pub fn parse_host_port(text: &str) -> Result<(String, u16), String> {
+    let text = text.trim();
+    let bad = || format!("{text:?} is not host:port, e.g. \"localhost:4850\" or \"[::1]:4850\"");
+    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty()
+        || host.contains(['/', ' '])
+        || (host.contains(':') && !text.starts_with('['))
+    {
+        return Err(bad());
+    }
+    Ok((host.to_string(), port))
 }
 
 /// Hides the password of a `postgres://` URL or a `password=` pair of a key-value connection string.
@@ -629,6 +807,68 @@ mod tests {
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("REDACTED"), "{shown}");
         assert!(!format!("{:?}", raw.validate().unwrap()).contains("s3cret"));
+    }
+
+    #[test]
+    fn scraping_the_proxy_itself_is_refused() {
+        let errors = errors_of(
+            "[litestream]\nbackup_url = \"s3://b\"\nmetrics_url = \"http://localhost:4850/metrics\"\n",
+        );
+        assert_eq!(keys(&errors), ["litestream.metrics_url"]);
+        let errors = errors_of(
+            "[litestream]\nbackup_url = \"s3://b\"\nmetrics_url = \"https://x/metrics\"\nproxy_listen = \"4850\"\n\
+             check_interval = \"500ms\"\n[cleanup]\nbatch_rows = 0\nreservations = \"pin\"\n",
+        );
+        assert_eq!(
+            keys(&errors),
+            [
+                "litestream.metrics_url",
+                "litestream.check_interval",
+                "litestream.proxy_listen",
+                "cleanup.batch_rows"
+            ]
+        );
+    }
+
+    #[test]
+    fn host_port_forms() {
+        assert_eq!(
+            parse_host_port("localhost:4850"),
+            Ok(("localhost".into(), 4850))
+        );
+        assert_eq!(parse_host_port("[::1]:4850"), Ok(("::1".into(), 4850)));
+        assert_eq!(parse_host_port("127.0.0.1:0"), Ok(("127.0.0.1".into(), 0)));
+        for bad in [
+            "4850",
+            "localhost",
+            ":4850",
+            "::1:4850",
+            "host:99999",
+            "a b:1",
+        ] {
+            assert!(parse_host_port(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn reservation_mode_is_pin_or_pause() {
+        let config = from_toml_str(
+            &format!("{MINIMAL}[cleanup]\nreservations = \"pause\"\n"),
+            Some(Default::default()),
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(
+            config.cleanup.reservations,
+            crate::cleanup::ReservationMode::Pause
+        );
+        let err = from_toml_str(
+            &format!("{MINIMAL}[cleanup]\nreservations = \"stop\"\n"),
+            Some(Default::default()),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("stop"), "{err}");
     }
 
     #[test]

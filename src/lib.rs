@@ -10,6 +10,7 @@
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
+//! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge.
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod cleanup;
 pub mod config;
 pub mod litestream;
 pub mod protocol;
+pub mod proxy;
 pub mod reservations;
 pub mod server;
 pub mod subscribers;
@@ -32,22 +34,37 @@ use tracing::{info, warn};
 pub use config::Config;
 use reservations::{Registry, SnapshotContext};
 use server::{Readiness, Shared};
+use subscribers::Subscribers;
 
 /// The sidecar's components, built from a validated config. Tests keep clones of the handles (such as
 /// [`App::registry`]) before calling [`App::run`].
 pub struct App {
     config: Config,
     registry: Registry,
+    subscribers: Subscribers,
 }
 
 impl App {
     pub fn new(config: Config) -> Self {
         let registry = Registry::new(config.cleanup.initial_delay);
-        Self { config, registry }
+        Self {
+            config,
+            registry,
+            subscribers: Subscribers::default(),
+        }
     }
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    pub fn subscribers(&self) -> &Subscribers {
+        &self.subscribers
+    }
+
+    /// Binds the metrics proxy's listeners (every address `litestream.proxy_listen` resolves to).
+    pub async fn bind_proxy(&self) -> std::io::Result<Vec<TcpListener>> {
+        proxy::bind(&self.config.litestream.proxy_listen).await
     }
 
     /// Serves on `listener` until `shutdown` is cancelled, then closes every WebSocket (1001) and waits up to
@@ -55,9 +72,18 @@ impl App {
     pub async fn run(
         self,
         listener: TcpListener,
+        proxy_listeners: Vec<TcpListener>,
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
         let tracker = TaskTracker::new();
+        let litestream = &self.config.litestream;
+        let scraper = litestream::Scraper::new(
+            litestream.metrics_url.clone(),
+            litestream.scrape_timeout,
+            litestream.max_page_bytes,
+        )
+        .map_err(std::io::Error::other)?;
+        proxy::serve(proxy_listeners, scraper, shutdown.clone(), tracker.clone()).await;
         let shared = Arc::new(Shared {
             snapshot: SnapshotContext {
                 registry: self.registry.clone(),

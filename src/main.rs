@@ -96,8 +96,16 @@ async fn async_main(config: litestream_sidecar::Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let app = App::new(config);
+    let proxy = match app.bind_proxy().await {
+        Ok(listeners) => listeners,
+        Err(err) => {
+            error!(error = %err, "cannot listen for the metrics proxy");
+            return ExitCode::FAILURE;
+        }
+    };
     let shutdown = CancellationToken::new();
-    let app = tokio::spawn(App::new(config).run(listener, shutdown.clone()));
+    let app = tokio::spawn(app.run(listener, proxy, shutdown.clone()));
     tokio::select! {
         signal = wait_for_signal() => {
             info!(signal, "shutting down");

@@ -35,6 +35,9 @@ pub enum EndReason {
 pub struct Reservation {
     pub task_id: String,
     pub started: Instant,
+    /// The newest backed-up watermark known when it opened: the restore it protects yields that backup or a
+    /// newer one, so it needs no change-log row below this. `None`: no backup was known yet.
+    pub floor: Option<String>,
 }
 
 /// Shared registry of open reservations and the cleanup delay. Cheap to clone; the lock is never held across an
@@ -48,11 +51,13 @@ struct Inner {
     next_id: u64,
     open: HashMap<String, Entry>,
     cleanup_delay: Duration,
+    newest_backup: Option<String>,
 }
 
 struct Entry {
     id: u64,
     started: Instant,
+    floor: Option<String>,
     end: oneshot::Sender<EndReason>,
 }
 
@@ -64,6 +69,7 @@ impl Registry {
                 next_id: 0,
                 open: HashMap::new(),
                 cleanup_delay: initial_delay.max(MIN_CLEANUP_DELAY),
+                newest_backup: None,
             })),
         }
     }
@@ -79,14 +85,13 @@ impl Registry {
         let mut inner = self.lock();
         inner.next_id += 1;
         let id = inner.next_id;
-        let previous = inner.open.insert(
-            task_id.to_string(),
-            Entry {
-                id,
-                started: now,
-                end,
-            },
-        );
+        let entry = Entry {
+            id,
+            started: now,
+            floor: inner.newest_backup.clone(),
+            end,
+        };
+        let previous = inner.open.insert(task_id.to_string(), entry);
         drop(inner);
         if let Some(previous) = previous {
             let _ = previous.end.send(EndReason::Replaced);
@@ -137,6 +142,7 @@ impl Registry {
             .map(|(task_id, entry)| Reservation {
                 task_id: task_id.clone(),
                 started: entry.started,
+                floor: entry.floor.clone(),
             })
             .collect();
         list.sort_by(|a, b| {
@@ -145,6 +151,19 @@ impl Registry {
                 .then_with(|| a.task_id.cmp(&b.task_id))
         });
         list
+    }
+
+    /// Records a backed-up watermark seen in litestream's metrics; reservations opened from now on are pinned at
+    /// the newest one (watermarks compare as bytes).
+    pub fn saw_backup(&self, watermark: &str) {
+        let mut inner = self.lock();
+        if inner
+            .newest_backup
+            .as_deref()
+            .is_none_or(|newest| watermark > newest)
+        {
+            inner.newest_backup = Some(watermark.to_string());
+        }
     }
 
     /// `max(30 s, initial delay, longest reservation ended by a subscription)`.
@@ -373,7 +392,8 @@ mod tests {
             registry.open_reservations(),
             vec![Reservation {
                 task_id: "t1".into(),
-                started: at(500)
+                started: at(500),
+                floor: None,
             }]
         );
         assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
@@ -390,6 +410,23 @@ mod tests {
         assert_eq!(registry.len(), 1);
         assert_eq!(registry.end_by_subscription("t1", at(1000)), None);
         assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
+    }
+
+    #[test]
+    fn reservations_are_pinned_at_the_newest_backup_known_when_they_open() {
+        let registry = Registry::new(Duration::ZERO);
+        let _early = registry.open("early", at(0));
+        registry.saw_backup("0b");
+        registry.saw_backup("0a");
+        let _middle = registry.open("middle", at(1));
+        registry.saw_backup("110");
+        let _late = registry.open("late", at(2));
+        let floors: Vec<_> = registry
+            .open_reservations()
+            .into_iter()
+            .map(|r| r.floor)
+            .collect();
+        assert_eq!(floors, [None, Some("0b".into()), Some("110".into())]);
     }
 
     #[test]

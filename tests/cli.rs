@@ -176,7 +176,7 @@ async fn sigterm_closes_reservations_with_1001_and_exits_0() {
         let path = write(
             dir.path(),
             "sidecar.toml",
-            "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\n[log]\nformat = \"json\"\n",
+            "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n[log]\nformat = \"json\"\n",
         );
         let mut child = std::process::Command::new(BIN)
             .args(["--config", &path])

@@ -234,7 +234,7 @@ async fn health_endpoints() {
 
 #[tokio::test]
 async fn pings_keep_a_reservation_alive_and_an_unresponsive_peer_is_dropped() {
-    let sidecar = start(config("ping_interval = \"100ms\"\n")).await;
+    let sidecar = start(config("[server]\nping_interval = \"100ms\"\n")).await;
 
     // A responsive client (tungstenite answers pings while reading) keeps its reservation.
     let mut alive = connect(&sidecar.snapshot_url("alive")).await;

@@ -18,12 +18,27 @@ use tokio_util::sync::CancellationToken;
 
 pub const BACKUP_URL: &str = "s3://acme-zero/replica";
 
-/// A config for tests: fast pings, everything else default.
+/// A config for tests: loopback listeners on free ports, `extra` (TOML) merged over it.
 pub fn config(extra: &str) -> Config {
-    let text = format!(
-        "[litestream]\nbackup_url = \"{BACKUP_URL}\"\n[server]\nlisten = \"127.0.0.1:0\"\n{extra}"
+    let base = format!(
+        "[litestream]\nbackup_url = \"{BACKUP_URL}\"\nproxy_listen = \"127.0.0.1:0\"\n\
+         metrics_url = \"http://127.0.0.1:9/metrics\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+         [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n"
     );
-    config::from_toml_str(&text, Some(Default::default()))
+    let mut merged: toml::Table = base.parse().unwrap();
+    let extra: toml::Table = extra.parse().expect("extra config is TOML");
+    for (section, values) in extra {
+        let target = merged
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(Default::default()));
+        for (key, value) in values.as_table().expect("extra config has sections") {
+            target
+                .as_table_mut()
+                .unwrap()
+                .insert(key.clone(), value.clone());
+        }
+    }
+    config::from_toml_str(&toml::to_string(&merged).unwrap(), Some(Default::default()))
         .expect("test config parses")
         .validate()
         .expect("test config is valid")
@@ -31,6 +46,7 @@ pub fn config(extra: &str) -> Config {
 
 pub struct Sidecar {
     pub addr: SocketAddr,
+    pub proxy_addr: SocketAddr,
     pub registry: Registry,
     shutdown: CancellationToken,
     task: JoinHandle<std::io::Result<()>>,
@@ -41,10 +57,13 @@ pub async fn start(config: Config) -> Sidecar {
     let addr = listener.local_addr().unwrap();
     let app = App::new(config);
     let registry = app.registry().clone();
+    let proxy = app.bind_proxy().await.expect("metrics proxy binds");
+    let proxy_addr = proxy[0].local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(app.run(listener, shutdown.clone()));
+    let task = tokio::spawn(app.run(listener, proxy, shutdown.clone()));
     Sidecar {
         addr,
+        proxy_addr,
         registry,
         shutdown,
         task,
@@ -300,4 +319,104 @@ impl RawClient {
             }
         }
     }
+}
+
+/// Stands in for litestream's metrics endpoint (the Zero fork cannot run here): serves whatever page the test
+/// sets, with the status the test sets.
+#[derive(Clone)]
+pub struct MetricsServer {
+    pub addr: SocketAddr,
+    state: std::sync::Arc<std::sync::Mutex<(u16, String)>>,
+    pub requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: CancellationToken,
+}
+
+impl MetricsServer {
+    pub async fn start(page: &str) -> MetricsServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = std::sync::Arc::new(std::sync::Mutex::new((200, page.to_string())));
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = CancellationToken::new();
+        let server = MetricsServer {
+            addr,
+            state: state.clone(),
+            requests: requests.clone(),
+            stop: stop.clone(),
+        };
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    accepted = listener.accept() => accepted.unwrap(),
+                };
+                let state = state.clone();
+                let requests = requests.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |_req| {
+                        requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let (status, page) = state.lock().unwrap().clone();
+                        async move {
+                            let mut response = hyper::Response::new(http_body_util::Full::new(
+                                bytes::Bytes::from(page),
+                            ));
+                            *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                            response.headers_mut().insert(
+                                "content-type",
+                                hyper::header::HeaderValue::from_static(
+                                    "text/plain; version=0.0.4; charset=utf-8",
+                                ),
+                            );
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/metrics", self.addr)
+    }
+
+    pub fn set_page(&self, page: &str) {
+        self.state.lock().unwrap().1 = page.to_string();
+    }
+
+    pub fn set_status(&self, status: u16) {
+        self.state.lock().unwrap().0 = status;
+    }
+
+    /// Stops accepting: the port is closed, as when litestream is down.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+/// A litestream_replica_progress page in the Zero fork's format (PROTOCOL.md §7).
+pub fn progress_page(samples: &[(&str, f64)]) -> String {
+    let mut page = String::from(
+        "# HELP litestream_db_size The current size of the real DB\n# TYPE litestream_db_size gauge\n\
+         litestream_db_size{db=\"/var/lib/zero/replica.db\"} 12288\n\
+         # HELP litestream_replica_progress The last replicated watermark and time of replication\n\
+         # TYPE litestream_replica_progress gauge\n",
+    );
+    for (watermark, time) in samples {
+        page.push_str(&format!(
+            "litestream_replica_progress{{db=\"/var/lib/zero/replica.db\",name=\"file\",watermark=\"{watermark}\"}} {time:e}\n"
+        ));
+    }
+    page
+}
+
+/// Now as epoch seconds, for backup times in metrics pages.
+pub fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }

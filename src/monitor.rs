@@ -1,0 +1,316 @@
+//! The cleanup loop, the one place where I/O and the policy meet: every `check_interval` it scrapes litestream,
+//! records newly backed-up watermarks, gathers reservations and subscriber acks, asks [`cleanup::decide`], and
+//! purges the change log when the answer is yes. One purge at a time: the loop awaits each before the next tick.
+//!
+//! Failures never purge: a scrape that fails keeps what is known and tries again next interval; a purge that
+//! fails leaves the last purged watermark where it was.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::change_db::ChangeDb;
+use crate::cleanup::{self, Backup, Decision, HeldReservation, HoldReason, Inputs};
+use crate::config::Config;
+use crate::litestream::{Filter, Progress, Scraper};
+use crate::reservations::Registry;
+use crate::subscribers::Subscribers;
+
+/// A warning repeated at most this often while the same problem persists.
+const WARN_EVERY: Duration = Duration::from_secs(300);
+
+/// Backed-up watermarks not yet purged, and the last purge. Pure bookkeeping, separate from the loop so that the
+/// rules (first sighting wins, nothing at or below the last purge) are tested alone.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    backups: Vec<Backup>,
+    last_purged: Option<String>,
+}
+
+impl Tracker {
+    /// Records watermarks seen for the first time; a watermark already known keeps its first backup time, as in
+    /// Zero's BackupMonitor. Returns how many were new.
+    pub fn record(&mut self, progress: &[Progress]) -> usize {
+        let mut added = 0;
+        for p in progress {
+            let purged = self.last_purged.as_deref().is_some_and(|last| p.watermark.as_str() <= last);
+            if purged || self.backups.iter().any(|b| b.watermark == p.watermark) {
+                continue;
+            }
+            self.backups.push(Backup {
+                watermark: p.watermark.clone(),
+                backed_up_at: p.backed_up_at,
+            });
+            added += 1;
+        }
+        added
+    }
+
+    /// After a successful purge below `before`: forget every backup at or below it.
+    pub fn purged(&mut self, before: &str) {
+        self.backups.retain(|b| b.watermark.as_str() > before);
+        self.last_purged = Some(before.to_string());
+    }
+
+    pub fn backups(&self) -> &[Backup] {
+        &self.backups
+    }
+
+    pub fn last_purged(&self) -> Option<&str> {
+        self.last_purged.as_deref()
+    }
+}
+
+/// What the loop last did, for `/keepalive`, metrics and tests.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    pub last_decision: Option<Decision>,
+    pub last_purged: Option<String>,
+    pub purges: u64,
+    pub purged_rows: u64,
+    pub scrape_errors: u64,
+    pub newest_backup: Option<String>,
+}
+
+/// Shared, cheap to clone view of [`Status`].
+#[derive(Clone, Default)]
+pub struct StatusHandle(Arc<Mutex<Status>>);
+
+impl StatusHandle {
+    pub fn get(&self) -> Status {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Status)) {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// Logs a recurring problem once when it starts or changes, then at most every [`WARN_EVERY`], and once when it
+/// clears: an operator sees every transition without a line per tick.
+#[derive(Default)]
+struct Throttle {
+    current: Option<String>,
+    last_warned: Option<Instant>,
+}
+
+impl Throttle {
+    fn failed(&mut self, what: &str, problem: String, now: Instant) {
+        let changed = self.current.as_deref() != Some(problem.as_str());
+        let due = self.last_warned.is_none_or(|at| now.saturating_duration_since(at) >= WARN_EVERY);
+        if changed || due {
+            warn!(error = %problem, "{what}");
+            self.last_warned = Some(now);
+        } else {
+            debug!(error = %problem, "{what}");
+        }
+        self.current = Some(problem);
+    }
+
+    fn succeeded(&mut self, what: &str) {
+        if self.current.take().is_some() {
+            info!("{what}");
+            self.last_warned = None;
+        }
+    }
+}
+
+pub struct Monitor {
+    pub registry: Registry,
+    pub subscribers: Subscribers,
+    pub change_db: ChangeDb,
+    pub status: StatusHandle,
+    scraper: Scraper,
+    filter: Filter,
+    check_interval: Duration,
+    reconnect_grace: Duration,
+    mode: cleanup::ReservationMode,
+    enabled: bool,
+    batch_rows: i64,
+    started: Instant,
+}
+
+impl Monitor {
+    pub fn new(
+        config: &Config,
+        registry: Registry,
+        subscribers: Subscribers,
+        change_db: ChangeDb,
+        status: StatusHandle,
+    ) -> Self {
+        let litestream = &config.litestream;
+        let scraper = Scraper::new(
+            litestream.metrics_url.clone(),
+            litestream.scrape_timeout,
+            litestream.max_page_bytes,
+        )
+        .expect("metrics_url was validated as an http URL");
+        Self {
+            registry,
+            subscribers,
+            change_db,
+            status,
+            scraper,
+            filter: litestream.filter.clone(),
+            check_interval: litestream.check_interval,
+            reconnect_grace: config.cleanup.reconnect_grace,
+            mode: config.cleanup.reservations,
+            enabled: config.cleanup.enabled,
+            batch_rows: config.cleanup.batch_rows,
+            started: Instant::now(),
+        }
+    }
+
+    /// Checks every `check_interval` until `shutdown`; a purge in progress finishes its current batch first.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut tracker = Tracker::default();
+        let mut scrape_problem = Throttle::default();
+        let mut purge_problem = Throttle::default();
+        let mut last_hold: Option<HoldReason> = None;
+        let mut ticker = tokio::time::interval(self.check_interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                _ = ticker.tick() => {}
+            }
+            let now = Instant::now();
+            match self.scraper.scrape(&self.filter).await {
+                Ok(parsed) => {
+                    scrape_problem.succeeded("litestream metrics readable again");
+                    for warning in &parsed.warnings {
+                        debug!(%warning, "metrics page");
+                    }
+                    if !parsed.warnings.is_empty() {
+                        scrape_problem.failed(
+                            "litestream metrics page has samples that were ignored",
+                            parsed.warnings.join("; "),
+                            now,
+                        );
+                    }
+                    for p in &parsed.progress {
+                        self.registry.saw_backup(&p.watermark);
+                    }
+                    let added = tracker.record(&parsed.progress);
+                    if added > 0 {
+                        debug!(added, tracked = tracker.backups().len(), "backed-up watermarks");
+                    }
+                    let newest = cleanup::newest_backup(tracker.backups()).map(str::to_string);
+                    if newest.is_some() {
+                        self.status.update(|s| s.newest_backup = newest);
+                    }
+                }
+                Err(err) => {
+                    self.status.update(|s| s.scrape_errors += 1);
+                    // Keep what is known; the decision below still runs on it (Zero does the same).
+                    scrape_problem.failed("cannot read litestream metrics", err.to_string(), now);
+                }
+            }
+
+            let decision = self.decide(&tracker, now);
+            self.status.update(|s| s.last_decision = Some(decision.clone()));
+            match decision {
+                Decision::Hold(reason) => {
+                    if last_hold != Some(reason) {
+                        info!(%reason, "cleanup held");
+                        last_hold = Some(reason);
+                    }
+                }
+                Decision::Purge { before } => {
+                    last_hold = None;
+                    if !self.enabled {
+                        info!(before = %before, "cleanup would purge (cleanup.enabled = false)");
+                        continue;
+                    }
+                    match self.change_db.purge(&before, None, self.batch_rows, &shutdown).await {
+                        Ok(outcome) => {
+                            purge_problem.succeeded("change log purges work again");
+                            info!(before = %before, rows = outcome.rows, batches = outcome.batches, "change log purged");
+                            self.status.update(|s| {
+                                s.purges += 1;
+                                s.purged_rows += outcome.rows;
+                            });
+                            if outcome.complete {
+                                tracker.purged(&before);
+                                self.status.update(|s| s.last_purged = Some(before));
+                            }
+                        }
+                        Err(err) => purge_problem.failed("change log purge failed", err.to_string(), now),
+                    }
+                }
+            }
+        }
+    }
+
+    fn decide(&self, tracker: &Tracker, now: Instant) -> Decision {
+        let reservations: Vec<HeldReservation> = self
+            .registry
+            .open_reservations()
+            .into_iter()
+            .map(|r| HeldReservation {
+                task_id: r.task_id,
+                floor: r.floor,
+            })
+            .collect();
+        let subscribers = self.subscribers.for_policy(now, self.reconnect_grace);
+        cleanup::decide(&Inputs {
+            now,
+            wall_now: SystemTime::now(),
+            started: self.started,
+            cleanup_delay: self.registry.cleanup_delay(),
+            reconnect_grace: self.reconnect_grace,
+            mode: self.mode,
+            backups: tracker.backups(),
+            reservations: &reservations,
+            subscribers: &subscribers,
+            last_purged: tracker.last_purged(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(watermark: &str, secs: u64) -> Progress {
+        Progress {
+            watermark: watermark.into(),
+            backed_up_at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
+            db: "/replica.db".into(),
+            name: "s3".into(),
+        }
+    }
+
+    #[test]
+    fn first_sighting_of_a_watermark_wins() {
+        let mut tracker = Tracker::default();
+        assert_eq!(tracker.record(&[progress("0a", 100)]), 1);
+        assert_eq!(tracker.record(&[progress("0a", 200), progress("0b", 300)]), 1);
+        let times: Vec<_> = tracker.backups().iter().map(|b| (b.watermark.as_str(), b.backed_up_at)).collect();
+        assert_eq!(
+            times,
+            [
+                ("0a", SystemTime::UNIX_EPOCH + Duration::from_secs(100)),
+                ("0b", SystemTime::UNIX_EPOCH + Duration::from_secs(300)),
+            ]
+        );
+    }
+
+    #[test]
+    fn nothing_at_or_below_the_last_purge_is_tracked_again() {
+        let mut tracker = Tracker::default();
+        tracker.record(&[progress("0a", 1), progress("0b", 2), progress("0c", 3)]);
+        tracker.purged("0b");
+        assert_eq!(tracker.last_purged(), Some("0b"));
+        let left: Vec<_> = tracker.backups().iter().map(|b| b.watermark.as_str()).collect();
+        assert_eq!(left, ["0c"]);
+        assert_eq!(tracker.record(&[progress("0a", 9), progress("0b", 9), progress("0d", 9)]), 1);
+        // Byte-wise order: "110" (36) is after "0z" (35).
+        tracker.purged("0z");
+        assert_eq!(tracker.record(&[progress("110", 10)]), 1);
+    }
+}
