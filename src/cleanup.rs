@@ -261,7 +261,7 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<&'a str, HoldReason> {
     let is_new = |b: &&Backup| {
         inputs
             .last_purged
-            .map_or(true, |last| b.watermark.as_str() > last)
+            .is_none_or(|last| b.watermark.as_str() > last)
     };
     if !inputs.backups.iter().any(|b| is_new(&b)) {
         return Err(HoldReason::NothingNew);

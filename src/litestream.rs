@@ -97,8 +97,8 @@ pub struct Filter {
 impl Filter {
     /// Whether a sample with these `db` and `name` labels (empty when absent) is taken.
     pub fn matches(&self, db: &str, name: &str) -> bool {
-        self.db.as_deref().map_or(true, |want| want == db)
-            && self.name.as_deref().map_or(true, |want| want == name)
+        self.db.as_deref().is_none_or(|want| want == db)
+            && self.name.as_deref().is_none_or(|want| want == name)
     }
 }
 
