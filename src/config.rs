@@ -34,6 +34,7 @@ pub struct RawConfig {
     pub zero: RawZero,
     pub change_db: RawChangeDb,
     pub cleanup: RawCleanup,
+    pub discovery: RawDiscovery,
     pub log: RawLog,
 }
 
@@ -80,6 +81,14 @@ pub struct RawCleanup {
     pub reservations: crate::cleanup::ReservationMode,
     pub reconnect_grace: String,
     pub batch_rows: i64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDiscovery {
+    pub mode: crate::discovery::Mode,
+    pub advertise_address: String,
+    pub interval: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -144,6 +153,16 @@ impl Default for RawCleanup {
     }
 }
 
+impl Default for RawDiscovery {
+    fn default() -> Self {
+        Self {
+            mode: crate::discovery::Mode::Verify,
+            advertise_address: String::new(),
+            interval: "5s".into(),
+        }
+    }
+}
+
 impl Default for RawLog {
     fn default() -> Self {
         Self {
@@ -161,6 +180,7 @@ pub struct Config {
     pub zero: ZeroConfig,
     pub change_db: ChangeDbConfig,
     pub cleanup: CleanupConfig,
+    pub discovery: DiscoveryConfig,
     pub log: LogConfig,
 }
 
@@ -231,6 +251,15 @@ pub struct CleanupConfig {
     pub reconnect_grace: Duration,
     /// Rows per DELETE statement, so no statement holds locks or writes WAL without bound.
     pub batch_rows: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DiscoveryConfig {
+    pub mode: crate::discovery::Mode,
+    /// `host:port` view-syncers use to reach the sidecar: what `ownerAddress` must say.
+    pub advertise_address: String,
+    /// How often the address table is read.
+    pub interval: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -482,6 +511,33 @@ impl RawConfig {
             },
         );
 
+        let discovery_interval = parse_duration(&self.discovery.interval).and_then(|d| {
+            if d < Duration::from_millis(100) {
+                Err(format!("{:?} is below 100ms", self.discovery.interval))
+            } else {
+                Ok(d)
+            }
+        });
+        check(
+            "discovery.interval",
+            discovery_interval.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let advertise = self.discovery.advertise_address.trim();
+        check(
+            "discovery.advertise_address",
+            match (self.discovery.mode, advertise) {
+                (crate::discovery::Mode::Off, "") => Ok(()),
+                (_, "") => Err("must be set (the host:port view-syncers reach the sidecar at) unless mode = \"off\"".into()),
+                (_, address) => match parse_host_port(address) {
+                    Ok((host, _)) if matches!(host.as_str(), "0.0.0.0" | "::") => {
+                        Err(format!("{address:?} is not an address other hosts can connect to"))
+                    }
+                    Ok(_) => Ok(()),
+                    Err(problem) => Err(problem),
+                },
+            },
+        );
+
         let format = match self.log.format.as_str() {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
@@ -532,6 +588,11 @@ impl RawConfig {
                 reservations: self.cleanup.reservations,
                 reconnect_grace: reconnect_grace.unwrap(),
                 batch_rows: self.cleanup.batch_rows,
+            },
+            discovery: DiscoveryConfig {
+                mode: self.discovery.mode,
+                advertise_address: advertise.to_string(),
+                interval: discovery_interval.unwrap(),
             },
             log: LogConfig {
                 format: format.unwrap(),
@@ -663,7 +724,8 @@ pub fn redact_db_url(text: &str) -> String {
 mod tests {
     use super::*;
 
-    const MINIMAL: &str = "[litestream]\nbackup_url = \"s3://bucket/replica\"\n";
+    const MINIMAL: &str =
+        "[litestream]\nbackup_url = \"s3://bucket/replica\"\n[discovery]\nadvertise_address = \"10.0.0.5:4851\"\n";
 
     fn errors_of(text: &str) -> Vec<KeyError> {
         match from_toml_str(text, Some(Default::default()))
@@ -690,8 +752,13 @@ mod tests {
         // Every default written in the reference file is the code's default: only backup_url has none.
         let mut from_file = toml::Value::try_from(&raw).unwrap();
         let mut defaults = toml::Value::try_from(RawConfig::default()).unwrap();
-        from_file["litestream"]["backup_url"] = "".into();
-        defaults["litestream"]["backup_url"] = "".into();
+        for (section, key) in [
+            ("litestream", "backup_url"),
+            ("discovery", "advertise_address"),
+        ] {
+            from_file[section][key] = "".into();
+            defaults[section][key] = "".into();
+        }
         assert_eq!(from_file, defaults);
     }
 
@@ -746,6 +813,7 @@ mod tests {
                 "zero.app_id",
                 "zero.shard_num",
                 "cleanup.initial_delay",
+                "discovery.advertise_address",
                 "log.format",
             ]
         );
@@ -812,12 +880,14 @@ mod tests {
     #[test]
     fn scraping_the_proxy_itself_is_refused() {
         let errors = errors_of(
-            "[litestream]\nbackup_url = \"s3://b\"\nmetrics_url = \"http://localhost:4850/metrics\"\n",
+            "[litestream]\nbackup_url = \"s3://b\"\nmetrics_url = \"http://localhost:4850/metrics\"\n\
+             [discovery]\nmode = \"off\"\n",
         );
         assert_eq!(keys(&errors), ["litestream.metrics_url"]);
         let errors = errors_of(
             "[litestream]\nbackup_url = \"s3://b\"\nmetrics_url = \"https://x/metrics\"\nproxy_listen = \"4850\"\n\
-             check_interval = \"500ms\"\n[cleanup]\nbatch_rows = 0\nreservations = \"pin\"\n",
+             check_interval = \"500ms\"\n[cleanup]\nbatch_rows = 0\nreservations = \"pin\"\n\
+             [discovery]\nadvertise_address = \"0.0.0.0:4851\"\n",
         );
         assert_eq!(
             keys(&errors),
@@ -825,7 +895,8 @@ mod tests {
                 "litestream.metrics_url",
                 "litestream.check_interval",
                 "litestream.proxy_listen",
-                "cleanup.batch_rows"
+                "cleanup.batch_rows",
+                "discovery.advertise_address"
             ]
         );
     }

@@ -10,12 +10,14 @@
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
+//! - [`discovery`]: registration in the shard's address table (`ownerAddress`).
 //! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge.
 
 #![forbid(unsafe_code)]
 
 pub mod cleanup;
 pub mod config;
+pub mod discovery;
 pub mod litestream;
 pub mod protocol;
 pub mod proxy;

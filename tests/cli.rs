@@ -59,7 +59,8 @@ fn check_config_prints_the_effective_config_without_passwords() {
     let path = write(
         dir.path(),
         "sidecar.toml",
-        "[litestream]\nbackup_url = \"s3://bucket/replica\"\n[change_db]\nurl = \"postgres://zero:hunter2@db:5432/zero\"\n",
+        "[litestream]\nbackup_url = \"s3://bucket/replica\"\n[change_db]\nurl = \"postgres://zero:hunter2@db:5432/zero\"\n\
+         [discovery]\nadvertise_address = \"10.0.0.5:4851\"\n",
     );
     let (code, out, err) = run(
         &["--config", &path, "--check-config"],
@@ -142,7 +143,7 @@ fn sidecar_toml_in_the_working_directory_is_the_default() {
     write(
         dir.path(),
         "sidecar.toml",
-        "[litestream]\nbackup_url = \"file:///from/cwd\"\n",
+        "[litestream]\nbackup_url = \"file:///from/cwd\"\n[discovery]\nmode = \"off\"\n",
     );
     let (code, out, err) = run(&["--check-config"], dir.path(), &[]);
     assert_eq!(code, 0, "{err}");
@@ -176,7 +177,8 @@ async fn sigterm_closes_reservations_with_1001_and_exits_0() {
         let path = write(
             dir.path(),
             "sidecar.toml",
-            "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n[log]\nformat = \"json\"\n",
+            "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
+             [discovery]\nmode = \"off\"\n[log]\nformat = \"json\"\n",
         );
         let mut child = std::process::Command::new(BIN)
             .args(["--config", &path])

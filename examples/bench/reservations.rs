@@ -13,7 +13,7 @@ const CONCURRENCY: usize = 64;
 pub async fn run(report: &mut Report) {
     println!("snapshot reservations");
     let daemon = Daemon::start(
-        "[server]\nlisten = \"{addr}\"\n[litestream]\nbackup_url = \"s3://bench/replica\"\nproxy_listen = \"127.0.0.1:0\"\n",
+        "[server]\nlisten = \"{addr}\"\n[litestream]\nbackup_url = \"s3://bench/replica\"\nproxy_listen = \"127.0.0.1:0\"\n[discovery]\nmode = \"off\"\n",
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let idle = daemon.rss_kib();

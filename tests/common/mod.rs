@@ -23,7 +23,7 @@ pub fn config(extra: &str) -> Config {
     let base = format!(
         "[litestream]\nbackup_url = \"{BACKUP_URL}\"\nproxy_listen = \"127.0.0.1:0\"\n\
          metrics_url = \"http://127.0.0.1:9/metrics\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
-         [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n"
+         [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n[discovery]\nmode = \"off\"\n"
     );
     let mut merged: toml::Table = base.parse().unwrap();
     let extra: toml::Table = extra.parse().expect("extra config is TOML");
