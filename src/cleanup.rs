@@ -110,6 +110,12 @@ pub enum Decision {
 /// reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HoldReason {
+    /// `ownerAddress` does not name the sidecar (or cannot be read): it does not front the change-streamer that
+    /// owns the shard, so purging is not its call. Checked by the monitor before [`decide`].
+    NotRegistered,
+    /// Registered, but not yet for `reconnect_grace` plus the cleanup delay: subscribers that were connected to the
+    /// change-streamer directly may not have come through the sidecar yet. Checked by the monitor before [`decide`].
+    RecentlyRegistered,
     /// The sidecar has been up for less than the cleanup delay: a restore that began before it started may still
     /// be running unseen.
     StartingUp,
@@ -136,7 +142,9 @@ pub enum HoldReason {
 
 impl HoldReason {
     /// Every variant, in evaluation order (for pre-registering metric label values).
-    pub const ALL: [HoldReason; 10] = [
+    pub const ALL: [HoldReason; 12] = [
+        HoldReason::NotRegistered,
+        HoldReason::RecentlyRegistered,
         HoldReason::StartingUp,
         HoldReason::ReservationsOpen,
         HoldReason::ReservationWithoutFloor,
@@ -152,6 +160,8 @@ impl HoldReason {
     /// The snake_case value of the `reason` metric label.
     pub fn as_str(&self) -> &'static str {
         match self {
+            HoldReason::NotRegistered => "not_registered",
+            HoldReason::RecentlyRegistered => "recently_registered",
             HoldReason::StartingUp => "starting_up",
             HoldReason::ReservationsOpen => "reservations_open",
             HoldReason::ReservationWithoutFloor => "reservation_without_floor",
@@ -169,6 +179,8 @@ impl HoldReason {
 impl fmt::Display for HoldReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            HoldReason::NotRegistered => "not registered as the change-streamer address",
+            HoldReason::RecentlyRegistered => "registered too recently",
             HoldReason::StartingUp => "starting up",
             HoldReason::ReservationsOpen => "reservations open",
             HoldReason::ReservationWithoutFloor => "reservation opened before any backup",
@@ -808,8 +820,9 @@ mod tests {
                 "{phrase}"
             );
         }
-        assert_eq!(HoldReason::ALL[0], StartingUp);
-        assert_eq!(HoldReason::ALL[9], SubscriberBehind);
+        assert_eq!(HoldReason::ALL[0], NotRegistered);
+        assert_eq!(HoldReason::ALL[2], StartingUp);
+        assert_eq!(HoldReason::ALL[11], SubscriberBehind);
     }
 
     #[test]

@@ -6,10 +6,15 @@
 //! §8.5, §11.1). So `verify` (the default) never writes, and `adopt` writes only when the schema's data version
 //! shows the row-lock storer (Zero 0.26+, `dataVersion >= 6`).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::change_db::{ChangeDb, DbState};
 
 /// `versionHistory.dataVersion` from which the change-streamer stores under row locks (PROTOCOL.md §12).
 pub const ROW_LOCK_DATA_VERSION: i32 = 6;
@@ -124,6 +129,148 @@ impl Continuity {
 
     pub fn since(&self) -> Option<Instant> {
         self.since
+    }
+}
+
+/// What the discovery loop knows, shared with `/keepalive`, the monitor and the snapshot handler.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// The change DB answered and Zero's schema is there.
+    pub db_up: bool,
+    pub registration: Option<Registration>,
+    pub continuity: Continuity,
+}
+
+#[derive(Clone, Default)]
+pub struct StateHandle(Arc<Mutex<State>>);
+
+impl StateHandle {
+    pub fn get(&self) -> State {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+pub struct Discovery {
+    pub mode: Mode,
+    /// The sidecar's advertise address.
+    pub ours: String,
+    /// The co-located change-streamer's advertised address (what Zero writes when not told otherwise).
+    pub upstream: String,
+    pub interval: Duration,
+    pub db: ChangeDb,
+    pub state: StateHandle,
+    /// When the sidecar started: a registration found at the first reading counts from then.
+    pub started: Instant,
+}
+
+impl Discovery {
+    /// Reads the address table every `interval` until `shutdown`; in `adopt` mode puts the upstream's address
+    /// back on the way out if the sidecar replaced it.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(self.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_registration: Option<Registration> = None;
+        let mut refused_logged = false;
+        let mut adopted_from: Option<String> = None;
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                _ = ticker.tick() => {}
+            }
+            let now = Instant::now();
+            // `status` logs its own state changes (down, schema missing, up).
+            let db_up = self.db.status().await == DbState::Up;
+            if self.mode == Mode::Off {
+                self.state.update(|s| s.db_up = db_up);
+                continue;
+            }
+            let observed = if db_up {
+                match self.db.owner_address().await {
+                    Ok(Some(address)) => Some(Observed::Address(address)),
+                    Ok(None) => Some(Observed::NoAddress),
+                    Err(err) => {
+                        warn!(error = %err, "cannot read ownerAddress");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let Some(mut observed) = observed else {
+                self.state.update(|s| {
+                    s.db_up = db_up;
+                    s.continuity.observe(false, now);
+                });
+                continue;
+            };
+
+            if self.mode == Mode::Adopt {
+                let data_version = self.db.data_version().await.ok().flatten();
+                match adopt(&observed, &self.ours, &self.upstream, data_version) {
+                    Adopt::Nothing => {}
+                    Adopt::Write { from } => match self.db.adopt_address(&from, &self.ours).await {
+                        Ok(true) => {
+                            info!(from = %from, to = %self.ours, "ownerAddress adopted");
+                            adopted_from = Some(from);
+                            observed = Observed::Address(self.ours.clone());
+                        }
+                        Ok(false) => {}
+                        Err(err) => warn!(error = %err, "cannot adopt ownerAddress"),
+                    },
+                    Adopt::RefuseOldSchema { data_version } => {
+                        if !refused_logged {
+                            warn!(
+                                data_version = ?data_version,
+                                "discovery.mode = \"adopt\" refuses to write ownerAddress: this change DB's schema \
+                                 (dataVersion < 6, Zero before 0.26) stores changes in SERIALIZABLE transactions that \
+                                 an outside write can abort, stopping the replication-manager; behaving as \"verify\". \
+                                 Set ZERO_CHANGE_STREAMER_ADDRESS to the sidecar's address instead"
+                            );
+                            refused_logged = true;
+                        }
+                    }
+                }
+            }
+
+            let current = registration(&observed, &self.ours);
+            if last_registration.as_ref() != Some(&current) {
+                match &current {
+                    Registration::Registered => info!(address = %self.ours, "registered as the change-streamer"),
+                    Registration::Elsewhere(address) => warn!(
+                        registered = %address,
+                        ours = %self.ours,
+                        "ownerAddress names another address: view-syncers bypass the sidecar and cleanup is held. \
+                         Fix: set ZERO_CHANGE_STREAMER_ADDRESS={} on the replication-manager",
+                        self.ours
+                    ),
+                    Registration::Unregistered => info!(
+                        "no ownerAddress registered yet (first start or after a resync); waiting for the \
+                         replication-manager"
+                    ),
+                }
+            }
+            let first = last_registration.is_none();
+            last_registration = Some(current.clone());
+            self.state.update(|s| {
+                s.db_up = true;
+                let since = if first { self.started.min(now) } else { now };
+                s.continuity
+                    .observe(current == Registration::Registered, since);
+                s.registration = Some(current);
+            });
+        }
+        if let Some(theirs) = adopted_from {
+            match self.db.restore_address(&self.ours, &theirs).await {
+                Ok(true) => info!(address = %theirs, "ownerAddress restored"),
+                Ok(false) => info!("ownerAddress no longer ours; left as is"),
+                Err(err) => warn!(error = %err, address = %theirs, "cannot restore ownerAddress"),
+            }
+        }
     }
 }
 

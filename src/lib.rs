@@ -10,15 +10,19 @@
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
+//! - [`change_db`]: Zero's change DB in PostgreSQL: batched purges, the address table.
+//! - [`monitor`]: the loop that scrapes, decides and purges.
 //! - [`discovery`]: registration in the shard's address table (`ownerAddress`).
 //! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge.
 
 #![forbid(unsafe_code)]
 
+pub mod change_db;
 pub mod cleanup;
 pub mod config;
 pub mod discovery;
 pub mod litestream;
+pub mod monitor;
 pub mod protocol;
 pub mod proxy;
 pub mod reservations;
@@ -44,6 +48,9 @@ pub struct App {
     config: Config,
     registry: Registry,
     subscribers: Subscribers,
+    status: monitor::StatusHandle,
+    discovery: discovery::StateHandle,
+    started: tokio::time::Instant,
 }
 
 impl App {
@@ -53,7 +60,25 @@ impl App {
             config,
             registry,
             subscribers: Subscribers::default(),
+            status: monitor::StatusHandle::default(),
+            discovery: discovery::StateHandle::default(),
+            started: tokio::time::Instant::now(),
         }
+    }
+
+    /// When the sidecar counts itself as started. Cleanup waits a full cleanup delay after it, so that restores
+    /// that began before a restart are covered; tests move it back instead of waiting.
+    pub fn started_at(mut self, started: tokio::time::Instant) -> Self {
+        self.started = started;
+        self
+    }
+
+    pub fn status(&self) -> &monitor::StatusHandle {
+        &self.status
+    }
+
+    pub fn discovery(&self) -> &discovery::StateHandle {
+        &self.discovery
     }
 
     pub fn registry(&self) -> &Registry {
@@ -86,15 +111,45 @@ impl App {
         )
         .map_err(std::io::Error::other)?;
         proxy::serve(proxy_listeners, scraper, shutdown.clone(), tracker.clone()).await;
+
+        // The change DB connection outlives the other tasks: it is closed after the drain below.
+        let db_shutdown = CancellationToken::new();
+        let change_db = change_db::ChangeDb::start(
+            self.config.change_db.pg.clone(),
+            &self.config.zero,
+            change_db::Options::default(),
+            db_shutdown.clone(),
+        );
+        let monitor = monitor::Monitor::new(
+            &self.config,
+            self.registry.clone(),
+            self.subscribers.clone(),
+            change_db.clone(),
+            self.status.clone(),
+            self.started,
+            self.discovery.clone(),
+        );
+        tracker.spawn(monitor.run(shutdown.clone()));
+        let discovery = discovery::Discovery {
+            mode: self.config.discovery.mode,
+            ours: self.config.discovery.advertise_address.clone(),
+            upstream: self.config.discovery.advertise_address.clone(),
+            interval: self.config.discovery.interval,
+            db: change_db.clone(),
+            state: self.discovery.clone(),
+            started: self.started,
+        };
+        tracker.spawn(discovery.run(shutdown.clone()));
         let shared = Arc::new(Shared {
             snapshot: SnapshotContext {
                 registry: self.registry.clone(),
+                change_db: Some(change_db.clone()),
                 backup_url: self.config.litestream.backup_url.as_str().into(),
                 ping_interval: self.config.server.ping_interval,
                 max_message_bytes: self.config.server.max_message_bytes,
                 shutdown: shutdown.clone(),
             },
-            readiness: Readiness::default(),
+            readiness: Readiness::new(self.config.discovery.mode, self.discovery.clone()),
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
         });
@@ -110,6 +165,7 @@ impl App {
                 "connections still open after the shutdown grace period; exiting anyway"
             );
         }
+        db_shutdown.cancel();
         info!("stopped");
         Ok(())
     }

@@ -36,7 +36,10 @@ impl Tracker {
     pub fn record(&mut self, progress: &[Progress]) -> usize {
         let mut added = 0;
         for p in progress {
-            let purged = self.last_purged.as_deref().is_some_and(|last| p.watermark.as_str() <= last);
+            let purged = self
+                .last_purged
+                .as_deref()
+                .is_some_and(|last| p.watermark.as_str() <= last);
             if purged || self.backups.iter().any(|b| b.watermark == p.watermark) {
                 continue;
             }
@@ -49,9 +52,10 @@ impl Tracker {
         added
     }
 
-    /// After a successful purge below `before`: forget every backup at or below it.
+    /// After a successful purge below `before`: forget every backup below it. The one at `before` stays, so the
+    /// policy reports "nothing new" rather than "no backup" until a newer backup arrives.
     pub fn purged(&mut self, before: &str) {
-        self.backups.retain(|b| b.watermark.as_str() > before);
+        self.backups.retain(|b| b.watermark.as_str() >= before);
         self.last_purged = Some(before.to_string());
     }
 
@@ -67,6 +71,8 @@ impl Tracker {
 /// What the loop last did, for `/keepalive`, metrics and tests.
 #[derive(Debug, Clone, Default)]
 pub struct Status {
+    /// Completed checks (scrape, decision and any purge).
+    pub checks: u64,
     pub last_decision: Option<Decision>,
     pub last_purged: Option<String>,
     pub purges: u64,
@@ -100,7 +106,9 @@ struct Throttle {
 impl Throttle {
     fn failed(&mut self, what: &str, problem: String, now: Instant) {
         let changed = self.current.as_deref() != Some(problem.as_str());
-        let due = self.last_warned.is_none_or(|at| now.saturating_duration_since(at) >= WARN_EVERY);
+        let due = self
+            .last_warned
+            .is_none_or(|at| now.saturating_duration_since(at) >= WARN_EVERY);
         if changed || due {
             warn!(error = %problem, "{what}");
             self.last_warned = Some(now);
@@ -130,7 +138,12 @@ pub struct Monitor {
     mode: cleanup::ReservationMode,
     enabled: bool,
     batch_rows: i64,
+    /// When the sidecar started: restores that began before a restart are covered by waiting the cleanup delay.
     started: Instant,
+    discovery_mode: crate::discovery::Mode,
+    discovery: crate::discovery::StateHandle,
+    /// The address purges check `ownerAddress` against, unless discovery is off.
+    advertise_address: String,
 }
 
 impl Monitor {
@@ -140,6 +153,8 @@ impl Monitor {
         subscribers: Subscribers,
         change_db: ChangeDb,
         status: StatusHandle,
+        started: Instant,
+        discovery: crate::discovery::StateHandle,
     ) -> Self {
         let litestream = &config.litestream;
         let scraper = Scraper::new(
@@ -160,7 +175,10 @@ impl Monitor {
             mode: config.cleanup.reservations,
             enabled: config.cleanup.enabled,
             batch_rows: config.cleanup.batch_rows,
-            started: Instant::now(),
+            started,
+            discovery_mode: config.discovery.mode,
+            discovery,
+            advertise_address: config.discovery.advertise_address.clone(),
         }
     }
 
@@ -197,7 +215,11 @@ impl Monitor {
                     }
                     let added = tracker.record(&parsed.progress);
                     if added > 0 {
-                        debug!(added, tracked = tracker.backups().len(), "backed-up watermarks");
+                        debug!(
+                            added,
+                            tracked = tracker.backups().len(),
+                            "backed-up watermarks"
+                        );
                     }
                     let newest = cleanup::newest_backup(tracker.backups()).map(str::to_string);
                     if newest.is_some() {
@@ -212,7 +234,8 @@ impl Monitor {
             }
 
             let decision = self.decide(&tracker, now);
-            self.status.update(|s| s.last_decision = Some(decision.clone()));
+            self.status
+                .update(|s| s.last_decision = Some(decision.clone()));
             match decision {
                 Decision::Hold(reason) => {
                     if last_hold != Some(reason) {
@@ -224,29 +247,61 @@ impl Monitor {
                     last_hold = None;
                     if !self.enabled {
                         info!(before = %before, "cleanup would purge (cleanup.enabled = false)");
-                        continue;
-                    }
-                    match self.change_db.purge(&before, None, self.batch_rows, &shutdown).await {
-                        Ok(outcome) => {
-                            purge_problem.succeeded("change log purges work again");
-                            info!(before = %before, rows = outcome.rows, batches = outcome.batches, "change log purged");
-                            self.status.update(|s| {
-                                s.purges += 1;
-                                s.purged_rows += outcome.rows;
-                            });
-                            if outcome.complete {
-                                tracker.purged(&before);
-                                self.status.update(|s| s.last_purged = Some(before));
+                    } else {
+                        let expected = (self.discovery_mode != crate::discovery::Mode::Off)
+                            .then_some(self.advertise_address.as_str());
+                        match self
+                            .change_db
+                            .purge(&before, expected, self.batch_rows, &shutdown)
+                            .await
+                        {
+                            Ok(outcome) => {
+                                purge_problem.succeeded("change log purges work again");
+                                self.status.update(|s| {
+                                    s.purges += 1;
+                                    s.purged_rows += outcome.rows;
+                                });
+                                match &outcome.stopped {
+                                    None => {
+                                        info!(before = %before, rows = outcome.rows, batches = outcome.batches, "change log purged");
+                                        tracker.purged(&before);
+                                        self.status.update(|s| s.last_purged = Some(before));
+                                    }
+                                    Some(stop) => info!(
+                                        before = %before,
+                                        rows = outcome.rows,
+                                        stopped = ?stop,
+                                        "change log purge stopped early; the next check continues"
+                                    ),
+                                }
                             }
+                            Err(err) => purge_problem.failed(
+                                "change log purge failed",
+                                err.to_string(),
+                                now,
+                            ),
                         }
-                        Err(err) => purge_problem.failed("change log purge failed", err.to_string(), now),
                     }
                 }
             }
+            self.status.update(|s| s.checks += 1);
         }
     }
 
     fn decide(&self, tracker: &Tracker, now: Instant) -> Decision {
+        let cleanup_delay = self.registry.cleanup_delay();
+        if self.discovery_mode != crate::discovery::Mode::Off {
+            let state = self.discovery.get();
+            if state.registration != Some(crate::discovery::Registration::Registered) {
+                return Decision::Hold(HoldReason::NotRegistered);
+            }
+            if !state
+                .continuity
+                .held_for(self.reconnect_grace + cleanup_delay, now)
+            {
+                return Decision::Hold(HoldReason::RecentlyRegistered);
+            }
+        }
         let reservations: Vec<HeldReservation> = self
             .registry
             .open_reservations()
@@ -261,7 +316,7 @@ impl Monitor {
             now,
             wall_now: SystemTime::now(),
             started: self.started,
-            cleanup_delay: self.registry.cleanup_delay(),
+            cleanup_delay,
             reconnect_grace: self.reconnect_grace,
             mode: self.mode,
             backups: tracker.backups(),
@@ -289,8 +344,15 @@ mod tests {
     fn first_sighting_of_a_watermark_wins() {
         let mut tracker = Tracker::default();
         assert_eq!(tracker.record(&[progress("0a", 100)]), 1);
-        assert_eq!(tracker.record(&[progress("0a", 200), progress("0b", 300)]), 1);
-        let times: Vec<_> = tracker.backups().iter().map(|b| (b.watermark.as_str(), b.backed_up_at)).collect();
+        assert_eq!(
+            tracker.record(&[progress("0a", 200), progress("0b", 300)]),
+            1
+        );
+        let times: Vec<_> = tracker
+            .backups()
+            .iter()
+            .map(|b| (b.watermark.as_str(), b.backed_up_at))
+            .collect();
         assert_eq!(
             times,
             [
@@ -306,9 +368,16 @@ mod tests {
         tracker.record(&[progress("0a", 1), progress("0b", 2), progress("0c", 3)]);
         tracker.purged("0b");
         assert_eq!(tracker.last_purged(), Some("0b"));
-        let left: Vec<_> = tracker.backups().iter().map(|b| b.watermark.as_str()).collect();
-        assert_eq!(left, ["0c"]);
-        assert_eq!(tracker.record(&[progress("0a", 9), progress("0b", 9), progress("0d", 9)]), 1);
+        let left: Vec<_> = tracker
+            .backups()
+            .iter()
+            .map(|b| b.watermark.as_str())
+            .collect();
+        assert_eq!(left, ["0b", "0c"]);
+        assert_eq!(
+            tracker.record(&[progress("0a", 9), progress("0b", 9), progress("0d", 9)]),
+            1
+        );
         // Byte-wise order: "110" (36) is after "0z" (35).
         tracker.purged("0z");
         assert_eq!(tracker.record(&[progress("110", 10)]), 1);

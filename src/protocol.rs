@@ -99,15 +99,16 @@ pub fn query_param(query: Option<&str>, name: &str) -> Option<String> {
 }
 
 /// Why a `/snapshot` request is refused before the upgrade, with Zero's own message as the body.
-pub fn check_snapshot(version: &Version, query: Option<&str>) -> Result<String, String> {
-    match version {
+pub fn check_snapshot(version: &Version, query: Option<&str>) -> Result<(u64, String), String> {
+    let version = match version {
         Version::Invalid(path) => return Err(invalid_path(path)),
         Version::Number(n) if !SNAPSHOT_VERSIONS.contains(n) => {
             return Err(unsupported_version(*n, &SNAPSHOT_VERSIONS))
         }
-        Version::Number(_) => {}
-    }
-    query_param(query, "taskID").ok_or_else(|| MISSING_TASK_ID.to_string())
+        Version::Number(n) => *n,
+    };
+    let task_id = query_param(query, "taskID").ok_or_else(|| MISSING_TASK_ID.to_string())?;
+    Ok((version, task_id))
 }
 
 /// The v3 snapshot status, id first and without whitespace so that every Zero client version accepts it
@@ -115,6 +116,18 @@ pub fn check_snapshot(version: &Version, query: Option<&str>) -> Result<String, 
 pub fn snapshot_status_v3(backup_url: &str) -> String {
     let url = serde_json::to_string(backup_url).expect("a string serializes");
     format!(r#"{{"id":1,"msg":["status",{{"tag":"status","backupURL":{url}}}]}}"#)
+}
+
+/// The v4+ snapshot status: v3's fields plus the change-streamer's `replicaVersion` and `minWatermark`, the
+/// earliest watermark catch-up can start from (PROTOCOL.md §5.2, §12).
+pub fn snapshot_status_v4(backup_url: &str, replica_version: &str, min_watermark: &str) -> String {
+    let json = |s: &str| serde_json::to_string(s).expect("a string serializes");
+    format!(
+        r#"{{"id":1,"msg":["status",{{"tag":"status","backupURL":{},"replicaVersion":{},"minWatermark":{}}}]}}"#,
+        json(backup_url),
+        json(replica_version),
+        json(min_watermark)
+    )
 }
 
 /// Decodes a client ack exactly as Zero's server does: a JSON object with the single key `ack` holding a number.
@@ -199,14 +212,17 @@ mod tests {
     #[test]
     fn snapshot_checks_in_zeros_order() {
         let v = |n| Version::Number(n);
-        assert_eq!(check_snapshot(&v(3), Some("taskID=t1")), Ok("t1".into()));
+        assert_eq!(
+            check_snapshot(&v(3), Some("taskID=t1")),
+            Ok((3, "t1".into()))
+        );
         assert_eq!(
             check_snapshot(&v(6), Some("taskID=a%2Fb+c")),
-            Ok("a/b c".into())
+            Ok((6, "a/b c".into()))
         );
         assert_eq!(
             check_snapshot(&v(3), Some("taskID=first&taskID=second")),
-            Ok("first".into())
+            Ok((3, "first".into()))
         );
         assert_eq!(check_snapshot(&v(3), None), Err(MISSING_TASK_ID.into()));
         assert_eq!(
@@ -246,6 +262,14 @@ mod tests {
         assert_eq!(
             snapshot_status_v3("file:///a \"b\"\\"),
             r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"file:///a \"b\"\\"}]}"#
+        );
+    }
+
+    #[test]
+    fn v4_status_adds_replica_version_and_min_watermark() {
+        assert_eq!(
+            snapshot_status_v4("s3://acme-zero/replica", "618ocqq8", "718sh0nk8"),
+            r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica","replicaVersion":"618ocqq8","minWatermark":"718sh0nk8"}]}"#
         );
     }
 

@@ -202,6 +202,8 @@ impl Drop for Lease {
 #[derive(Clone)]
 pub struct SnapshotContext {
     pub registry: Registry,
+    /// Where v4+ statuses read `replicaVersion` and `minWatermark`.
+    pub change_db: Option<crate::change_db::ChangeDb>,
     pub backup_url: Arc<str>,
     pub ping_interval: Duration,
     pub max_message_bytes: usize,
@@ -219,18 +221,58 @@ pub enum Outcome {
     Gone,
 }
 
-/// Serves one reservation: status frame, then hold the socket open with pings until something ends it.
-pub async fn handle_snapshot<S>(ctx: SnapshotContext, task_id: String, ws: WebSocket<S>) -> Outcome
+/// How often a v4+ status that cannot be built yet (change DB not readable) is tried again.
+const STATUS_RETRY: Duration = Duration::from_secs(1);
+
+/// Builds the status frame for `version`: v3's shape, or v4+'s with the change DB's replica version and earliest
+/// catch-up watermark. `None` while the change DB cannot answer.
+async fn status_frame(ctx: &SnapshotContext, version: u64) -> Option<String> {
+    if version < 4 {
+        return Some(protocol::snapshot_status_v3(&ctx.backup_url));
+    }
+    let db = ctx.change_db.as_ref()?;
+    let replica_version = match db.replica_version().await {
+        Ok(Some(v)) => v,
+        Ok(None) => return None,
+        Err(err) => {
+            debug!(error = %err, "snapshot status waits for the change DB");
+            return None;
+        }
+    };
+    let min_watermark = match db.min_watermark().await {
+        // An empty change log can be caught up from the replica version itself (PROTOCOL.md §12).
+        Ok(min) => min.unwrap_or_else(|| replica_version.clone()),
+        Err(err) => {
+            debug!(error = %err, "snapshot status waits for the change DB");
+            return None;
+        }
+    };
+    Some(protocol::snapshot_status_v4(
+        &ctx.backup_url,
+        &replica_version,
+        &min_watermark,
+    ))
+}
+
+/// Serves one reservation: status frame, then hold the socket open with pings until something ends it. A v4+
+/// status that cannot be built yet is held back (the socket is pinged meanwhile) rather than sent incomplete;
+/// a reservation is never closed without a status for lack of one.
+pub async fn handle_snapshot<S>(
+    ctx: SnapshotContext,
+    version: u64,
+    task_id: String,
+    ws: WebSocket<S>,
+) -> Outcome
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let mut lease = ctx.registry.open(&task_id, Instant::now());
     info!("reservation opened");
     let (reader, mut writer) = ws::split(ws, ctx.max_message_bytes);
-    let status = protocol::snapshot_status_v3(&ctx.backup_url);
-    if writer.write_frame(ws::text(status)).await.is_err() {
-        return Outcome::Gone;
-    }
+    let mut status_sent = false;
+    let mut status_retry = tokio::time::interval(STATUS_RETRY);
+    status_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut waiting_logged = false;
 
     let mut liveness = Liveness::new(ctx.ping_interval);
     let mut assembler = Assembler::new(ctx.max_message_bytes);
@@ -248,6 +290,21 @@ where
             reason = lease.ended() => {
                 // Zero closes an ended or replaced reservation without a status code (PROTOCOL.md §5.3).
                 break (Outcome::Ended(reason), Some(None));
+            }
+            _ = status_retry.tick(), if !status_sent => {
+                match status_frame(&ctx, version).await {
+                    Some(status) => {
+                        if writer.write_frame(ws::text(status)).await.is_err() {
+                            break (Outcome::Gone, None);
+                        }
+                        status_sent = true;
+                    }
+                    None if !waiting_logged => {
+                        info!("snapshot status held back until the change DB answers");
+                        waiting_logged = true;
+                    }
+                    None => {}
+                }
             }
             alive = liveness.tick() => {
                 if !alive {
@@ -299,7 +356,7 @@ where
                         _ => {}
                     },
                     Ok(Assembled::Message(OpCode::Text, payload)) => {
-                        match check_ack(&payload, acked) {
+                        match check_ack(&payload, acked || !status_sent) {
                             Ok(()) => acked = true,
                             Err(with) => break (Outcome::ProtocolError(with.clone()), Some(Some(with))),
                         }
@@ -327,7 +384,7 @@ fn check_ack(payload: &[u8], already_acked: bool) -> Result<(), CloseWith> {
         Ok(1) if !already_acked => Ok(()),
         Ok(n) => Err(CloseWith::new(
             close::PROTOCOL_ERROR,
-            format!("Error: unexpected ack {n}: only message 1 was sent"),
+            format!("Error: unexpected ack {n}: only the status (message 1) is acknowledged, once"),
         )),
         Err(err) => Err(CloseWith::new(
             close::PROTOCOL_ERROR,

@@ -34,13 +34,26 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Back-off after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Conditions `/keepalive` waits for. Each later component owns one flag.
-#[derive(Debug, Default)]
+/// Conditions `/keepalive` waits for: accepting connections, the change DB reachable with Zero's schema, and
+/// (unless discovery is off) `ownerAddress` naming the sidecar.
 pub struct Readiness {
     listening: AtomicBool,
+    discovery_mode: crate::discovery::Mode,
+    discovery: crate::discovery::StateHandle,
 }
 
 impl Readiness {
+    pub fn new(
+        discovery_mode: crate::discovery::Mode,
+        discovery: crate::discovery::StateHandle,
+    ) -> Self {
+        Self {
+            listening: AtomicBool::new(false),
+            discovery_mode,
+            discovery,
+        }
+    }
+
     pub fn set_listening(&self, value: bool) {
         self.listening.store(value, Ordering::Relaxed);
     }
@@ -50,6 +63,14 @@ impl Readiness {
         let mut missing = Vec::new();
         if !self.listening.load(Ordering::Relaxed) {
             missing.push("not accepting connections");
+        }
+        let state = self.discovery.get();
+        if !state.db_up {
+            missing.push("change DB unreachable or Zero's schema not there yet");
+        } else if self.discovery_mode != crate::discovery::Mode::Off
+            && state.registration != Some(crate::discovery::Registration::Registered)
+        {
+            missing.push("ownerAddress does not name this sidecar");
         }
         missing
     }
@@ -148,8 +169,8 @@ fn handle(
             "this path serves Zero's change-streamer protocol over WebSocket: send a WebSocket upgrade request\n",
         ),
         Route::Snapshot(version) => {
-            let task_id = match protocol::check_snapshot(&version, req.uri().query()) {
-                Ok(task_id) => task_id,
+            let (version, task_id) = match protocol::check_snapshot(&version, req.uri().query()) {
+                Ok(checked) => checked,
                 Err(message) => {
                     debug!(%message, "snapshot request refused");
                     return plain(StatusCode::BAD_REQUEST, message);
@@ -168,7 +189,7 @@ fn handle(
                 async move {
                     match upgrade.await {
                         Ok(ws) => {
-                            reservations::handle_snapshot(ctx, task_id, ws).await;
+                            reservations::handle_snapshot(ctx, version, task_id, ws).await;
                         }
                         Err(err) => debug!(error = %err, "upgrade failed"),
                     }

@@ -2,6 +2,8 @@
 //! well-behaved library will send.
 #![allow(dead_code)]
 
+pub mod pg;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -48,15 +50,32 @@ pub struct Sidecar {
     pub addr: SocketAddr,
     pub proxy_addr: SocketAddr,
     pub registry: Registry,
+    pub subscribers: litestream_sidecar::subscribers::Subscribers,
+    pub status: litestream_sidecar::monitor::StatusHandle,
+    pub discovery: litestream_sidecar::discovery::StateHandle,
     shutdown: CancellationToken,
     task: JoinHandle<std::io::Result<()>>,
 }
 
 pub async fn start(config: Config) -> Sidecar {
+    start_app(App::new(config)).await
+}
+
+/// Starts a sidecar that behaves as if it had been up for `ago` already (the cleanup delay counts from start).
+pub async fn start_aged(config: Config, ago: Duration) -> Sidecar {
+    let started = tokio::time::Instant::now()
+        .checked_sub(ago)
+        .expect("the clock goes back that far");
+    start_app(App::new(config).started_at(started)).await
+}
+
+pub async fn start_app(app: App) -> Sidecar {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = App::new(config);
     let registry = app.registry().clone();
+    let subscribers = app.subscribers().clone();
+    let status = app.status().clone();
+    let discovery = app.discovery().clone();
     let proxy = app.bind_proxy().await.expect("metrics proxy binds");
     let proxy_addr = proxy[0].local_addr().unwrap();
     let shutdown = CancellationToken::new();
@@ -65,6 +84,9 @@ pub async fn start(config: Config) -> Sidecar {
         addr,
         proxy_addr,
         registry,
+        subscribers,
+        status,
+        discovery,
         shutdown,
         task,
     }
@@ -171,6 +193,22 @@ pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
             "timed out waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls an async `check` until it holds; a hang guard, not a timing assertion.
+pub async fn eventually_async<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

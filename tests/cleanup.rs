@@ -1,0 +1,352 @@
+//! Cleanup end to end: a metrics page with moving watermarks, the sidecar's policy, and the rows left in a real
+//! PostgreSQL change log.
+
+mod common;
+
+use std::time::Duration;
+
+use common::pg::TestDb;
+use common::*;
+use litestream_sidecar::cleanup::{Decision, HoldReason};
+use litestream_sidecar::subscribers::SubscriberInfo;
+
+/// Fast checks; the 30 s minimum delay is satisfied by backup times in the past and a start time moved back.
+fn cleanup_config(
+    db: &TestDb,
+    litestream: &MetricsServer,
+    extra: &str,
+) -> litestream_sidecar::Config {
+    config(&format!(
+        "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nreconnect_grace = \"2s\"\nbatch_rows = 3\n{extra}",
+        db.config(),
+        litestream.url()
+    ))
+}
+
+fn subscriber(id: &str, watermark: &str) -> SubscriberInfo {
+    SubscriberInfo {
+        id: id.into(),
+        task_id: None,
+        mode: "serving".into(),
+        replica_version: "01".into(),
+        watermark: watermark.into(),
+    }
+}
+
+async fn seeded() -> TestDb {
+    let db = TestDb::create(5).await;
+    for w in ["0a", "0b", "0c", "0d", "0e"] {
+        db.insert_tx(w, 2).await;
+    }
+    db
+}
+
+/// Waits until the monitor has decided at least `ticks` more times and returns the last decision.
+async fn decisions(sidecar: &Sidecar, ticks: u64) -> Decision {
+    let target = sidecar.status.get().checks + ticks;
+    eventually("monitor checks", || sidecar.status.get().checks >= target).await;
+    sidecar.status.get().last_decision.expect("a decision")
+}
+
+#[tokio::test]
+async fn purges_below_the_aged_backup_that_every_subscriber_has_passed() {
+    let db = seeded().await;
+    let old = epoch_now() - 120.0;
+    let litestream = MetricsServer::start(&progress_page(&[("0c", old)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let sub = sidecar.subscribers.connect(subscriber("vs-1", "0d"));
+
+    eventually_async("purge below 0c", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
+    })
+    .await;
+    assert_eq!(db.rows().await, 12);
+    assert_eq!(sidecar.status.get().last_purged.as_deref(), Some("0c"));
+    // Nothing newer is backed up: the next checks hold with nothing new to purge.
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::NothingNew)
+    );
+
+    // A newer backup that has aged moves the purge on; the newest watermark in the log is never deleted even when
+    // the backup is ahead of it (PROTOCOL.md W8a).
+    sub.ack("0z");
+    litestream.set_page(&progress_page(&[("0z", old)]));
+    eventually_async("purge up to the newest row", || async {
+        db.watermarks().await == ["0e"]
+    })
+    .await;
+    drop(sub);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn a_subscriber_behind_the_backup_holds_the_purge_at_its_ack() {
+    let db = seeded().await;
+    let old = epoch_now() - 120.0;
+    let litestream = MetricsServer::start(&progress_page(&[("0b", old), ("0d", old)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let slow = sidecar.subscribers.connect(subscriber("slow", "0b"));
+    let _fast = sidecar.subscribers.connect(subscriber("fast", "0e"));
+
+    eventually_async("purge below 0b only", || async {
+        db.watermarks().await == ["0b", "0c", "0d", "0e"]
+    })
+    .await;
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::SubscriberBehind)
+    );
+    slow.ack("0d");
+    eventually_async("purge below 0d", || async {
+        db.watermarks().await == ["0d", "0e"]
+    })
+    .await;
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn nothing_is_purged_without_a_subscriber_or_with_a_young_backup() {
+    let db = seeded().await;
+    let litestream = MetricsServer::start(&progress_page(&[("0d", epoch_now() - 120.0)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::NoSubscribers)
+    );
+
+    // A backup younger than the 30 s delay does not count.
+    litestream.set_page(&progress_page(&[("0d", epoch_now() - 5.0)]));
+    let db2 = seeded().await;
+    let litestream2 = MetricsServer::start(&progress_page(&[("0d", epoch_now() - 5.0)])).await;
+    let sidecar2 = start_aged(
+        cleanup_config(&db2, &litestream2, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _sub = sidecar2.subscribers.connect(subscriber("vs", "0e"));
+    assert_eq!(
+        decisions(&sidecar2, 2).await,
+        Decision::Hold(HoldReason::BackupTooRecent)
+    );
+    assert_eq!(db.rows().await, 20);
+    assert_eq!(db2.rows().await, 20);
+    sidecar.stop().await;
+    sidecar2.stop().await;
+}
+
+#[tokio::test]
+async fn a_fresh_start_waits_for_the_cleanup_delay() {
+    let db = seeded().await;
+    let litestream = MetricsServer::start(&progress_page(&[("0d", epoch_now() - 120.0)])).await;
+    let sidecar = start(cleanup_config(&db, &litestream, "")).await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::StartingUp)
+    );
+    assert_eq!(db.rows().await, 20);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn an_open_reservation_pins_its_floor_or_pauses_everything() {
+    for (mode, expected) in [
+        ("pin", vec!["0b", "0c", "0d", "0e"]),
+        ("pause", vec!["0a", "0b", "0c", "0d", "0e"]),
+    ] {
+        let db = seeded().await;
+        let old = epoch_now() - 120.0;
+        let litestream = MetricsServer::start(&progress_page(&[("0b", old)])).await;
+        let sidecar = start_aged(
+            cleanup_config(&db, &litestream, &format!("reservations = \"{mode}\"\n")),
+            Duration::from_secs(60),
+        )
+        .await;
+        // Let the sidecar learn 0b, then a view-syncer reserves: its restore yields 0b or newer.
+        eventually("backup seen", || {
+            sidecar.status.get().newest_backup.as_deref() == Some("0b")
+        })
+        .await;
+        let mut reservation = connect(&sidecar.snapshot_url("vs-2")).await;
+        next_text(&mut reservation).await;
+        eventually("reserved", || sidecar.registry.len() == 1).await;
+        let _sub = sidecar.subscribers.connect(subscriber("vs-1", "0e"));
+        litestream.set_page(&progress_page(&[("0b", old), ("0d", old)]));
+        let decision = decisions(&sidecar, 3).await;
+        assert_eq!(db.watermarks().await, expected, "{mode}: {decision:?}");
+        if mode == "pause" {
+            assert_eq!(decision, Decision::Hold(HoldReason::ReservationsOpen));
+        }
+        // The reservation ends: cleanup proceeds to the newest aged backup.
+        drop(reservation);
+        eventually_async("purge below 0d", || async {
+            db.watermarks().await == ["0d", "0e"]
+        })
+        .await;
+        sidecar.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn bad_metrics_pages_and_a_dead_litestream_never_purge() {
+    let db = seeded().await;
+    let old = epoch_now() - 120.0;
+    let litestream = MetricsServer::start("").await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    let family = "# TYPE litestream_replica_progress gauge\n";
+    let sample = |w: &str, v: &str| {
+        format!("litestream_replica_progress{{db=\"/r.db\",name=\"s3\",watermark=\"{w}\"}} {v}\n")
+    };
+    for page in [
+        format!("{family}{}", sample("0d", "NaN")),
+        format!("{family}{}", sample("0d", "+Inf")),
+        format!("{family}{}", sample("0d", "-1746600000")),
+        format!("{family}{}", sample("0d", "0")),
+        format!("{family}{}", sample("0D", &old.to_string())),
+        format!("{family}{}", sample("not-a-version", &old.to_string())),
+        format!(
+            "{family}{}{}",
+            sample("0d", &old.to_string()),
+            sample("0d", &old.to_string())
+        ),
+        format!(
+            "# TYPE litestream_replica_progress counter\n{}",
+            sample("0d", &old.to_string())
+        ),
+        "<html>not metrics</html>".to_string(),
+    ] {
+        litestream.set_page(&page);
+        let decision = decisions(&sidecar, 2).await;
+        assert_eq!(decision, Decision::Hold(HoldReason::NoBackup), "{page}");
+    }
+    let big = format!(
+        "{family}{}# {}\n",
+        sample("0d", &old.to_string()),
+        "x".repeat(5 << 20)
+    );
+    litestream.set_page(&big);
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::NoBackup)
+    );
+    litestream.set_status(503);
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::NoBackup)
+    );
+    litestream.stop();
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::NoBackup)
+    );
+    assert!(sidecar.status.get().scrape_errors >= 3);
+    assert_eq!(db.rows().await, 20);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn a_change_db_without_zeros_schema_is_waited_for() {
+    let db = TestDb::empty().await;
+    let old = epoch_now() - 120.0;
+    let litestream = MetricsServer::start(&progress_page(&[("0c", old)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    decisions(&sidecar, 2).await;
+    assert!(sidecar.status.get().last_purged.is_none());
+    // Zero initialises the schema: the sidecar picks it up without a restart.
+    db.create_tables(5).await;
+    for w in ["0a", "0b", "0c", "0d"] {
+        db.insert_tx(w, 1).await;
+    }
+    eventually_async("purge below 0c", || async {
+        db.watermarks().await == ["0c", "0d"]
+    })
+    .await;
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn a_subscriber_still_at_the_replica_version_holds_cleanup() {
+    let db = seeded().await;
+    let litestream = MetricsServer::start(&progress_page(&[("0c", epoch_now() - 120.0)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _fresh = sidecar.subscribers.connect(subscriber("fresh", "01"));
+    let _other = sidecar.subscribers.connect(subscriber("other", "0e"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::SubscriberAtReplicaVersion)
+    );
+    assert_eq!(db.rows().await, 20);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn a_departed_subscriber_holds_cleanup_for_the_reconnect_grace() {
+    let db = seeded().await;
+    let litestream = MetricsServer::start(&progress_page(&[("0d", epoch_now() - 120.0)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _connected = sidecar.subscribers.connect(subscriber("up-to-date", "0e"));
+    let left = sidecar.subscribers.connect(subscriber("left", "0b"));
+    drop(left);
+    // Within the 2 s grace the departed subscriber's ack (0b) caps the purge.
+    eventually_async("purge below 0b", || async {
+        db.watermarks().await.first().map(String::as_str) == Some("0b")
+    })
+    .await;
+    // After it, its ack no longer counts.
+    eventually_async("purge below 0d", || async {
+        db.watermarks().await == ["0d", "0e"]
+    })
+    .await;
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn cleanup_disabled_decides_but_never_deletes() {
+    let db = seeded().await;
+    let litestream = MetricsServer::start(&progress_page(&[("0d", epoch_now() - 120.0)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, "enabled = false\n"),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Purge {
+            before: "0d".into()
+        }
+    );
+    assert_eq!(db.rows().await, 20);
+    sidecar.stop().await;
+}

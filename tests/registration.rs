@@ -1,0 +1,248 @@
+//! Registration in the address table, readiness, ownership-aware cleanup, and the v4+ snapshot status, against a
+//! real PostgreSQL change DB.
+
+mod common;
+
+use std::time::Duration;
+
+use common::pg::TestDb;
+use common::*;
+use litestream_sidecar::cleanup::{Decision, HoldReason};
+use litestream_sidecar::discovery::Registration;
+use litestream_sidecar::subscribers::SubscriberInfo;
+
+const OURS: &str = "127.0.0.1:4851";
+
+fn discovery_config(db: &TestDb, mode: &str, extra: &str) -> litestream_sidecar::Config {
+    config(&format!(
+        "{}[discovery]\nmode = \"{mode}\"\nadvertise_address = \"{OURS}\"\ninterval = \"100ms\"\n{extra}",
+        db.config()
+    ))
+}
+
+async fn registration(sidecar: &Sidecar) -> Option<Registration> {
+    sidecar.discovery.get().registration
+}
+
+#[tokio::test]
+async fn verify_reports_registered_elsewhere_missing_and_prefixed_addresses() {
+    let db = TestDb::create(5).await;
+    let sidecar = start(discovery_config(&db, "verify", "")).await;
+    eventually_async("unregistered (NULL)", || async {
+        registration(&sidecar).await == Some(Registration::Unregistered)
+    })
+    .await;
+    assert_eq!(http(sidecar.addr, "GET", "/keepalive").await.0, 503);
+
+    db.set_owner_address(Some("10.1.1.1:4849")).await;
+    eventually_async("elsewhere", || async {
+        registration(&sidecar).await == Some(Registration::Elsewhere("10.1.1.1:4849".into()))
+    })
+    .await;
+    let (status, body) = http(sidecar.addr, "GET", "/keepalive").await;
+    assert_eq!(status, 503);
+    assert!(body.contains("ownerAddress"), "{body}");
+
+    db.set_owner_address(Some(OURS)).await;
+    eventually_async("registered", || async {
+        registration(&sidecar).await == Some(Registration::Registered)
+    })
+    .await;
+    assert_eq!(
+        http(sidecar.addr, "GET", "/keepalive").await,
+        (200, "OK".into())
+    );
+
+    // Newer Zero versions may write the address with a protocol prefix.
+    db.set_owner_address(Some(&format!("wss://{OURS}"))).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(registration(&sidecar).await, Some(Registration::Registered));
+
+    // A missing row (a resync truncated the tables) is waited out.
+    db.client
+        .execute(
+            &format!(r#"DELETE FROM {}."replicationState""#, db.schema()),
+            &[],
+        )
+        .await
+        .unwrap();
+    eventually_async("row missing", || async {
+        registration(&sidecar).await == Some(Registration::Unregistered)
+    })
+    .await;
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn verify_never_writes_the_row() {
+    let db = TestDb::create(6).await;
+    db.set_owner_address(Some("127.0.0.1:4849")).await;
+    let before = db.state_xmin().await;
+    let sidecar = start(discovery_config(&db, "verify", "")).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(db.state_xmin().await, before);
+    assert_eq!(db.owner_address().await.as_deref(), Some("127.0.0.1:4849"));
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn keepalive_needs_the_change_db_even_with_discovery_off() {
+    let db = TestDb::empty().await;
+    let sidecar = start(discovery_config(&db, "off", "")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(http(sidecar.addr, "GET", "/keepalive").await.0, 503);
+    db.create_tables(5).await;
+    eventually_async("ready", || async {
+        http(sidecar.addr, "GET", "/keepalive").await.0 == 200
+    })
+    .await;
+    sidecar.stop().await;
+}
+
+fn subscriber(watermark: &str) -> SubscriberInfo {
+    SubscriberInfo {
+        id: "vs".into(),
+        task_id: None,
+        mode: "serving".into(),
+        replica_version: "01".into(),
+        watermark: watermark.into(),
+    }
+}
+
+#[tokio::test]
+async fn no_purge_while_not_registered_or_registered_too_recently() {
+    let db = TestDb::create(5).await;
+    for w in ["0a", "0b", "0c"] {
+        db.insert_tx(w, 1).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[("0b", epoch_now() - 120.0)])).await;
+    let extra = format!(
+        "[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nreconnect_grace = \"1s\"\n",
+        litestream.url()
+    );
+    // Not registered: held, however long the sidecar has been up.
+    let sidecar = start_aged(
+        discovery_config(&db, "verify", &extra),
+        Duration::from_secs(120),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("0c"));
+    db.set_owner_address(Some("10.1.1.1:4849")).await;
+    let checks = sidecar.status.get().checks;
+    eventually("two checks", || sidecar.status.get().checks >= checks + 2).await;
+    assert_eq!(
+        sidecar.status.get().last_decision,
+        Some(Decision::Hold(HoldReason::NotRegistered))
+    );
+
+    // Registered now, but only just: subscribers that used the change-streamer directly get time to move over.
+    db.set_owner_address(Some(OURS)).await;
+    eventually("recently registered", || {
+        sidecar.status.get().last_decision == Some(Decision::Hold(HoldReason::RecentlyRegistered))
+    })
+    .await;
+    assert_eq!(db.watermarks().await, ["0a", "0b", "0c"]);
+    sidecar.stop().await;
+
+    // Registered from the start of a sidecar that has been up long enough: purges.
+    let sidecar = start_aged(
+        discovery_config(&db, "verify", &extra),
+        Duration::from_secs(120),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("0c"));
+    eventually_async("purged below 0b", || async {
+        db.watermarks().await == ["0b", "0c"]
+    })
+    .await;
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn the_purge_rechecks_ownership_and_deletes_nothing_once_the_address_moved() {
+    let db = TestDb::create(5).await;
+    for w in ["0a", "0b", "0c"] {
+        db.insert_tx(w, 1).await;
+    }
+    db.set_owner_address(Some("10.1.1.1:4849")).await;
+    let change_db = litestream_sidecar::change_db::ChangeDb::start(
+        discovery_config(&db, "verify", "").change_db.pg,
+        &discovery_config(&db, "verify", "").zero,
+        Default::default(),
+        Default::default(),
+    );
+    tokio::time::timeout(Duration::from_secs(10), change_db.ready())
+        .await
+        .unwrap();
+    // The decision was made while registered; the address moved before the delete.
+    let stop = Default::default();
+    let outcome = change_db.purge("0c", Some(OURS), 10, &stop).await.unwrap();
+    assert_eq!(outcome.rows, 0);
+    assert!(!outcome.is_complete());
+    assert_eq!(db.watermarks().await, ["0a", "0b", "0c"]);
+    db.set_owner_address(Some(OURS)).await;
+    let outcome = change_db.purge("0c", Some(OURS), 10, &stop).await.unwrap();
+    assert_eq!(outcome.rows, 6);
+    assert_eq!(db.watermarks().await, ["0c"]);
+}
+
+const V4_STATUS: &str = r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica","replicaVersion":"01","minWatermark":"#;
+
+#[tokio::test]
+async fn v4_status_carries_replica_version_and_min_watermark_and_v3_keeps_its_shape() {
+    let db = TestDb::create(5).await;
+    let sidecar = start(discovery_config(&db, "off", "")).await;
+    // An empty change log: catch-up can start from the replica version itself.
+    let mut ws = connect(&sidecar.url("/replication/v4/snapshot?taskID=t4")).await;
+    assert_eq!(next_text(&mut ws).await, format!("{V4_STATUS}\"01\"}}]}}"));
+    for w in ["0b", "0c"] {
+        db.insert_tx(w, 1).await;
+    }
+    for version in 4..=6 {
+        let mut ws = connect(&sidecar.url(&format!(
+            "/replication/v{version}/snapshot?taskID=t{version}"
+        )))
+        .await;
+        assert_eq!(next_text(&mut ws).await, format!("{V4_STATUS}\"0b\"}}]}}"));
+    }
+    let mut v3 = connect(&sidecar.url("/replication/v3/snapshot?taskID=t3")).await;
+    assert_eq!(
+        next_text(&mut v3).await,
+        r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica"}]}"#
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn v4_status_is_held_back_with_pings_until_the_change_db_answers() {
+    let db = TestDb::empty().await;
+    let sidecar = start(discovery_config(
+        &db,
+        "off",
+        "[server]\nping_interval = \"100ms\"\n",
+    ))
+    .await;
+    let mut raw = RawClient::connect(sidecar.addr, "/replication/v4/snapshot?taskID=early").await;
+    // Only pings while the schema is missing.
+    for _ in 0..3 {
+        let (opcode, _) = raw.read_frame().await.unwrap();
+        assert_eq!(opcode, 0x9, "expected a ping while the status is held back");
+        raw.write_frame(true, 0xA, b"").await;
+    }
+    assert_eq!(sidecar.registry.len(), 1);
+    db.create_tables(5).await;
+    loop {
+        let (opcode, payload) = raw.read_frame().await.unwrap();
+        if opcode == 0x9 {
+            raw.write_frame(true, 0xA, b"").await;
+            continue;
+        }
+        assert_eq!(opcode, 0x1);
+        assert_eq!(
+            String::from_utf8(payload).unwrap(),
+            format!("{V4_STATUS}\"01\"}}]}}")
+        );
+        break;
+    }
+    sidecar.stop().await;
+}
