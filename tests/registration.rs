@@ -246,3 +246,52 @@ async fn v4_status_is_held_back_with_pings_until_the_change_db_answers() {
     }
     sidecar.stop().await;
 }
+
+/// Zero 0.20's storer: SERIALIZABLE, reads replicationState at `begin`, inserts the transaction's changes, then
+/// updates "lastWatermark" at `commit` (PROTOCOL.md §8.5). Nothing the sidecar does in `verify` mode — reading the
+/// address every 100 ms, purging — may make that commit fail with 40001.
+#[tokio::test]
+async fn verify_mode_never_aborts_zeros_serializable_storer() {
+    let db = TestDb::create(5).await;
+    for w in ["0a", "0b", "0c"] {
+        db.insert_tx(w, 1).await;
+    }
+    db.set_owner_address(Some(OURS)).await;
+    let litestream = MetricsServer::start(&progress_page(&[("0b", epoch_now() - 120.0)])).await;
+    let extra = format!(
+        "[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nreconnect_grace = \"1s\"\n",
+        litestream.url()
+    );
+    let storer = common::pg::connect().await;
+    let s = db.schema();
+    storer
+        .batch_execute(&format!(
+            r#"BEGIN ISOLATION LEVEL SERIALIZABLE;
+               SELECT * FROM {s}."replicationState";
+               INSERT INTO {s}."changeLog" (watermark, pos, change) VALUES ('0d', 0, '{{"tag":"begin"}}');"#
+        ))
+        .await
+        .unwrap();
+
+    let sidecar = start_aged(
+        discovery_config(&db, "verify", &extra),
+        Duration::from_secs(120),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("0c"));
+    eventually_async("purged below 0b", || async {
+        db.watermarks().await == ["0b", "0c"]
+    })
+    .await;
+
+    storer
+        .batch_execute(&format!(
+            r#"INSERT INTO {s}."changeLog" (watermark, pos, change, precommit) VALUES ('0d', 1, '{{"tag":"commit"}}', '0d');
+               UPDATE {s}."replicationState" SET "lastWatermark" = '0d';
+               COMMIT;"#
+        ))
+        .await
+        .expect("the storer's transaction commits");
+    assert_eq!(db.watermarks().await, ["0b", "0c", "0d"]);
+    sidecar.stop().await;
+}
