@@ -269,10 +269,19 @@ where
     let mut lease = ctx.registry.open(&task_id, Instant::now());
     info!("reservation opened");
     let (reader, mut writer) = ws::split(ws, ctx.max_message_bytes);
+    // v3's status needs nothing but config: it goes out at once. A v4+ status that cannot be built yet is
+    // retried in the loop below. Boxed: the database read is a large future that idle reservations never need.
     let mut status_sent = false;
-    let mut status_retry = tokio::time::interval(STATUS_RETRY);
+    if let Some(status) = Box::pin(status_frame(&ctx, version)).await {
+        if writer.write_frame(ws::text(status)).await.is_err() {
+            return Outcome::Gone;
+        }
+        status_sent = true;
+    } else {
+        info!("snapshot status held back until the change DB answers");
+    }
+    let mut status_retry = tokio::time::interval_at(Instant::now() + STATUS_RETRY, STATUS_RETRY);
     status_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut waiting_logged = false;
 
     let mut liveness = Liveness::new(ctx.ping_interval);
     let mut assembler = Assembler::new(ctx.max_message_bytes);
@@ -292,18 +301,11 @@ where
                 break (Outcome::Ended(reason), Some(None));
             }
             _ = status_retry.tick(), if !status_sent => {
-                match status_frame(&ctx, version).await {
-                    Some(status) => {
-                        if writer.write_frame(ws::text(status)).await.is_err() {
-                            break (Outcome::Gone, None);
-                        }
-                        status_sent = true;
+                if let Some(status) = Box::pin(status_frame(&ctx, version)).await {
+                    if writer.write_frame(ws::text(status)).await.is_err() {
+                        break (Outcome::Gone, None);
                     }
-                    None if !waiting_logged => {
-                        info!("snapshot status held back until the change DB answers");
-                        waiting_logged = true;
-                    }
-                    None => {}
+                    status_sent = true;
                 }
             }
             alive = liveness.tick() => {
