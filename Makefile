@@ -1,10 +1,10 @@
 # litestream-sidecar. `make run` starts the sidecar with ./sidecar.toml; `make test` installs and starts what the
-# tests need (a throwaway PostgreSQL cluster) and runs every test.
+# tests need (a throwaway PostgreSQL cluster, the interop suite's npm packages) and runs every test.
 
 CARGO ?= cargo
 CONFIG ?= ./sidecar.toml
 
-.PHONY: all build run test lint bench clean
+.PHONY: all build run test interop lint bench clean
 
 all: build
 
@@ -14,8 +14,14 @@ build:
 run: build
 	./target/release/litestream-sidecar --config $(CONFIG)
 
+# The cargo tests, then the end-to-end interop suite against real Zero processes (tests/interop), on one
+# throwaway PostgreSQL cluster.
 test:
-	scripts/with-postgres.sh $(CARGO) test --locked --all-targets
+	scripts/with-postgres.sh sh -c '$(CARGO) test --locked --all-targets && CARGO="$(CARGO)" scripts/interop.sh'
+
+# Only the interop suite (npm ci, the sidecar build, Zero, the litestream stand-in).
+interop:
+	scripts/with-postgres.sh env CARGO="$(CARGO)" scripts/interop.sh
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -1,7 +1,8 @@
 // Processes the interop tests start: each in its own process group, its output in a log file and in memory, all of
 // them stopped at the end whatever happened. Zero forks its workers detached (a new session each), so process groups
-// do not reach them; every process started here therefore carries INTEROP_RUN_ID in its environment, Zero passes it
-// on to its workers and to litestream, and `killAll` also ends every process whose environment has it.
+// do not reach them; every process started here therefore carries the run's marker in its environment, Zero passes it
+// on to its workers and to litestream, and `killAll` also ends every process whose environment has it. (The marker
+// is INTEROP_CHILD_OF, not INTEROP_RUN_ID itself, which the test runner and this process carry too.)
 import {spawn, execFileSync} from 'node:child_process';
 import {createWriteStream, readdirSync, readFileSync} from 'node:fs';
 import {join} from 'node:path';
@@ -97,7 +98,7 @@ export class Procs {
     const file = createWriteStream(logPath);
     const child = spawn(command, args, {
       cwd,
-      env: {...process.env, ...env, INTEROP_RUN_ID: RUN_ID},
+      env: {...process.env, ...env, INTEROP_CHILD_OF: RUN_ID},
       stdio: ['ignore', 'pipe', 'pipe'],
       detached: true, // its own process group
     });
@@ -185,7 +186,7 @@ function chain(proc) {
 
 /** Pids of every process (other than this one) whose environment carries this run's marker. */
 export function markedPids() {
-  const marker = Buffer.from(`INTEROP_RUN_ID=${RUN_ID}\0`);
+  const marker = Buffer.from(`INTEROP_CHILD_OF=${RUN_ID}\0`);
   const pids = [];
   for (const entry of readdirSync('/proc')) {
     if (!/^\d+$/.test(entry)) continue;

@@ -1,0 +1,358 @@
+// End-to-end interop tests: the sidecar in the recommended deployment (PROTOCOL.md §11.6) with real Zero 0.20
+// processes. Run by `make test` (scripts/interop.sh): PostgreSQL from scripts/with-postgres.sh, the sidecar binary
+// from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone, but a
+// later scenario relies on the state an earlier one left (rows, subscribers, processes).
+import {after, before, test} from 'node:test';
+import assert from 'node:assert/strict';
+import {setTimeout as sleep} from 'node:timers/promises';
+import {listeners, connections, markedPids} from './lib/procs.mjs';
+import {Topology, eventually, progressSamples, RM_TASK_ID, VS_TASK_ID} from './lib/topology.mjs';
+import {Pump, RawSubscriber, changesQuery, zeroClient} from './lib/clients.mjs';
+
+const t = new Topology();
+const clientLog = [];
+let client;
+let failed = false;
+let replicaVersion;
+const pumps = [];
+
+/** Every JSON log event of the sidecar, over all its runs. */
+function sidecarEvents() {
+  const out = [];
+  for (let p = t.procs.procs.get('sidecar'); p; p = p.previous) out.unshift(...p.json());
+  return out;
+}
+
+function field(event, key) {
+  if (event[key] !== undefined) return event[key];
+  if (event.span?.[key] !== undefined) return event.span[key];
+  for (const s of event.spans ?? []) if (s[key] !== undefined) return s[key];
+  return undefined;
+}
+
+function events(message, fields = {}) {
+  return sidecarEvents().filter(e => e.message === message && Object.entries(fields).every(([k, v]) => field(e, k) === v));
+}
+
+/** Reservations the sidecar has opened and not closed, by task ID. */
+function openReservations() {
+  const open = new Map();
+  for (const e of sidecarEvents()) {
+    const task = field(e, 'task_id');
+    if (e.message === 'reservation opened') open.set(task, (open.get(task) ?? 0) + 1);
+    if (e.message === 'reservation closed') open.set(task, (open.get(task) ?? 0) - 1);
+  }
+  return new Map([...open].filter(([, n]) => n > 0));
+}
+
+/** Lines of Zero's replication-manager log showing that Zero itself scheduled or ran a change-log cleanup. */
+const ZERO_CLEANUP = /replicated watermark=|Purged \d+ changes|behind backup|No subscribers to confirm cleanup|pausing change-log cleanup|snapshot initialized by|increased cleanup delay/;
+
+/** Every listener of every process of the deployment is on loopback. */
+function assertLoopbackOnly(expectedPorts) {
+  const ours = new Set([...markedPids(), t.procs.get('sidecar').pid]);
+  const mine = listeners().filter(l => l.pids.some(p => ours.has(p)));
+  for (const l of mine) {
+    assert.match(l.host, /^(127\.\d+\.\d+\.\d+|\[::1\])$/, `listener not on loopback: ${l.line}`);
+  }
+  const ports = new Set(mine.map(l => l.port));
+  for (const [name, port] of Object.entries(expectedPorts)) {
+    assert.ok(ports.has(port), `${name} (port ${port}) is not listening: ${mine.map(l => l.line).join('\n')}`);
+  }
+}
+
+async function changeLogWatermarks() {
+  return (await t.changeLog()).map(r => r.watermark);
+}
+
+function scenario(name, fn, timeout = 180_000) {
+  test(name, {timeout}, async () => {
+    try {
+      await fn();
+    } catch (e) {
+      failed = true;
+      throw e;
+    }
+  });
+}
+
+before(async () => {
+  try {
+    await t.prepare();
+    // The sidecar first: Zero's view-syncers exit when their reservation is refused, and the replication-manager's
+    // backup replicator discovers the sidecar as its change-streamer.
+    await t.startSidecar();
+    t.startReplicationManager();
+    await eventually('Zero to advertise the sidecar as ownerAddress', async () => (await t.ownerAddress()) === t.sidecarAddress,
+      {timeout: 90_000});
+    await eventually('the sidecar to verify its registration', () => events('registered as the change-streamer').length > 0,
+      {timeout: 20_000});
+    // The backup replicator subscribes through the sidecar; only once it is ready does Zero spawn litestream.
+    await eventually('the litestream stand-in to back up the replica', () => t.backedUp(), {timeout: 60_000});
+    replicaVersion = (await t.replicationState()).replicaVersion;
+    client = zeroClient(t.changeURL, clientLog);
+  } catch (e) {
+    failed = true;
+    throw e;
+  }
+});
+
+after(async () => {
+  for (const p of pumps) p.cancel();
+  if (failed) {
+    process.stderr.write(`\n# interop: a scenario failed; logs of every process follow (also in ${t.logDir})\n`);
+    t.procs.dump();
+    process.stderr.write(`\n===== log of Zero's client in the tests =====\n${clientLog.join('\n')}\n`);
+  }
+  await t.close();
+  const left = markedPids();
+  assert.deepEqual(left, [], `processes left running: ${left}`);
+});
+
+scenario('0. every process listens on loopback only, and Zero reaches its change-streamer only through the sidecar', async () => {
+  assertLoopbackOnly({
+    sidecar: t.ports.sidecar,
+    'metrics proxy': t.ports.proxy,
+    'litestream stand-in': t.ports.litestream,
+    'change-streamer': t.ports.rmChangeStreamer,
+    'zero sync port': t.ports.rmSync,
+  });
+  // The backup replicator subscribed through the sidecar, not to the change-streamer directly.
+  const backup = events('subscribed', {mode: 'backup', task_id: RM_TASK_ID});
+  assert.ok(backup.length >= 1, 'the backup replicator subscribed through the sidecar');
+  const sidecarPid = t.procs.get('sidecar').pid;
+  const toChangeStreamer = connections().filter(c => c.peerPort === t.ports.rmChangeStreamer);
+  assert.ok(toChangeStreamer.length >= 1, 'someone is connected to the change-streamer');
+  for (const c of toChangeStreamer) assert.deepEqual(c.pids, [sidecarPid], `direct connection to the change-streamer: ${c.line}`);
+});
+
+const S1_TASK = 'interop-task-1';
+let reservation1;
+
+scenario("1. Zero's client discovers the sidecar and reserves a snapshot", async () => {
+  reservation1 = new Pump(await client.reserveSnapshot(S1_TASK), 'reservation 1');
+  pumps.push(reservation1);
+  const [status] = await reservation1.waitFor('the status', ms => ms.length > 0 && ms);
+  assert.equal(status[0], 'status');
+  assert.equal(status[1].tag, 'status');
+  assert.equal(status[1].backupURL, t.backupURL, 'the configured backup URL');
+  // Zero's client connected to the address it discovered: the sidecar.
+  assert.ok(clientLog.some(l => l.includes(`connecting to change-streamer@http://${t.sidecarAddress}/replication/v3/snapshot`)),
+    'discovered the sidecar');
+  await eventually('the sidecar to log the reservation', () => openReservations().has(S1_TASK));
+  assert.deepEqual([...openReservations()], [[S1_TASK, 1]], 'exactly one open reservation');
+  // Still open a moment later: nothing ends a reservation but its subscription, its socket or a retry.
+  await sleep(1500);
+  assert.equal(reservation1.done, false, 'the reservation stays open');
+  assert.equal(reservation1.messages.length, 1, 'one status message only');
+});
+
+let sub2;
+let w2;
+
+scenario('2. a subscription through the sidecar: status, then begin/data/commit as Zero sends them', async () => {
+  const {lastWatermark: w0} = await t.replicationState();
+  // Zero's client through the sidecar, ending the reservation of scenario 1.
+  sub2 = new Pump(await client.subscribe({
+    protocolVersion: 3, taskID: S1_TASK, id: 'interop-subscriber-2', mode: 'serving',
+    watermark: w0, replicaVersion, initial: true,
+  }), 'subscription 2');
+  pumps.push(sub2);
+  // Raw frames through the sidecar and straight from the change-streamer, same request, for a byte comparison.
+  const query = changesQuery({id: 'interop-raw-2', watermark: w0, replicaVersion});
+  const relayed = new RawSubscriber(`ws://${t.sidecarAddress}/replication/v3/changes?${query}`, 'relayed raw');
+  const direct = new RawSubscriber(`ws://127.0.0.1:${t.ports.rmChangeStreamer}/replication/v3/changes?${query}`, 'direct raw');
+  try {
+    await Promise.all([relayed.opened, direct.opened]);
+    await sub2.waitFor('the status', ms => ms.length > 0);
+    assert.deepEqual(sub2.messages[0], ['status', {tag: 'status'}]);
+    await relayed.waitFrames('status', ms => ms.length > 0);
+    await direct.waitFrames('status', ms => ms.length > 0);
+
+    // The reservation of scenario 1 ends with this subscription (initial=true, same taskID).
+    await reservation1.waitEnded();
+    assert.equal(reservation1.error, null);
+    await eventually('the sidecar to close reservation 1', () => !openReservations().has(S1_TASK));
+    assert.equal(events('reservation ended by its subscription', {task_id: S1_TASK}).length, 1);
+
+    w2 = await t.insert([[20, 'twenty', '9007199254740993'], [21, 'twenty-one', -1], [22, 'twenty-two \u{1F600} "quoted"']]);
+    await sub2.waitForCommit(w2);
+    const msgs = sub2.messages;
+    assert.deepEqual(msgs.map(m => m[0]), ['status', 'begin', 'data', 'data', 'data', 'commit']);
+    assert.equal(msgs[1][2].commitWatermark, w2);
+    assert.deepEqual(msgs.slice(2, 5).map(m => [m[1].tag, m[1].relation.name, m[1].new.id]),
+      [['insert', 'item', 20], ['insert', 'item', 21], ['insert', 'item', 22]]);
+    assert.equal(msgs[2][1].new.big, 9007199254740993n, 'int8 beyond 2^53 intact');
+    assert.equal(msgs[4][1].new.label, 'twenty-two \u{1F600} "quoted"');
+    assert.equal(msgs[5][2].watermark, w2);
+
+    const viaSidecar = await relayed.untilCommit(w2);
+    const straight = await direct.untilCommit(w2);
+    assert.equal(viaSidecar.length, 6);
+    assert.deepEqual(viaSidecar, straight, 'frames through the sidecar are byte-identical to the direct ones');
+    assert.ok(viaSidecar[2].includes('9007199254740993'), 'number text kept as sent');
+    relayed.ackAll();
+    direct.ackAll();
+
+    // The sidecar tracks the subscriber it relays.
+    assert.equal(events('subscribed', {id: 'interop-subscriber-2', task_id: S1_TASK, mode: 'serving', watermark: w0}).length, 1);
+  } finally {
+    await relayed.close();
+    await direct.close();
+  }
+});
+
+scenario('3. cleanup on the real change log: reservations, backups, the cleanup delay and subscriber acks', async () => {
+  const S3_TASK = 'interop-restore-3';
+  // Zero's BackupMonitor polls the sidecar's proxy: it gets litestream's page without the watermark gauge.
+  const standin = await t.standinPage();
+  assert.ok(progressSamples(standin).length === 1, 'the stand-in reports a backed-up watermark');
+  const proxied = await t.proxyPage();
+  assert.equal(proxied.status, 200);
+  assert.match(proxied.body, /litestream_db_size/);
+  assert.doesNotMatch(proxied.body, /litestream_replica_progress/, 'the proxy hides the watermark from Zero');
+
+  // A restore starts: reservation R. The newest backup at that moment is its floor.
+  const reservation = new Pump(await client.reserveSnapshot(S3_TASK), 'reservation 3');
+  pumps.push(reservation);
+  await reservation.waitFor('the status', ms => ms.length > 0);
+  const floor = await t.backedUp();
+  assert.ok(floor >= w2, 'scenario 2 is backed up');
+
+  // Three transactions, each backed up on its own.
+  const w = [];
+  for (const id of [31, 32, 33]) {
+    w.push(await t.insert([[id, `row ${id}`]]));
+    await eventually(`the stand-in to back up exactly ${w.at(-1)}`, async () => (await t.backedUp()) === w.at(-1));
+    // Let the sidecar's scrape (every 1s) see this one before the next one replaces it.
+    await sleep(1500);
+  }
+  const [w1, w2b, w3] = w;
+  // A subscriber that lags: it is at w1 and acknowledges nothing it receives.
+  const laggard = new RawSubscriber(`ws://${t.sidecarAddress}/replication/v3/changes?${changesQuery({
+    id: 'interop-laggard', watermark: w1, replicaVersion})}`, 'laggard');
+  await laggard.opened;
+  await laggard.untilCommit(w3);
+  const protectedRows = (await t.changeLog()).filter(r => r.watermark >= floor);
+  const backedUpAt = Date.now();
+
+  // The backups age past the 30 s cleanup delay while R is open.
+  await sleep(34_000);
+  const afterWait = await t.changeLog();
+  for (const r of protectedRows) {
+    assert.ok(afterWait.some(a => a.watermark === r.watermark && a.rows === r.rows),
+      `row ${r.watermark} (at or above the reservation's backup ${floor}) must not be purged while it is open`);
+  }
+  for (const e of events('change log purged')) {
+    assert.ok(field(e, 'before') <= floor, `purged past the open reservation's backup: ${JSON.stringify(e)}`);
+  }
+  const holds = events('cleanup held').map(e => field(e, 'reason'));
+  assert.ok(holds.includes('backup above a reservation floor'), `held for the reservation: ${holds}`);
+  assert.deepEqual(t.procs.get('replication-manager').matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
+  assert.equal(reservation.done, false);
+
+  // The restore is done: the restored task subscribes from the backup it restored (w3), ending R.
+  const restored = new Pump(await client.subscribe({
+    protocolVersion: 3, taskID: S3_TASK, id: 'interop-restored-3', mode: 'serving',
+    watermark: w3, replicaVersion, initial: true,
+  }), 'restored subscriber');
+  pumps.push(restored);
+  await restored.waitFor('the status', ms => ms.length > 0);
+  await reservation.waitEnded();
+
+  // Now rows below w1 may go (w1's backup aged, every subscriber is at or past w1), and only those: the laggard
+  // still needs what follows w1.
+  await eventually('the sidecar to purge below the laggard', async () => (await changeLogWatermarks())[0] === w1,
+    {timeout: 60_000, interval: 500});
+  const purges = events('change log purged');
+  assert.equal(field(purges.at(-1), 'before'), w1);
+  assert.deepEqual((await changeLogWatermarks()).filter(x => x >= w1), [w1, w2b, w3], 'rows a subscriber needs are kept');
+  assert.ok(events('cleanup held').some(e => field(e, 'reason') === 'subscriber behind backup'));
+
+  // The laggard reconnects from its last watermark with Zero's client and catches up.
+  await laggard.close();
+  const caughtUp = new Pump(await client.subscribe({
+    protocolVersion: 3, taskID: '', id: 'interop-laggard', mode: 'serving', watermark: w1, replicaVersion, initial: false,
+  }), 'laggard (reconnected)');
+  pumps.push(caughtUp);
+  await caughtUp.waitForCommit(w3);
+  assert.deepEqual(caughtUp.messages.map(m => m[0]), ['status', 'begin', 'data', 'commit', 'begin', 'data', 'commit']);
+  assert.deepEqual(caughtUp.messages.filter(m => m[0] === 'commit').map(m => m[2].watermark), [w2b, w3]);
+  assert.equal(caughtUp.error, null);
+
+  // Its acks (and everyone else's) reach the sidecar's policy: the purge moves on to w3.
+  await eventually('the sidecar to purge below w3 once every subscriber acked it',
+    async () => (await changeLogWatermarks())[0] === w3, {timeout: 60_000, interval: 500});
+  assert.equal(field(events('change log purged').at(-1), 'before'), w3);
+  assert.ok(Date.now() - backedUpAt >= 30_000);
+
+  // Zero never purged on its own: its BackupMonitor saw no watermark, its legacy signal never fired.
+  assert.deepEqual(t.procs.get('replication-manager').matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
+  assert.doesNotMatch((await t.proxyPage()).body, /litestream_replica_progress/);
+  caughtUp.cancel();
+  restored.cancel();
+}, 240_000);
+
+scenario('4. a view-syncer restores from the backup the sidecar hands it and streams through the sidecar', async () => {
+  assert.ok(!(await import('node:fs')).existsSync(t.vsReplica), 'the view-syncer starts with no replica');
+  const vs = t.startViewSyncer();
+  // Reservation, restore from the URL the sidecar gave, then its subscription ends the reservation.
+  const restoring = await vs.waitFor(/restoring backup from /, {timeout: 60_000});
+  assert.ok(restoring.includes(`restoring backup from ${t.backupURL}`), restoring);
+  await vs.waitFor(/\[litestream-standin \d+\] restored /, {timeout: 30_000});
+  await eventually('the view-syncer to subscribe through the sidecar',
+    () => events('subscribed', {task_id: VS_TASK_ID, mode: 'serving'}).length > 0, {timeout: 60_000});
+  assert.equal(events('reservation opened', {task_id: VS_TASK_ID}).length, 1);
+  await eventually("the view-syncer's subscription to end its reservation",
+    () => events('reservation ended by its subscription', {task_id: VS_TASK_ID}).length === 1);
+  assert.ok(!openReservations().has(VS_TASK_ID));
+
+  const w4 = await t.insert([[40, 'forty', 40], [41, 'forty-one', null]]);
+  await eventually('the rows to reach the view-syncer replica', () => {
+    const {stateVersion} = t.replicaItems(t.vsReplica);
+    return stateVersion >= w4;
+  }, {timeout: 30_000});
+  assert.deepEqual(t.replicaItems(t.vsReplica).rows, await t.upstreamItems());
+
+  // The replication-manager's backup replicator streams through the sidecar too, and the backup follows.
+  await t.waitBackedUp(w4);
+  assert.deepEqual(t.replicaItems(t.rmReplica).rows, await t.upstreamItems());
+  assertLoopbackOnly({'view-syncer sync port': t.ports.vsSync});
+  const sidecarPid = t.procs.get('sidecar').pid;
+  for (const c of connections().filter(c => c.peerPort === t.ports.rmChangeStreamer)) {
+    assert.deepEqual(c.pids, [sidecarPid], `direct connection to the change-streamer: ${c.line}`);
+  }
+  const viaSidecar = connections().filter(c => c.peerPort === t.ports.sidecar);
+  assert.ok(viaSidecar.length >= 2, 'the backup replicator and the view-syncer are connected to the sidecar');
+}, 180_000);
+
+scenario('5. the sidecar restarts under both Zero processes; streaming resumes, nothing lost or duplicated', async () => {
+  const vs = t.procs.get('view-syncer');
+  const rm = t.procs.get('replication-manager');
+  const before = sidecarEvents().length;
+  const {code, signal} = await t.stopSidecar();
+  assert.equal(code, 0, `the sidecar exits cleanly on SIGTERM (signal ${signal})`);
+
+  // While it is down, upstream moves on.
+  const w5 = await t.insert([[50, 'fifty', 5]]);
+  await sleep(1000);
+  await t.startSidecar();
+  const w6 = await t.insert([[60, 'sixty', 6], [61, 'sixty-one', 7]]);
+  const w7 = await t.insert([[70, 'seventy', 8]]);
+
+  await eventually('the view-syncer to catch up after the restart', () => t.replicaItems(t.vsReplica).stateVersion >= w7,
+    {timeout: 60_000});
+  const upstream = await t.upstreamItems();
+  assert.deepEqual(t.replicaItems(t.vsReplica).rows, upstream, 'view-syncer replica equals upstream');
+  assert.equal(t.replicaItems(t.vsReplica).stateVersion, w7);
+  await t.waitBackedUp(w7);
+  assert.deepEqual(t.replicaItems(t.rmReplica).rows, upstream, 'backup replica equals upstream');
+
+  // Both reconnected through the new sidecar.
+  const since = sidecarEvents().slice(before);
+  assert.ok(since.some(e => e.message === 'subscribed' && field(e, 'mode') === 'backup'), 'the backup replicator reconnected');
+  assert.ok(since.some(e => e.message === 'subscribed' && field(e, 'task_id') === VS_TASK_ID), 'the view-syncer reconnected');
+  assert.ok(w5 < w6 && w6 < w7);
+  assert.ok(vs.running && rm.running, 'both Zero processes kept running');
+  assert.deepEqual(rm.matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
+}, 180_000);
