@@ -96,9 +96,13 @@ export class Procs {
     this.generation.set(name, n);
     const logPath = join(this.logDir, n === 1 ? `${name}.log` : `${name}.${n}.log`);
     const file = createWriteStream(logPath);
+    // A null or undefined value removes that variable.
+    const fullEnv = Object.fromEntries(
+      Object.entries({...process.env, ...env, INTEROP_CHILD_OF: RUN_ID}).filter(([, v]) => v !== undefined && v !== null),
+    );
     const child = spawn(command, args, {
       cwd,
-      env: {...process.env, ...env, INTEROP_CHILD_OF: RUN_ID},
+      env: fullEnv,
       stdio: ['ignore', 'pipe', 'pipe'],
       detached: true, // its own process group
     });

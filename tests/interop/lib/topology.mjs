@@ -251,7 +251,7 @@ filter = "warn,litestream_sidecar=debug"
   async startSidecar() {
     const proc = this.procs.start('sidecar', this.sidecarBin, ['--config', this.sidecarConfig], {
       cwd: join(this.dir, 'sidecar'),
-      env: {RUST_LOG: ''},
+      env: {RUST_LOG: null}, // the config's [log] filter applies
     });
     await eventually('the sidecar to answer GET /', async () => {
       if (!proc.running) throw new Error(`sidecar exited (${proc.exitCode ?? proc.exitSignal})`);
