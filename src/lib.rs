@@ -13,6 +13,7 @@
 //! - [`change_db`]: Zero's change DB in PostgreSQL: batched purges, the address table.
 //! - [`monitor`]: the loop that scrapes, decides and purges.
 //! - [`discovery`]: registration in the shard's address table (`ownerAddress`).
+//! - [`notify`]: systemd's readiness, status and watchdog notifications.
 //! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge.
 
 #![forbid(unsafe_code)]
@@ -23,6 +24,7 @@ pub mod config;
 pub mod discovery;
 pub mod litestream;
 pub mod monitor;
+pub mod notify;
 pub mod protocol;
 pub mod proxy;
 pub mod reservations;
@@ -41,6 +43,20 @@ pub use config::Config;
 use reservations::{Registry, SnapshotContext};
 use server::{Readiness, Shared};
 use subscribers::Subscribers;
+
+/// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
+fn status_line(missing: &[&str], decision: Option<&cleanup::Decision>) -> String {
+    if !missing.is_empty() {
+        return format!("waiting: {}", missing.join("; "));
+    }
+    match decision {
+        None => "ready; first cleanup check pending".to_string(),
+        Some(cleanup::Decision::Hold(reason)) => format!("ready; cleanup held: {reason}"),
+        Some(cleanup::Decision::Purge { before }) => {
+            format!("ready; last cleanup decision: purge below {before}")
+        }
+    }
+}
 
 /// The sidecar's components, built from a validated config. Tests keep clones of the handles (such as
 /// [`App::registry`]) before calling [`App::run`].
@@ -154,7 +170,20 @@ impl App {
             tracker: tracker.clone(),
         });
         info!(addr = %listener.local_addr()?, "listening");
+        shared.readiness.set_listening(true);
+        notify::ready("listening");
+        {
+            let shared = shared.clone();
+            let status = self.status.clone();
+            tracker.spawn(notify::run(shutdown.clone(), move || {
+                status_line(
+                    &shared.readiness.missing(),
+                    status.get().last_decision.as_ref(),
+                )
+            }));
+        }
         server::serve(listener, shared).await;
+        notify::stopping();
 
         tracker.close();
         let grace = self.config.server.shutdown_grace;
