@@ -10,9 +10,11 @@
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
+//! - [`change_db`]: Zero's change DB in PostgreSQL: supervised connection, `ownerAddress`, batched purge.
 
 #![forbid(unsafe_code)]
 
+pub mod change_db;
 pub mod cleanup;
 pub mod config;
 pub mod litestream;
