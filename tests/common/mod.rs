@@ -2,6 +2,8 @@
 //! well-behaved library will send.
 #![allow(dead_code)]
 
+pub mod pg;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
