@@ -10,7 +10,7 @@
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
-//! - [`change_db`]: Zero's change DB in PostgreSQL: batched purges, the address table.
+//! - [`change_db`]: Zero's change DB in PostgreSQL: supervised connection, `ownerAddress`, batched purge.
 //! - [`monitor`]: the loop that scrapes, decides and purges.
 //! - [`discovery`]: registration in the shard's address table (`ownerAddress`).
 //! - [`notify`]: systemd's readiness, status and watchdog notifications.
