@@ -4,6 +4,7 @@
 //! Modules, one job each:
 //! - [`config`]: `sidecar.toml` and environment overrides, validated into typed values.
 //! - [`protocol`]: Zero's change-streamer wire protocol without I/O (paths, versions, frames, acks, reasons).
+//! - [`inspect`]: the little of a relayed change-stream frame that ack tracking reads.
 //! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads, limits, liveness, closing).
 //! - [`reservations`]: the reservation registry and the `/snapshot` handler.
 //! - [`server`]: accept loop, HTTP routing and health endpoints.
@@ -15,6 +16,7 @@
 
 pub mod cleanup;
 pub mod config;
+pub mod inspect;
 pub mod litestream;
 pub mod protocol;
 pub mod reservations;
