@@ -5,9 +5,10 @@
 //! - [`config`]: `sidecar.toml` and environment overrides, validated into typed values.
 //! - [`protocol`]: Zero's change-streamer wire protocol without I/O (paths, versions, frames, acks, reasons).
 //! - [`inspect`]: the little of a relayed change-stream frame that ack tracking reads.
-//! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads, limits, liveness, closing).
+//! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads and flushes, limits, liveness, closing).
 //! - [`reservations`]: the reservation registry and the `/snapshot` handler.
 //! - [`server`]: accept loop, HTTP routing and health endpoints.
+//! - [`relay`]: the `/changes` relay to Zero's change-streamer.
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
@@ -19,6 +20,7 @@ pub mod config;
 pub mod inspect;
 pub mod litestream;
 pub mod protocol;
+pub mod relay;
 pub mod reservations;
 pub mod server;
 pub mod subscribers;
@@ -32,24 +34,36 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 pub use config::Config;
+use relay::RelayContext;
 use reservations::{Registry, SnapshotContext};
 use server::{Readiness, Shared};
+use subscribers::Subscribers;
 
 /// The sidecar's components, built from a validated config. Tests keep clones of the handles (such as
 /// [`App::registry`]) before calling [`App::run`].
 pub struct App {
     config: Config,
     registry: Registry,
+    subscribers: Subscribers,
 }
 
 impl App {
     pub fn new(config: Config) -> Self {
         let registry = Registry::new(config.cleanup.initial_delay);
-        Self { config, registry }
+        Self {
+            config,
+            registry,
+            subscribers: Subscribers::default(),
+        }
     }
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The relayed subscribers and their acknowledged watermarks.
+    pub fn subscribers(&self) -> &Subscribers {
+        &self.subscribers
     }
 
     /// Serves on `listener` until `shutdown` is cancelled, then closes every WebSocket (1001) and waits up to
@@ -66,6 +80,17 @@ impl App {
                 backup_url: self.config.litestream.backup_url.as_str().into(),
                 ping_interval: self.config.server.ping_interval,
                 max_message_bytes: self.config.server.max_message_bytes,
+                shutdown: shutdown.clone(),
+            },
+            relay: RelayContext {
+                settings: Arc::new(relay::Settings {
+                    upstream: self.config.upstream.clone(),
+                    relay: self.config.relay.clone(),
+                    ping_interval: self.config.server.ping_interval,
+                    max_message_bytes: self.config.server.max_message_bytes,
+                }),
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
                 shutdown: shutdown.clone(),
             },
             readiness: Readiness::default(),
