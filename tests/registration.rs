@@ -299,3 +299,115 @@ async fn verify_mode_never_aborts_zeros_serializable_storer() {
     assert_eq!(db.watermarks().await, ["0b", "0c", "0d"]);
     sidecar.stop().await;
 }
+
+const UPSTREAM: &str = "127.0.0.1:4849";
+
+fn adopt_config(db: &TestSchema) -> litestream_sidecar::Config {
+    discovery_config(
+        db,
+        "adopt",
+        &format!("[upstream]\naddress = \"{UPSTREAM}\"\nadvertised_address = \"{UPSTREAM}\"\n"),
+    )
+}
+
+#[tokio::test]
+async fn adopt_replaces_only_the_upstreams_address_on_row_lock_schemas() {
+    let db = TestSchema::create(Some(6), Some(UPSTREAM)).await;
+    let sidecar = start(adopt_config(&db)).await;
+    eventually_async("adopted", || async {
+        db.replication_state().await.0.as_deref() == Some(OURS)
+    })
+    .await;
+    let (_, owner, xmin) = db.replication_state().await;
+    assert_eq!(
+        owner.as_deref(),
+        Some("rm-task-1"),
+        "owner is never touched"
+    );
+    // Already registered: nothing is written (the row version stays the same).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(db.replication_state().await.2, xmin);
+
+    // The change-streamer restarts and writes its own address again: adopted again.
+    db.set_owner_address(Some(UPSTREAM)).await;
+    eventually_async("adopted again", || async {
+        db.replication_state().await.0.as_deref() == Some(OURS)
+    })
+    .await;
+
+    // A foreign address (another replication-manager took over) is left alone.
+    db.set_owner_address(Some("10.9.9.9:4849")).await;
+    let xmin = db.replication_state().await.2;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        db.replication_state().await,
+        (Some("10.9.9.9:4849".into()), Some("rm-task-1".into()), xmin)
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn adopt_refuses_to_write_on_zero_0_20_schemas() {
+    for data_version in [Some(5), None] {
+        let db = TestSchema::create(data_version, Some(UPSTREAM)).await;
+        let before = db.replication_state().await;
+        let sidecar = start(adopt_config(&db)).await;
+        eventually_async("read", || async {
+            registration(&sidecar).await == Some(Registration::Elsewhere(UPSTREAM.into()))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(db.replication_state().await, before, "{data_version:?}");
+        sidecar.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn adopt_puts_the_address_back_when_the_binary_gets_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let db = TestSchema::create(Some(6), Some(UPSTREAM)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sidecar.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "{}[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
+             [discovery]\nmode = \"adopt\"\nadvertise_address = \"{OURS}\"\ninterval = \"100ms\"\n\
+             [upstream]\naddress = \"{UPSTREAM}\"\n[log]\nformat = \"json\"\n",
+            db.config()
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_litestream-sidecar"))
+        .arg("--config")
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let logs = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    eventually_async("adopted", || async {
+        db.replication_state().await.0.as_deref() == Some(OURS)
+    })
+    .await;
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(db.replication_state().await.0.as_deref(), Some(UPSTREAM));
+    let logs = logs.join().unwrap();
+    assert!(
+        logs.iter().any(|l| l.contains("ownerAddress restored")),
+        "{logs:?}"
+    );
+}
