@@ -24,6 +24,8 @@ pub const DEFAULT_PATHS: [&str; 2] = ["./sidecar.toml", "/etc/litestream-sidecar
 const MAX_PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Zero's `ws` peers accept 100 MiB messages; a smaller limit would break large transactions.
 const MIN_MESSAGE_BYTES: u64 = 100 << 20;
+/// Below this a relay buffer could not gather even a few small frames per write.
+const MIN_BUFFERED_BYTES: u64 = 4096;
 
 /// The file format as written by operators: strings where units matter, every field defaulted.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -35,6 +37,8 @@ pub struct RawConfig {
     pub change_db: RawChangeDb,
     pub cleanup: RawCleanup,
     pub discovery: RawDiscovery,
+    pub upstream: RawUpstream,
+    pub relay: RawRelay,
     pub log: RawLog,
 }
 
@@ -89,6 +93,23 @@ pub struct RawDiscovery {
     pub mode: crate::discovery::Mode,
     pub advertise_address: String,
     pub interval: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawUpstream {
+    pub address: String,
+    pub advertised_address: String,
+    pub connect_timeout: String,
+    pub silence_timeout: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawRelay {
+    pub suppress_upstream_cleanup: bool,
+    pub max_buffered_bytes: u64,
+    pub max_pending_commits: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -163,6 +184,27 @@ impl Default for RawDiscovery {
     }
 }
 
+impl Default for RawUpstream {
+    fn default() -> Self {
+        Self {
+            address: "127.0.0.1:4849".into(),
+            advertised_address: String::new(),
+            connect_timeout: "5s".into(),
+            silence_timeout: "33s".into(),
+        }
+    }
+}
+
+impl Default for RawRelay {
+    fn default() -> Self {
+        Self {
+            suppress_upstream_cleanup: true,
+            max_buffered_bytes: 64 << 10,
+            max_pending_commits: 4096,
+        }
+    }
+}
+
 impl Default for RawLog {
     fn default() -> Self {
         Self {
@@ -181,6 +223,8 @@ pub struct Config {
     pub change_db: ChangeDbConfig,
     pub cleanup: CleanupConfig,
     pub discovery: DiscoveryConfig,
+    pub upstream: UpstreamConfig,
+    pub relay: RelayConfig,
     pub log: LogConfig,
 }
 
@@ -260,6 +304,33 @@ pub struct DiscoveryConfig {
     pub advertise_address: String,
     /// How often the address table is read.
     pub interval: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// `host:port` of Zero's change-streamer, where `/changes` subscriptions are relayed to.
+    pub address: String,
+    /// The address that change-streamer writes as `ownerAddress` when not told otherwise (its preferred
+    /// interface's IP and port): the one `discovery.mode = "adopt"` replaces.
+    pub advertised_address: String,
+    /// How long connecting and the WebSocket handshake to the upstream may take before the subscriber is refused
+    /// (HTTP 502).
+    pub connect_timeout: Duration,
+    /// An upstream from which nothing (message or ping) arrived during a whole period of this length is dropped.
+    pub silence_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Forward `initial=false` instead of `initial=true` so that Zero does not schedule its own change-log purge
+    /// (PROTOCOL.md §11.6, W2).
+    pub suppress_upstream_cleanup: bool,
+    /// Bytes queued toward one socket before the relay stops reading the other: a slow reader slows only its own
+    /// stream. A single larger frame still passes, one at a time.
+    pub max_buffered_bytes: usize,
+    /// Commits sent and not yet acknowledged that a subscriber's ack tracking keeps apart; past it older ones are
+    /// merged, which can only delay the acknowledged watermark.
+    pub max_pending_commits: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -538,6 +609,52 @@ impl RawConfig {
             },
         );
 
+        let address = validate_host_port(&self.upstream.address);
+        check(
+            "upstream.address",
+            address.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let advertised_address = match self.upstream.advertised_address.trim() {
+            // Defaults to the address; a bad address is reported once, under its own key.
+            "" => Ok(address.clone().unwrap_or_default()),
+            other => validate_host_port(other),
+        };
+        check(
+            "upstream.advertised_address",
+            advertised_address.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let connect_timeout = parse_positive_duration(&self.upstream.connect_timeout);
+        check(
+            "upstream.connect_timeout",
+            connect_timeout.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let silence_timeout = parse_positive_duration(&self.upstream.silence_timeout);
+        check(
+            "upstream.silence_timeout",
+            silence_timeout.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let max_buffered_bytes = if self.relay.max_buffered_bytes < MIN_BUFFERED_BYTES {
+            Err(format!(
+                "{} is below {MIN_BUFFERED_BYTES}",
+                self.relay.max_buffered_bytes
+            ))
+        } else {
+            usize::try_from(self.relay.max_buffered_bytes).map_err(|e| e.to_string())
+        };
+        check(
+            "relay.max_buffered_bytes",
+            max_buffered_bytes.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let max_pending_commits = if self.relay.max_pending_commits < 2 {
+            Err(format!("{} is below 2", self.relay.max_pending_commits))
+        } else {
+            usize::try_from(self.relay.max_pending_commits).map_err(|e| e.to_string())
+        };
+        check(
+            "relay.max_pending_commits",
+            max_pending_commits.as_ref().map(drop).map_err(Clone::clone),
+        );
+
         let format = match self.log.format.as_str() {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
@@ -594,6 +711,17 @@ impl RawConfig {
                 advertise_address: advertise.to_string(),
                 interval: discovery_interval.unwrap(),
             },
+            upstream: UpstreamConfig {
+                address: address.unwrap(),
+                advertised_address: advertised_address.unwrap(),
+                connect_timeout: connect_timeout.unwrap(),
+                silence_timeout: silence_timeout.unwrap(),
+            },
+            relay: RelayConfig {
+                suppress_upstream_cleanup: self.relay.suppress_upstream_cleanup,
+                max_buffered_bytes: max_buffered_bytes.unwrap(),
+                max_pending_commits: max_pending_commits.unwrap(),
+            },
             log: LogConfig {
                 format: format.unwrap(),
                 filter: self.log.filter.clone(),
@@ -629,6 +757,50 @@ pub fn validate_app_id(app_id: &str) -> Result<(), String> {
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim())
         .map_err(|e| format!("{text:?} is not a duration like \"30s\" or \"5m\": {e}"))
+}
+
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).and_then(|d| {
+        if d.is_zero() {
+            Err(format!("{text:?} must be longer than zero"))
+        } else {
+            Ok(d)
+        }
+    })
+}
+
+/// Accepts `127.0.0.1:4849`, `[::1]:4849` or `change-streamer.internal:4849`: what the relay connects to and sends
+/// as the `Host` header.
+pub fn validate_host_port(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let problem = || {
+        format!("{text:?} is not a host:port like \"127.0.0.1:4849\" or \"change-streamer:4849\"")
+    };
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return if addr.port() == 0 {
+            Err(problem())
+        } else {
+            Ok(text.to_string())
+        };
+    }
+    let (host, port) = text.rsplit_once(':').ok_or_else(problem)?;
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if port_ok && host_ok {
+        Ok(text.to_string())
+    } else {
+        Err(problem())
+    }
 }
 
 fn parse_addr(text: &str) -> Result<SocketAddr, String> {
@@ -798,6 +970,13 @@ mod tests {
             shard_num = -1
             [cleanup]
             initial_delay = "30"
+            [upstream]
+            address = "localhost"
+            connect_timeout = "0s"
+            silence_timeout = "33"
+            [relay]
+            max_buffered_bytes = 100
+            max_pending_commits = 1
             [log]
             format = "xml"
             "#,
@@ -814,6 +993,11 @@ mod tests {
                 "zero.shard_num",
                 "cleanup.initial_delay",
                 "discovery.advertise_address",
+                "upstream.address",
+                "upstream.connect_timeout",
+                "upstream.silence_timeout",
+                "relay.max_buffered_bytes",
+                "relay.max_pending_commits",
                 "log.format",
             ]
         );
@@ -922,6 +1106,34 @@ mod tests {
     }
 
     #[test]
+    fn upstream_addresses_are_host_and_port() {
+        for good in [
+            "127.0.0.1:4849",
+            "[::1]:4849",
+            "localhost:4849",
+            "change-streamer.zero.internal:4849",
+        ] {
+            assert_eq!(validate_host_port(good).as_deref(), Ok(good), "{good}");
+        }
+        for bad in [
+            "",
+            "localhost",
+            "127.0.0.1",
+            ":4849",
+            "host:0",
+            "host:65536",
+            "http://host:4849",
+            "host/path:4849",
+            "-bad:4849",
+            "a..b:4849",
+            "::1:4849",
+            "host name:4849",
+        ] {
+            assert!(validate_host_port(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn reservation_mode_is_pin_or_pause() {
         let config = from_toml_str(
             &format!("{MINIMAL}[cleanup]\nreservations = \"pause\"\n"),
@@ -940,6 +1152,19 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("stop"), "{err}");
+    }
+
+    #[test]
+    fn relay_defaults_suppress_zeros_cleanup() {
+        let config = from_toml_str(MINIMAL, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(config.relay.suppress_upstream_cleanup);
+        assert_eq!(config.upstream.address, "127.0.0.1:4849");
+        assert_eq!(config.upstream.advertised_address, "127.0.0.1:4849");
+        assert_eq!(config.upstream.silence_timeout, Duration::from_secs(33));
+        assert_eq!(config.relay.max_buffered_bytes, 64 << 10);
     }
 
     #[test]

@@ -4,15 +4,18 @@
 //! Modules, one job each:
 //! - [`config`]: `sidecar.toml` and environment overrides, validated into typed values.
 //! - [`protocol`]: Zero's change-streamer wire protocol without I/O (paths, versions, frames, acks, reasons).
-//! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads, limits, liveness, closing).
+//! - [`inspect`]: the little of a relayed change-stream frame that ack tracking reads.
+//! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads and flushes, limits, liveness, closing).
 //! - [`reservations`]: the reservation registry and the `/snapshot` handler.
 //! - [`server`]: accept loop, HTTP routing and health endpoints.
+//! - [`relay`]: the `/changes` relay to Zero's change-streamer.
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
-//! - [`change_db`]: Zero's change DB in PostgreSQL: batched purges, the address table.
+//! - [`change_db`]: Zero's change DB in PostgreSQL: supervised connection, `ownerAddress`, batched purge.
 //! - [`monitor`]: the loop that scrapes, decides and purges.
 //! - [`discovery`]: registration in the shard's address table (`ownerAddress`).
+//! - [`notify`]: systemd's readiness, status and watchdog notifications.
 //! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge.
 
 #![forbid(unsafe_code)]
@@ -21,10 +24,13 @@ pub mod change_db;
 pub mod cleanup;
 pub mod config;
 pub mod discovery;
+pub mod inspect;
 pub mod litestream;
 pub mod monitor;
+pub mod notify;
 pub mod protocol;
 pub mod proxy;
+pub mod relay;
 pub mod reservations;
 pub mod server;
 pub mod subscribers;
@@ -38,9 +44,24 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 pub use config::Config;
+use relay::RelayContext;
 use reservations::{Registry, SnapshotContext};
 use server::{Readiness, Shared};
 use subscribers::Subscribers;
+
+/// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
+fn status_line(missing: &[&str], decision: Option<&cleanup::Decision>) -> String {
+    if !missing.is_empty() {
+        return format!("waiting: {}", missing.join("; "));
+    }
+    match decision {
+        None => "ready; first cleanup check pending".to_string(),
+        Some(cleanup::Decision::Hold(reason)) => format!("ready; cleanup held: {reason}"),
+        Some(cleanup::Decision::Purge { before }) => {
+            format!("ready; last cleanup decision: purge below {before}")
+        }
+    }
+}
 
 /// The sidecar's components, built from a validated config. Tests keep clones of the handles (such as
 /// [`App::registry`]) before calling [`App::run`].
@@ -85,6 +106,7 @@ impl App {
         &self.registry
     }
 
+    /// The relayed subscribers and their acknowledged watermarks.
     pub fn subscribers(&self) -> &Subscribers {
         &self.subscribers
     }
@@ -133,7 +155,7 @@ impl App {
         let discovery = discovery::Discovery {
             mode: self.config.discovery.mode,
             ours: self.config.discovery.advertise_address.clone(),
-            upstream: self.config.discovery.advertise_address.clone(),
+            upstream: self.config.upstream.advertised_address.clone(),
             interval: self.config.discovery.interval,
             db: change_db.clone(),
             state: self.discovery.clone(),
@@ -150,11 +172,35 @@ impl App {
                 shutdown: shutdown.clone(),
             },
             readiness: Readiness::new(self.config.discovery.mode, self.discovery.clone()),
+            relay: RelayContext {
+                settings: Arc::new(relay::Settings {
+                    upstream: self.config.upstream.clone(),
+                    relay: self.config.relay.clone(),
+                    ping_interval: self.config.server.ping_interval,
+                    max_message_bytes: self.config.server.max_message_bytes,
+                }),
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                shutdown: shutdown.clone(),
+            },
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
         });
         info!(addr = %listener.local_addr()?, "listening");
+        shared.readiness.set_listening(true);
+        notify::ready("listening");
+        {
+            let shared = shared.clone();
+            let status = self.status.clone();
+            tracker.spawn(notify::run(shutdown.clone(), move || {
+                status_line(
+                    &shared.readiness.missing(),
+                    status.get().last_decision.as_ref(),
+                )
+            }));
+        }
         server::serve(listener, shared).await;
+        notify::stopping();
 
         tracker.close();
         let grace = self.config.server.shutdown_grace;

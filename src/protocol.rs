@@ -1,9 +1,17 @@
 //! Zero's change-streamer wire protocol, without I/O: which paths exist, which protocol versions are served,
-//! the exact rejection texts Zero uses, the snapshot status frame, and strict ack decoding (PROTOCOL.md §3-§5).
+//! the exact rejection texts Zero uses, the snapshot status frame, strict ack decoding, and how a `/changes`
+//! query string is read and forwarded (PROTOCOL.md §3-§6).
+
+use std::borrow::Cow;
 
 /// Protocol versions whose `/snapshot` status this sidecar can produce. v3 is Zero 0.20; v4+ add fields the
 /// status carries when the change DB is known.
 pub const SNAPSHOT_VERSIONS: std::ops::RangeInclusive<u64> = 3..=6;
+
+/// Protocol versions the `/changes` relay forwards. The upstream change-streamer decides whether it serves the
+/// version (Zero 0.20 serves v1-v3 and closes others with 1002); the sidecar refuses only what no Zero release
+/// up to v6 speaks.
+pub const CHANGES_VERSIONS: std::ops::RangeInclusive<u64> = 1..=6;
 
 /// WebSocket close codes used by the sidecar (RFC 6455 §7.4.1).
 pub mod close {
@@ -109,6 +117,119 @@ pub fn check_snapshot(version: &Version, query: Option<&str>) -> Result<(u64, St
     };
     let task_id = query_param(query, "taskID").ok_or_else(|| MISSING_TASK_ID.to_string())?;
     Ok((version, task_id))
+}
+
+/// Why a `/changes` request is refused before the upgrade: Zero's message for a path or version no Zero
+/// release serves. Everything else (missing parameters, wrong replica version) is the upstream's to decide.
+pub fn check_changes(version: &Version) -> Result<(), String> {
+    match version {
+        Version::Invalid(path) => Err(invalid_path(path)),
+        Version::Number(n) if !CHANGES_VERSIONS.contains(n) => {
+            Err(unsupported_version(*n, &CHANGES_VERSIONS))
+        }
+        Version::Number(_) => Ok(()),
+    }
+}
+
+/// What a `/changes` subscriber says about itself in its query string, read as Zero's server reads it
+/// (PROTOCOL.md §6.1): form-urlencoded, the first occurrence of a key wins, an empty value counts as absent,
+/// unknown keys are ignored. Nothing here rejects a subscription: that is the upstream's decision.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubscriberContext {
+    pub id: Option<String>,
+    pub task_id: Option<String>,
+    pub mode: Mode,
+    pub replica_version: Option<String>,
+    pub watermark: Option<String>,
+    /// `initial=true` exactly: the watermark comes from a freshly restored or synced replica.
+    pub initial: bool,
+}
+
+/// A subscriber's `mode`: exactly `backup` is the replication-manager's own backup replicator; anything else,
+/// or nothing, is `serving`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    #[default]
+    Serving,
+    Backup,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Serving => "serving",
+            Mode::Backup => "backup",
+        }
+    }
+}
+
+/// Reads the subscriber context of a `/changes` query string (pure; see [`SubscriberContext`]).
+pub fn parse_subscriber_context(query: Option<&str>) -> SubscriberContext {
+    let mut id = None;
+    let mut task_id = None;
+    let mut mode = None;
+    let mut replica_version = None;
+    let mut watermark = None;
+    let mut initial = None;
+    for (key, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        let slot = match &*key {
+            "id" => &mut id,
+            "taskID" => &mut task_id,
+            "mode" => &mut mode,
+            "replicaVersion" => &mut replica_version,
+            "watermark" => &mut watermark,
+            "initial" => &mut initial,
+            _ => continue,
+        };
+        // URLSearchParams.get: the first occurrence, even an empty one, is the value.
+        if slot.is_none() {
+            *slot = Some(value.into_owned());
+        }
+    }
+    let present = |v: Option<String>| v.filter(|v| !v.is_empty());
+    SubscriberContext {
+        id: present(id),
+        task_id: present(task_id),
+        mode: match mode.as_deref() {
+            Some("backup") => Mode::Backup,
+            _ => Mode::Serving,
+        },
+        replica_version: present(replica_version),
+        watermark: present(watermark),
+        initial: initial.as_deref() == Some("true"),
+    }
+}
+
+/// The query string to forward upstream when the sidecar, not Zero, owns change-log cleanup (PROTOCOL.md §11.6):
+/// the value of the `initial` parameter Zero reads (its first occurrence) becomes `false` when it reads as `true`,
+/// which keeps Zero from scheduling its own purge (W2). Every other byte, percent-encoding and key order included,
+/// is kept; a query whose `initial` is absent or not exactly `true` comes back unchanged.
+pub fn suppress_initial(query: &str) -> Cow<'_, str> {
+    let mut start = 0;
+    for segment in query.split('&') {
+        let at = start;
+        start += segment.len() + 1;
+        if segment.is_empty() {
+            continue;
+        }
+        let Some((key, value)) = url::form_urlencoded::parse(segment.as_bytes()).next() else {
+            continue;
+        };
+        if key != "initial" {
+            continue;
+        }
+        if value != "true" {
+            return Cow::Borrowed(query);
+        }
+        // A value "true" needs an '='; everything after the first '=' is the raw value.
+        let value_at = at + segment.find('=').expect("a non-empty value follows '='") + 1;
+        let mut rewritten = String::with_capacity(query.len() + 1);
+        rewritten.push_str(&query[..value_at]);
+        rewritten.push_str("false");
+        rewritten.push_str(&query[at + segment.len()..]);
+        return Cow::Owned(rewritten);
+    }
+    Cow::Borrowed(query)
 }
 
 /// The v3 snapshot status, id first and without whitespace so that every Zero client version accepts it
@@ -251,6 +372,104 @@ mod tests {
             check_snapshot(&Version::Invalid("/replication/x/snapshot".into()), None),
             Err("Error: invalid path: /replication/x/snapshot".into())
         );
+    }
+
+    #[test]
+    fn changes_versions_one_to_six_are_forwarded() {
+        for n in 1..=6 {
+            assert_eq!(check_changes(&Version::Number(n)), Ok(()));
+        }
+        assert_eq!(
+            check_changes(&Version::Number(0)),
+            Err(
+                "Error: Cannot service client at protocol v0. Supported protocols: [v1 ... v6]"
+                    .into()
+            )
+        );
+        assert_eq!(
+            check_changes(&Version::Number(7)),
+            Err(
+                "Error: Cannot service client at protocol v7. Supported protocols: [v1 ... v6]"
+                    .into()
+            )
+        );
+        assert_eq!(
+            check_changes(&Version::Invalid("/replication/vx/changes".into())),
+            Err("Error: invalid path: /replication/vx/changes".into())
+        );
+    }
+
+    #[test]
+    fn subscriber_context_is_read_like_zero() {
+        let q = "taskID=0042ea&id=serving-replicator-4242&mode=serving&watermark=718sh0nk8\
+                 &replicaVersion=618ocqq8&initial=true";
+        assert_eq!(
+            parse_subscriber_context(Some(q)),
+            SubscriberContext {
+                id: Some("serving-replicator-4242".into()),
+                task_id: Some("0042ea".into()),
+                mode: Mode::Serving,
+                replica_version: Some("618ocqq8".into()),
+                watermark: Some("718sh0nk8".into()),
+                initial: true,
+            }
+        );
+        // Percent-decoding and '+'; the first occurrence wins even when it is empty; unknown keys are ignored.
+        let ctx = parse_subscriber_context(Some(
+            "id=rm-1%2Fbackup+1&taskID=&taskID=t2&mode=backup&initial=TRUE&x=1&id=second",
+        ));
+        assert_eq!(ctx.id.as_deref(), Some("rm-1/backup 1"));
+        assert_eq!(ctx.task_id, None);
+        assert_eq!(ctx.mode, Mode::Backup);
+        assert!(!ctx.initial);
+        assert_eq!(ctx.watermark, None);
+        assert_eq!(parse_subscriber_context(None), SubscriberContext::default());
+        assert_eq!(
+            parse_subscriber_context(Some("&&=&%%")),
+            SubscriberContext::default()
+        );
+        assert_eq!(
+            parse_subscriber_context(Some("mode=Backup&initial=1")).mode,
+            Mode::Serving
+        );
+        assert!(parse_subscriber_context(Some("initial=tru%65")).initial);
+        assert!(!parse_subscriber_context(Some("initial=&initial=true")).initial);
+    }
+
+    #[test]
+    fn only_the_initial_value_zero_reads_is_rewritten() {
+        let q = "taskID=t1&id=rm-1%2Fbackup-replicator-1234&mode=backup&watermark=0a&replicaVersion=01&initial=true";
+        assert_eq!(
+            suppress_initial(q),
+            "taskID=t1&id=rm-1%2Fbackup-replicator-1234&mode=backup&watermark=0a&replicaVersion=01&initial=false"
+        );
+        assert_eq!(suppress_initial("initial=true&id=x"), "initial=false&id=x");
+        assert_eq!(suppress_initial("initial=tru%65"), "initial=false");
+        assert_eq!(
+            suppress_initial("%69nitial=true&a=b"),
+            "%69nitial=false&a=b"
+        );
+        assert_eq!(
+            suppress_initial("&&initial=true&&initial=true"),
+            "&&initial=false&&initial=true"
+        );
+        for unchanged in [
+            "",
+            "id=x",
+            "initial=false",
+            "initial=",
+            "initial",
+            "initial=TRUE",
+            "initial=true1",
+            "initial=&initial=true",
+            "initials=true",
+            "x=initial%3Dtrue",
+        ] {
+            assert!(
+                matches!(suppress_initial(unchanged), Cow::Borrowed(s) if s == unchanged),
+                "{unchanged}"
+            );
+        }
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! - `GET /` — liveness: 200 `OK` whenever the process serves requests.
 //! - `GET /keepalive` — readiness: 200 `OK` when every readiness condition holds, else 503 naming what is missing.
 //! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::reservations`]).
-//! - `GET /replication/v{N}/changes?…` — the change-stream relay (not served yet: 503 before the upgrade).
+//! - `GET /replication/v{N}/changes?…` — the change-stream relay ([`crate::relay`]), v1 to v6.
 //!
 //! Requests Zero would reject are refused with HTTP 400 *before* the upgrade, with Zero's own message as the body:
 //! a 0.20 view-syncer whose snapshot socket is accepted and then closed without a status waits forever
-//! (PROTOCOL.md W9), while a refused upgrade makes it fail and restart.
+//! (PROTOCOL.md W9), while a refused upgrade makes it fail and restart. Likewise a subscription is answered only
+//! once its upstream WebSocket is open; if it cannot be opened the subscriber gets HTTP 502, which makes Zero's
+//! client back off instead of reconnecting every 25 ms (W10).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -27,6 +29,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, info_span, warn, Instrument};
 
 use crate::protocol::{self, Route};
+use crate::relay::{self, RelayContext};
 use crate::reservations::{self, SnapshotContext};
 
 /// A client that has not sent its request head within this time is dropped (slow-loris protection).
@@ -79,6 +82,7 @@ impl Readiness {
 /// State every request handler reads.
 pub struct Shared {
     pub snapshot: SnapshotContext,
+    pub relay: RelayContext,
     pub readiness: Readiness,
     pub shutdown: CancellationToken,
     pub tracker: TaskTracker,
@@ -114,7 +118,7 @@ async fn serve_connection(stream: tokio::net::TcpStream, peer: SocketAddr, share
         let shared = shared.clone();
         hyper::service::service_fn(move |req| {
             let shared = shared.clone();
-            async move { Ok::<_, Infallible>(handle(req, peer, &shared)) }
+            async move { Ok::<_, Infallible>(handle(req, peer, &shared).await) }
         })
     };
     let conn = hyper::server::conn::http1::Builder::new()
@@ -135,7 +139,7 @@ async fn serve_connection(stream: tokio::net::TcpStream, peer: SocketAddr, share
     }
 }
 
-fn handle(
+async fn handle(
     mut req: Request<Incoming>,
     peer: SocketAddr,
     shared: &Arc<Shared>,
@@ -198,11 +202,70 @@ fn handle(
             );
             response.map(|_| Full::default())
         }
-        Route::Changes(_) => plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the changes relay is not available on this sidecar\n",
-        ),
+        Route::Changes(version) => handle_changes(req, version, peer, shared).await,
     }
+}
+
+/// Opens the upstream WebSocket first, inside the request, so that a subscription the sidecar cannot relay is
+/// refused before the subscriber's upgrade completes.
+async fn handle_changes(
+    mut req: Request<Incoming>,
+    version: protocol::Version,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+) -> Response<Full<Bytes>> {
+    if let Err(message) = protocol::check_changes(&version) {
+        debug!(%message, "subscription refused");
+        return plain(StatusCode::BAD_REQUEST, message);
+    }
+    if shared.shutdown.is_cancelled() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    let (response, upgrade) = match fastwebsockets::upgrade::upgrade(&mut req) {
+        Ok(pair) => pair,
+        Err(err) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("bad WebSocket upgrade: {err}\n"),
+            )
+        }
+    };
+    let ctx = shared.relay.clone();
+    let settings = &ctx.settings;
+    let query = req.uri().query();
+    let subscription = protocol::parse_subscriber_context(query);
+    let target = relay::upstream_target(
+        req.uri().path(),
+        query,
+        settings.relay.suppress_upstream_cleanup,
+    );
+    let span = info_span!("relay", %peer, upstream = %settings.upstream.address);
+    let upstream = match relay::connect(&settings.upstream, &target)
+        .instrument(span.clone())
+        .await
+    {
+        Ok(upstream) => upstream,
+        Err(err) => {
+            span.in_scope(|| warn!(error = %err, "subscription refused: upstream unavailable"));
+            return plain(err.status(), format!("{err}\n"));
+        }
+    };
+    if shared.shutdown.is_cancelled() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    shared.tracker.spawn(
+        async move {
+            match upgrade.await {
+                Ok(ws) => {
+                    relay::handle_changes(ctx, subscription, ws, upstream).await;
+                }
+                // The upstream socket is dropped with the task: Zero sees the subscriber leave.
+                Err(err) => debug!(error = %err, "upgrade failed"),
+            }
+        }
+        .instrument(span),
+    );
+    response.map(|_| Full::default())
 }
 
 fn plain(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

@@ -1,19 +1,26 @@
 //! WebSocket plumbing shared by the snapshot and relay handlers: a cancel-safe way to read frames, message
-//! assembly under a size limit, ping liveness, the close code each protocol violation earns, and a polite close.
+//! assembly under a size limit, ping liveness, the close code each protocol violation earns, a polite close, and
+//! an outgoing frame queue with a cancel-safe flush.
 //!
 //! fastwebsockets' `read_frame` is not cancel-safe: dropping it mid-frame loses header bytes. So a read is a future
 //! that owns the read half and hands it back with the frame ([`next_frame`]); a handler keeps that one future
 //! pinned across `select!` iterations instead of re-creating it, and needs no extra task or channel per socket.
+//! Writing a frame is not cancel-safe either; a handler that must keep reading while a peer is slow to read queues
+//! frames in an [`Outbox`] and flushes it as one more `select!` branch.
 
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, Bytes, BytesMut};
 use fastwebsockets::{
-    Frame, OpCode, Payload, WebSocket, WebSocketError, WebSocketRead, WebSocketWrite,
+    Frame, OpCode, Payload, Role, WebSocket, WebSocketError, WebSocketRead, WebSocketWrite,
 };
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::io::{ReadHalf, WriteHalf};
+use tokio::io::{AsyncWrite, ReadHalf, WriteHalf};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::protocol::close;
@@ -23,7 +30,7 @@ pub type Reader<S = Io> = WebSocketRead<ReadHalf<S>>;
 pub type Writer<S = Io> = WebSocketWrite<WriteHalf<S>>;
 
 /// How long a closing side waits for the peer's close frame before dropping the connection.
-const CLOSE_LINGER: Duration = Duration::from_secs(2);
+pub const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
 /// A frame whose payload no longer borrows the reader.
 #[derive(Debug)]
@@ -44,6 +51,20 @@ where
     // The crate refuses frames of `limit` bytes or more; the sidecar's limit is inclusive.
     ws.set_max_message_size(max_message_bytes.saturating_add(1));
     ws.split(tokio::io::split)
+}
+
+/// Splits a freshly opened socket into a frame reader and the raw write half, for a handler that writes through
+/// an [`Outbox`]. `role` is this side's role on the socket (a server unmasks what it reads).
+pub fn split_raw<S>(stream: S, role: Role, max_message_bytes: usize) -> (Reader<S>, WriteHalf<S>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (read, write) = tokio::io::split(stream);
+    let (mut reader, _) = fastwebsockets::after_handshake_split(read, tokio::io::sink(), role);
+    reader.set_auto_pong(false);
+    reader.set_auto_close(false);
+    reader.set_max_message_size(max_message_bytes.saturating_add(1));
+    (reader, write)
 }
 
 /// Reads one frame, returning the reader with it so the caller can start the next read.
@@ -110,8 +131,14 @@ pub enum PeerClose {
     Invalid(CloseWith),
 }
 
-/// Validates a received close frame (RFC 6455 §5.5.1, §7.4).
+/// Validates a received close frame (RFC 6455 §5.5, §5.5.1, §7.4).
 pub fn read_close(payload: BytesMut) -> PeerClose {
+    if payload.len() > 125 {
+        return PeerClose::Invalid(CloseWith::new(
+            close::PROTOCOL_ERROR,
+            "control frame too long",
+        ));
+    }
     match payload.len() {
         0 => PeerClose::Valid {
             code: None,
@@ -211,6 +238,166 @@ fn finish(opcode: OpCode, payload: BytesMut) -> Result<Assembled, CloseWith> {
         return Err(CloseWith::new(close::INVALID_PAYLOAD, "invalid UTF-8"));
     }
     Ok(Assembled::Message(opcode, payload))
+}
+
+/// Payloads up to this size are copied next to their header so that many small frames leave in one write; larger
+/// ones are queued as they are and written with `writev`, never copied.
+const COPY_MAX: usize = 4096;
+/// Slices handed to one `writev` call.
+const MAX_SLICES: usize = 64;
+/// An idle outbox keeps at most this much buffer capacity; a burst's larger buffer is given back.
+const IDLE_CAPACITY: usize = 4096;
+
+/// Frames queued for one socket, in order, written by [`Outbox::flush`]. Queuing never blocks and flushing is
+/// cancel-safe (a partly written frame stays queued and is finished by the next flush), so a handler can flush as
+/// one `select!` branch while it keeps reading. The outbox does not limit itself: the caller stops queuing data
+/// (stops reading its source) while [`Outbox::len`] is at its limit, and control frames are small.
+pub struct Outbox {
+    /// A client masks every frame it sends; a server sends them as they are.
+    mask: bool,
+    /// Frames ready to write, oldest first; the first may be partly written already.
+    chunks: VecDeque<Bytes>,
+    /// Small frames gathered after `chunks`.
+    tail: BytesMut,
+    len: usize,
+    closed: bool,
+}
+
+impl Outbox {
+    /// `role` is this side's role on the socket.
+    pub fn new(role: Role) -> Self {
+        Self {
+            mask: role == Role::Client,
+            chunks: VecDeque::new(),
+            tail: BytesMut::new(),
+            len: 0,
+            closed: false,
+        }
+    }
+
+    /// Bytes queued and not yet written.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True once a close frame is queued: nothing is queued after it.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Queues one frame as given (fragments keep their `fin` and opcode). Ignored after a close.
+    pub fn push(&mut self, fin: bool, opcode: OpCode, payload: BytesMut) {
+        if self.closed {
+            return;
+        }
+        if opcode == OpCode::Close {
+            self.closed = true;
+        }
+        let mut frame = Frame::new(fin, opcode, None, Payload::Bytes(payload));
+        if self.mask {
+            // A fresh random key, applied in place: the payload is ours.
+            frame.mask();
+        }
+        let mut head = [0u8; 14];
+        let head_len = frame.fmt_head(&mut head);
+        let Payload::Bytes(payload) = frame.payload else {
+            unreachable!("the payload stays the BytesMut it was built from");
+        };
+        self.len += head_len + payload.len();
+        if payload.len() <= COPY_MAX {
+            self.tail.extend_from_slice(&head[..head_len]);
+            self.tail.extend_from_slice(&payload);
+        } else {
+            if !self.tail.is_empty() {
+                self.chunks.push_back(self.tail.split().freeze());
+            }
+            self.chunks
+                .push_back(Bytes::copy_from_slice(&head[..head_len]));
+            self.chunks.push_back(payload.freeze());
+        }
+    }
+
+    /// Queues a control frame with a copy of `payload` (at most 125 bytes by the protocol).
+    pub fn push_control(&mut self, opcode: OpCode, payload: &[u8]) {
+        self.push(true, opcode, BytesMut::from(payload));
+    }
+
+    /// Queues a close frame: `None` sends one without a status code (the peer reports 1005).
+    pub fn push_close(&mut self, with: Option<&CloseWith>) {
+        let mut payload = BytesMut::new();
+        if let Some(with) = with {
+            payload.extend_from_slice(&with.code.to_be_bytes());
+            payload.extend_from_slice(crate::protocol::close_reason(&with.reason).as_bytes());
+        }
+        self.push(true, OpCode::Close, payload);
+    }
+
+    /// Writes everything queued. Cancel-safe: progress is kept in the outbox.
+    pub async fn flush<W: AsyncWrite + Unpin>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_flush(cx, writer)).await
+    }
+
+    fn poll_flush<W: AsyncWrite + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        writer: &mut W,
+    ) -> Poll<std::io::Result<()>> {
+        while self.len > 0 {
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let mut count = 0;
+            for chunk in self.chunks.iter().take(MAX_SLICES - 1) {
+                slices[count] = IoSlice::new(chunk);
+                count += 1;
+            }
+            if count < MAX_SLICES - 1 && !self.tail.is_empty() {
+                slices[count] = IoSlice::new(&self.tail);
+                count += 1;
+            }
+            let written = ready!(Pin::new(&mut *writer).poll_write_vectored(cx, &slices[..count]))?;
+            if written == 0 {
+                return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+            }
+            self.consume(written);
+        }
+        if self.tail.capacity() > IDLE_CAPACITY {
+            self.tail = BytesMut::new();
+        }
+        Pin::new(writer).poll_flush(cx)
+    }
+
+    fn consume(&mut self, mut written: usize) {
+        self.len -= written;
+        while written > 0 {
+            match self.chunks.front_mut() {
+                Some(chunk) if chunk.len() <= written => {
+                    written -= chunk.len();
+                    self.chunks.pop_front();
+                }
+                Some(chunk) => {
+                    chunk.advance(written);
+                    return;
+                }
+                None => {
+                    self.tail.advance(written);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("mask", &self.mask)
+            .field("len", &self.len)
+            .field("closed", &self.closed)
+            .finish()
+    }
 }
 
 /// Ping-based liveness for a socket this side serves: a ping every `interval`; a peer that sent nothing (pong or
@@ -372,6 +559,12 @@ mod tests {
             read_close(bad_reason),
             PeerClose::Invalid(CloseWith { code: 1007, .. })
         ));
+        let mut long = BytesMut::from(&1000u16.to_be_bytes()[..]);
+        long.extend_from_slice(&[b'x'; 124]);
+        assert!(matches!(
+            read_close(long),
+            PeerClose::Invalid(CloseWith { code: 1002, .. })
+        ));
         assert!(matches!(
             read_close(BytesMut::from(&4000u16.to_be_bytes()[..])),
             PeerClose::Valid {
@@ -379,6 +572,166 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A writer that takes at most `step` bytes per call and is not ready every other call.
+    struct Trickle {
+        out: Vec<u8>,
+        step: usize,
+        ready: bool,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.ready = !self.ready;
+            if !self.ready {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let n = buf.len().min(self.step);
+            self.out.extend_from_slice(&buf[..n]);
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A written frame parsed back: fin, opcode, mask, unmasked payload.
+    type Parsed = (bool, u8, Option<[u8; 4]>, Vec<u8>);
+
+    fn parse(mut bytes: &[u8]) -> Vec<Parsed> {
+        let mut frames = Vec::new();
+        while !bytes.is_empty() {
+            let fin = bytes[0] & 0x80 != 0;
+            let opcode = bytes[0] & 0x0f;
+            let masked = bytes[1] & 0x80 != 0;
+            let (len, mut at) = match bytes[1] & 0x7f {
+                126 => (u16::from_be_bytes([bytes[2], bytes[3]]) as usize, 4),
+                127 => (
+                    u64::from_be_bytes(bytes[2..10].try_into().unwrap()) as usize,
+                    10,
+                ),
+                n => (n as usize, 2),
+            };
+            let mask = masked.then(|| {
+                let key: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+                at += 4;
+                key
+            });
+            let mut payload = bytes[at..at + len].to_vec();
+            if let Some(key) = mask {
+                fastwebsockets::unmask(&mut payload, key);
+            }
+            frames.push((fin, opcode, mask, payload));
+            bytes = &bytes[at + len..];
+        }
+        frames
+    }
+
+    fn queue_mixed(outbox: &mut Outbox, big: &[u8]) {
+        outbox.push(true, OpCode::Text, BytesMut::from(&b"abc"[..]));
+        outbox.push(false, OpCode::Text, BytesMut::from(big));
+        outbox.push_control(OpCode::Ping, b"p");
+        outbox.push(true, OpCode::Continuation, BytesMut::from(&b"tail"[..]));
+        outbox.push(true, OpCode::Binary, BytesMut::from(&vec![7u8; 70_000][..]));
+        outbox.push_close(Some(&CloseWith::new(1002, "Error: no")));
+        // Nothing is queued after a close.
+        outbox.push(true, OpCode::Text, BytesMut::from(&b"late"[..]));
+    }
+
+    #[tokio::test]
+    async fn outbox_writes_frames_in_order_through_partial_writes() {
+        let big: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let mut outbox = Outbox::new(Role::Server);
+        queue_mixed(&mut outbox, &big);
+        assert!(outbox.is_closed());
+        let queued = outbox.len();
+        let mut writer = Trickle {
+            out: Vec::new(),
+            step: 7,
+            ready: false,
+        };
+        outbox.flush(&mut writer).await.unwrap();
+        assert!(outbox.is_empty());
+        assert_eq!(writer.out.len(), queued);
+        let frames = parse(&writer.out);
+        let mut close = 1002u16.to_be_bytes().to_vec();
+        close.extend_from_slice(b"Error: no");
+        assert_eq!(
+            frames,
+            vec![
+                (true, 0x1, None, b"abc".to_vec()),
+                (false, 0x1, None, big.clone()),
+                (true, 0x9, None, b"p".to_vec()),
+                (true, 0x0, None, b"tail".to_vec()),
+                (true, 0x2, None, vec![7u8; 70_000]),
+                (true, 0x8, None, close),
+            ]
+        );
+        assert_eq!(&writer.out[..5], b"\x81\x03abc");
+    }
+
+    #[tokio::test]
+    async fn a_client_outbox_masks_every_frame() {
+        let big = vec![b'x'; 5000];
+        let mut outbox = Outbox::new(Role::Client);
+        queue_mixed(&mut outbox, &big);
+        let mut out = Vec::new();
+        outbox.flush(&mut out).await.unwrap();
+        let frames = parse(&out);
+        assert_eq!(frames.len(), 6);
+        assert!(frames.iter().all(|f| f.2.is_some()));
+        assert_eq!(frames[0].3, b"abc");
+        assert_eq!(frames[1].3, big);
+        assert_eq!(frames[4].3, vec![7u8; 70_000]);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_flush_resumes_where_it_stopped() {
+        let mut outbox = Outbox::new(Role::Server);
+        for i in 0..100u8 {
+            outbox.push(
+                true,
+                OpCode::Text,
+                BytesMut::from(&[b'a' + i % 26; 300][..]),
+            );
+        }
+        let total = outbox.len();
+        let mut writer = Trickle {
+            out: Vec::new(),
+            step: 1000,
+            ready: false,
+        };
+        // Poll a flush once, five times over, dropping it each time.
+        for _ in 0..5 {
+            let mut flush = std::pin::pin!(outbox.flush(&mut writer));
+            let _ = std::future::poll_fn(|cx| {
+                Poll::Ready(std::future::Future::poll(flush.as_mut(), cx))
+            })
+            .await;
+        }
+        assert!(
+            !writer.out.is_empty() && writer.out.len() < total,
+            "{} of {total}",
+            writer.out.len()
+        );
+        outbox.flush(&mut writer).await.unwrap();
+        let frames = parse(&writer.out);
+        assert_eq!(frames.len(), 100);
+        assert!(frames
+            .iter()
+            .enumerate()
+            .all(|(i, f)| f.3 == vec![b'a' + (i as u8) % 26; 300]));
     }
 
     #[test]

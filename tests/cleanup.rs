@@ -5,14 +5,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::pg::TestDb;
+use common::pg::TestSchema;
 use common::*;
 use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::subscribers::SubscriberInfo;
 
 /// Fast checks; the 30 s minimum delay is satisfied by backup times in the past and a start time moved back.
 fn cleanup_config(
-    db: &TestDb,
+    db: &TestSchema,
     litestream: &MetricsServer,
     extra: &str,
 ) -> litestream_sidecar::Config {
@@ -33,10 +33,10 @@ fn subscriber(id: &str, watermark: &str) -> SubscriberInfo {
     }
 }
 
-async fn seeded() -> TestDb {
-    let db = TestDb::create(5).await;
+async fn seeded() -> TestSchema {
+    let db = TestSchema::create(Some(5), None).await;
     for w in ["0a", "0b", "0c", "0d", "0e"] {
-        db.insert_tx(w, 2).await;
+        db.insert_transaction(w, 2).await;
     }
     db
 }
@@ -64,7 +64,7 @@ async fn purges_below_the_aged_backup_that_every_subscriber_has_passed() {
         db.watermarks().await == ["0c", "0d", "0e"]
     })
     .await;
-    assert_eq!(db.rows().await, 12);
+    assert_eq!(db.rows().await.len(), 12);
     assert_eq!(sidecar.status.get().last_purged.as_deref(), Some("0c"));
     // Nothing newer is backed up: the next checks hold with nothing new to purge.
     assert_eq!(
@@ -141,8 +141,8 @@ async fn nothing_is_purged_without_a_subscriber_or_with_a_young_backup() {
         decisions(&sidecar2, 2).await,
         Decision::Hold(HoldReason::BackupTooRecent)
     );
-    assert_eq!(db.rows().await, 20);
-    assert_eq!(db2.rows().await, 20);
+    assert_eq!(db.rows().await.len(), 20);
+    assert_eq!(db2.rows().await.len(), 20);
     sidecar.stop().await;
     sidecar2.stop().await;
 }
@@ -157,7 +157,7 @@ async fn a_fresh_start_waits_for_the_cleanup_delay() {
         decisions(&sidecar, 2).await,
         Decision::Hold(HoldReason::StartingUp)
     );
-    assert_eq!(db.rows().await, 20);
+    assert_eq!(db.rows().await.len(), 20);
     sidecar.stop().await;
 }
 
@@ -258,13 +258,13 @@ async fn bad_metrics_pages_and_a_dead_litestream_never_purge() {
         Decision::Hold(HoldReason::NoBackup)
     );
     assert!(sidecar.status.get().scrape_errors >= 3);
-    assert_eq!(db.rows().await, 20);
+    assert_eq!(db.rows().await.len(), 20);
     sidecar.stop().await;
 }
 
 #[tokio::test]
 async fn a_change_db_without_zeros_schema_is_waited_for() {
-    let db = TestDb::empty().await;
+    let db = TestSchema::empty().await;
     let old = epoch_now() - 120.0;
     let litestream = MetricsServer::start(&progress_page(&[("0c", old)])).await;
     let sidecar = start_aged(
@@ -276,9 +276,9 @@ async fn a_change_db_without_zeros_schema_is_waited_for() {
     decisions(&sidecar, 2).await;
     assert!(sidecar.status.get().last_purged.is_none());
     // Zero initialises the schema: the sidecar picks it up without a restart.
-    db.create_tables(5).await;
+    db.create_tables(Some(5), None).await;
     for w in ["0a", "0b", "0c", "0d"] {
-        db.insert_tx(w, 1).await;
+        db.insert_transaction(w, 1).await;
     }
     eventually_async("purge below 0c", || async {
         db.watermarks().await == ["0c", "0d"]
@@ -302,14 +302,15 @@ async fn a_subscriber_still_at_the_replica_version_holds_cleanup() {
         decisions(&sidecar, 2).await,
         Decision::Hold(HoldReason::SubscriberAtReplicaVersion)
     );
-    assert_eq!(db.rows().await, 20);
+    assert_eq!(db.rows().await.len(), 20);
     sidecar.stop().await;
 }
 
 #[tokio::test]
 async fn a_departed_subscriber_holds_cleanup_for_the_reconnect_grace() {
     let db = seeded().await;
-    let litestream = MetricsServer::start(&progress_page(&[("0d", epoch_now() - 120.0)])).await;
+    let old = epoch_now() - 120.0;
+    let litestream = MetricsServer::start(&progress_page(&[("0b", old), ("0d", old)])).await;
     let sidecar = start_aged(
         cleanup_config(&db, &litestream, ""),
         Duration::from_secs(60),
@@ -347,6 +348,6 @@ async fn cleanup_disabled_decides_but_never_deletes() {
             before: "0d".into()
         }
     );
-    assert_eq!(db.rows().await, 20);
+    assert_eq!(db.rows().await.len(), 20);
     sidecar.stop().await;
 }

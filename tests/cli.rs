@@ -257,6 +257,7 @@ fn systemd_unit_verifies() {
         "ExecStart=/usr/local/bin/litestream-sidecar --config /etc/litestream-sidecar/sidecar.toml"
     ));
     assert!(unit.contains("RestartPreventExitStatus=78"));
+    assert!(unit.contains("Type=notify") && unit.contains("WatchdogSec="));
     let dir = tempfile::tempdir().unwrap();
     let copy = write(
         dir.path(),
@@ -272,5 +273,63 @@ fn systemd_unit_verifies() {
     assert!(
         stderr.trim().is_empty(),
         "systemd-analyze complained:\n{stderr}"
+    );
+}
+
+/// systemd's notify protocol, read off a socket the test owns as systemd would.
+#[test]
+fn systemd_notify_ready_watchdog_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let path = write(
+        dir.path(),
+        "sidecar.toml",
+        "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
+         [discovery]\nmode = \"off\"\n[change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n",
+    );
+    let mut child = Command::new(BIN)
+        .args(["--config", &path])
+        .env_clear()
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "200000")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut received = Vec::new();
+    let next = || {
+        let mut buf = [0u8; 4096];
+        let n = socket.recv(&mut buf).expect("a datagram within 10s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let first = next();
+    assert!(first.starts_with("READY=1\n"), "{first}");
+    // Watchdog keep-alives at half of WatchdogSec, and STATUS= saying what readiness waits for.
+    let mut watchdogs = 0;
+    let mut saw_waiting = false;
+    while watchdogs < 3 || !saw_waiting {
+        let message = next();
+        watchdogs += message.lines().filter(|l| *l == "WATCHDOG=1").count();
+        saw_waiting |= message.contains("STATUS=waiting: change DB");
+        received.push(message);
+    }
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    loop {
+        let message = next();
+        if message.contains("STOPPING=1") {
+            break;
+        }
+        received.push(message);
+    }
+    assert_eq!(
+        wait_with_timeout(&mut child, Duration::from_secs(10)),
+        Some(0),
+        "{received:?}"
     );
 }

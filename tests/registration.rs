@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::pg::TestDb;
+use common::pg::{self, TestSchema};
 use common::*;
 use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::discovery::Registration;
@@ -13,7 +13,7 @@ use litestream_sidecar::subscribers::SubscriberInfo;
 
 const OURS: &str = "127.0.0.1:4851";
 
-fn discovery_config(db: &TestDb, mode: &str, extra: &str) -> litestream_sidecar::Config {
+fn discovery_config(db: &TestSchema, mode: &str, extra: &str) -> litestream_sidecar::Config {
     config(&format!(
         "{}[discovery]\nmode = \"{mode}\"\nadvertise_address = \"{OURS}\"\ninterval = \"100ms\"\n{extra}",
         db.config()
@@ -26,7 +26,7 @@ async fn registration(sidecar: &Sidecar) -> Option<Registration> {
 
 #[tokio::test]
 async fn verify_reports_registered_elsewhere_missing_and_prefixed_addresses() {
-    let db = TestDb::create(5).await;
+    let db = TestSchema::create(Some(5), None).await;
     let sidecar = start(discovery_config(&db, "verify", "")).await;
     eventually_async("unregistered (NULL)", || async {
         registration(&sidecar).await == Some(Registration::Unregistered)
@@ -61,7 +61,7 @@ async fn verify_reports_registered_elsewhere_missing_and_prefixed_addresses() {
     // A missing row (a resync truncated the tables) is waited out.
     db.client
         .execute(
-            &format!(r#"DELETE FROM {}."replicationState""#, db.schema()),
+            &format!("DELETE FROM {}", db.table("replicationState")),
             &[],
         )
         .await
@@ -75,23 +75,26 @@ async fn verify_reports_registered_elsewhere_missing_and_prefixed_addresses() {
 
 #[tokio::test]
 async fn verify_never_writes_the_row() {
-    let db = TestDb::create(6).await;
+    let db = TestSchema::create(Some(6), None).await;
     db.set_owner_address(Some("127.0.0.1:4849")).await;
-    let before = db.state_xmin().await;
+    let before = db.replication_state().await.2;
     let sidecar = start(discovery_config(&db, "verify", "")).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(db.state_xmin().await, before);
-    assert_eq!(db.owner_address().await.as_deref(), Some("127.0.0.1:4849"));
+    assert_eq!(db.replication_state().await.2, before);
+    assert_eq!(
+        db.replication_state().await.0.as_deref(),
+        Some("127.0.0.1:4849")
+    );
     sidecar.stop().await;
 }
 
 #[tokio::test]
 async fn keepalive_needs_the_change_db_even_with_discovery_off() {
-    let db = TestDb::empty().await;
+    let db = TestSchema::empty().await;
     let sidecar = start(discovery_config(&db, "off", "")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(http(sidecar.addr, "GET", "/keepalive").await.0, 503);
-    db.create_tables(5).await;
+    db.create_tables(Some(5), None).await;
     eventually_async("ready", || async {
         http(sidecar.addr, "GET", "/keepalive").await.0 == 200
     })
@@ -111,9 +114,9 @@ fn subscriber(watermark: &str) -> SubscriberInfo {
 
 #[tokio::test]
 async fn no_purge_while_not_registered_or_registered_too_recently() {
-    let db = TestDb::create(5).await;
+    let db = TestSchema::create(Some(5), None).await;
     for w in ["0a", "0b", "0c"] {
-        db.insert_tx(w, 1).await;
+        db.insert_transaction(w, 1).await;
     }
     let litestream = MetricsServer::start(&progress_page(&[("0b", epoch_now() - 120.0)])).await;
     let extra = format!(
@@ -160,9 +163,9 @@ async fn no_purge_while_not_registered_or_registered_too_recently() {
 
 #[tokio::test]
 async fn the_purge_rechecks_ownership_and_deletes_nothing_once_the_address_moved() {
-    let db = TestDb::create(5).await;
+    let db = TestSchema::create(Some(5), None).await;
     for w in ["0a", "0b", "0c"] {
-        db.insert_tx(w, 1).await;
+        db.insert_transaction(w, 1).await;
     }
     db.set_owner_address(Some("10.1.1.1:4849")).await;
     let change_db = litestream_sidecar::change_db::ChangeDb::start(
@@ -186,17 +189,18 @@ async fn the_purge_rechecks_ownership_and_deletes_nothing_once_the_address_moved
     assert_eq!(db.watermarks().await, ["0c"]);
 }
 
-const V4_STATUS: &str = r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica","replicaVersion":"01","minWatermark":"#;
+/// The v4 status up to `minWatermark`'s value; the test schema's replica version is `lexi(1000)` = `1rs`.
+const V4_STATUS: &str = r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica","replicaVersion":"1rs","minWatermark":"#;
 
 #[tokio::test]
 async fn v4_status_carries_replica_version_and_min_watermark_and_v3_keeps_its_shape() {
-    let db = TestDb::create(5).await;
+    let db = TestSchema::create(Some(5), None).await;
     let sidecar = start(discovery_config(&db, "off", "")).await;
     // An empty change log: catch-up can start from the replica version itself.
     let mut ws = connect(&sidecar.url("/replication/v4/snapshot?taskID=t4")).await;
-    assert_eq!(next_text(&mut ws).await, format!("{V4_STATUS}\"01\"}}]}}"));
+    assert_eq!(next_text(&mut ws).await, format!("{V4_STATUS}\"1rs\"}}]}}"));
     for w in ["0b", "0c"] {
-        db.insert_tx(w, 1).await;
+        db.insert_transaction(w, 1).await;
     }
     for version in 4..=6 {
         let mut ws = connect(&sidecar.url(&format!(
@@ -215,7 +219,7 @@ async fn v4_status_carries_replica_version_and_min_watermark_and_v3_keeps_its_sh
 
 #[tokio::test]
 async fn v4_status_is_held_back_with_pings_until_the_change_db_answers() {
-    let db = TestDb::empty().await;
+    let db = TestSchema::empty().await;
     let sidecar = start(discovery_config(
         &db,
         "off",
@@ -230,7 +234,7 @@ async fn v4_status_is_held_back_with_pings_until_the_change_db_answers() {
         raw.write_frame(true, 0xA, b"").await;
     }
     assert_eq!(sidecar.registry.len(), 1);
-    db.create_tables(5).await;
+    db.create_tables(Some(5), None).await;
     loop {
         let (opcode, payload) = raw.read_frame().await.unwrap();
         if opcode == 0x9 {
@@ -240,7 +244,7 @@ async fn v4_status_is_held_back_with_pings_until_the_change_db_answers() {
         assert_eq!(opcode, 0x1);
         assert_eq!(
             String::from_utf8(payload).unwrap(),
-            format!("{V4_STATUS}\"01\"}}]}}")
+            format!("{V4_STATUS}\"1rs\"}}]}}")
         );
         break;
     }
@@ -252,9 +256,9 @@ async fn v4_status_is_held_back_with_pings_until_the_change_db_answers() {
 /// address every 100 ms, purging — may make that commit fail with 40001.
 #[tokio::test]
 async fn verify_mode_never_aborts_zeros_serializable_storer() {
-    let db = TestDb::create(5).await;
+    let db = TestSchema::create(Some(5), None).await;
     for w in ["0a", "0b", "0c"] {
-        db.insert_tx(w, 1).await;
+        db.insert_transaction(w, 1).await;
     }
     db.set_owner_address(Some(OURS)).await;
     let litestream = MetricsServer::start(&progress_page(&[("0b", epoch_now() - 120.0)])).await;
@@ -262,13 +266,13 @@ async fn verify_mode_never_aborts_zeros_serializable_storer() {
         "[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nreconnect_grace = \"1s\"\n",
         litestream.url()
     );
-    let storer = common::pg::connect().await;
-    let s = db.schema();
+    let storer = pg::connect().await;
+    let (state, log) = (db.table("replicationState"), db.table("changeLog"));
     storer
         .batch_execute(&format!(
             r#"BEGIN ISOLATION LEVEL SERIALIZABLE;
-               SELECT * FROM {s}."replicationState";
-               INSERT INTO {s}."changeLog" (watermark, pos, change) VALUES ('0d', 0, '{{"tag":"begin"}}');"#
+               SELECT * FROM {state};
+               INSERT INTO {log} (watermark, pos, change) VALUES ('0d', 0, '{{"tag":"begin"}}');"#
         ))
         .await
         .unwrap();
@@ -286,12 +290,124 @@ async fn verify_mode_never_aborts_zeros_serializable_storer() {
 
     storer
         .batch_execute(&format!(
-            r#"INSERT INTO {s}."changeLog" (watermark, pos, change, precommit) VALUES ('0d', 1, '{{"tag":"commit"}}', '0d');
-               UPDATE {s}."replicationState" SET "lastWatermark" = '0d';
+            r#"INSERT INTO {log} (watermark, pos, change, precommit) VALUES ('0d', 1, '{{"tag":"commit"}}', '0d');
+               UPDATE {state} SET "lastWatermark" = '0d';
                COMMIT;"#
         ))
         .await
         .expect("the storer's transaction commits");
     assert_eq!(db.watermarks().await, ["0b", "0c", "0d"]);
     sidecar.stop().await;
+}
+
+const UPSTREAM: &str = "127.0.0.1:4849";
+
+fn adopt_config(db: &TestSchema) -> litestream_sidecar::Config {
+    discovery_config(
+        db,
+        "adopt",
+        &format!("[upstream]\naddress = \"{UPSTREAM}\"\nadvertised_address = \"{UPSTREAM}\"\n"),
+    )
+}
+
+#[tokio::test]
+async fn adopt_replaces_only_the_upstreams_address_on_row_lock_schemas() {
+    let db = TestSchema::create(Some(6), Some(UPSTREAM)).await;
+    let sidecar = start(adopt_config(&db)).await;
+    eventually_async("adopted", || async {
+        db.replication_state().await.0.as_deref() == Some(OURS)
+    })
+    .await;
+    let (_, owner, xmin) = db.replication_state().await;
+    assert_eq!(
+        owner.as_deref(),
+        Some("rm-task-1"),
+        "owner is never touched"
+    );
+    // Already registered: nothing is written (the row version stays the same).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(db.replication_state().await.2, xmin);
+
+    // The change-streamer restarts and writes its own address again: adopted again.
+    db.set_owner_address(Some(UPSTREAM)).await;
+    eventually_async("adopted again", || async {
+        db.replication_state().await.0.as_deref() == Some(OURS)
+    })
+    .await;
+
+    // A foreign address (another replication-manager took over) is left alone.
+    db.set_owner_address(Some("10.9.9.9:4849")).await;
+    let xmin = db.replication_state().await.2;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        db.replication_state().await,
+        (Some("10.9.9.9:4849".into()), Some("rm-task-1".into()), xmin)
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn adopt_refuses_to_write_on_zero_0_20_schemas() {
+    for data_version in [Some(5), None] {
+        let db = TestSchema::create(data_version, Some(UPSTREAM)).await;
+        let before = db.replication_state().await;
+        let sidecar = start(adopt_config(&db)).await;
+        eventually_async("read", || async {
+            registration(&sidecar).await == Some(Registration::Elsewhere(UPSTREAM.into()))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(db.replication_state().await, before, "{data_version:?}");
+        sidecar.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn adopt_puts_the_address_back_when_the_binary_gets_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let db = TestSchema::create(Some(6), Some(UPSTREAM)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sidecar.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "{}[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
+             [discovery]\nmode = \"adopt\"\nadvertise_address = \"{OURS}\"\ninterval = \"100ms\"\n\
+             [upstream]\naddress = \"{UPSTREAM}\"\n[log]\nformat = \"json\"\n",
+            db.config()
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_litestream-sidecar"))
+        .arg("--config")
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let logs = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    eventually_async("adopted", || async {
+        db.replication_state().await.0.as_deref() == Some(OURS)
+    })
+    .await;
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(db.replication_state().await.0.as_deref(), Some(UPSTREAM));
+    let logs = logs.join().unwrap();
+    assert!(
+        logs.iter().any(|l| l.contains("ownerAddress restored")),
+        "{logs:?}"
+    );
 }

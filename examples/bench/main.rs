@@ -1,17 +1,27 @@
 //! `make bench`: figures for the targets the issues set, measured on this machine in one run, printed as a table.
 //! Not a test: nothing here passes or fails, it reports (and flags a figure outside its target).
+//!
+//! Arguments name the sections to run (`cargo run --release --example bench -- purge`); none runs them all.
 
+mod purge;
 mod reservations;
 mod util;
 
 fn main() {
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let wanted = |section: &str| only.is_empty() || only.iter().any(|s| s == section);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let mut report = util::Report::default();
     runtime.block_on(async {
-        reservations::run(&mut report).await;
+        if wanted("reservations") {
+            reservations::run(&mut report).await;
+        }
+        if wanted("purge") {
+            purge::run(&mut report).await;
+        }
     });
     report.print();
 }

@@ -1,5 +1,5 @@
-//! Test harness: the real sidecar on 127.0.0.1:0, real WebSocket clients, and a raw-frame client for input no
-//! well-behaved library will send.
+//! Test harness: the real sidecar on 127.0.0.1:0, real WebSocket clients, a raw-frame client for input no
+//! well-behaved library will send, and a stand-in for Zero's change-streamer behind the relay.
 #![allow(dead_code)]
 
 pub mod pg;
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use litestream_sidecar::reservations::Registry;
+use litestream_sidecar::subscribers::Subscribers;
 use litestream_sidecar::{config, App, Config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -50,7 +51,7 @@ pub struct Sidecar {
     pub addr: SocketAddr,
     pub proxy_addr: SocketAddr,
     pub registry: Registry,
-    pub subscribers: litestream_sidecar::subscribers::Subscribers,
+    pub subscribers: Subscribers,
     pub status: litestream_sidecar::monitor::StatusHandle,
     pub discovery: litestream_sidecar::discovery::StateHandle,
     shutdown: CancellationToken,
@@ -143,20 +144,6 @@ pub async fn refused(url: &str) -> (u16, String) {
             (status, body)
         }
         Err(e) => panic!("{url}: unexpected error {e}"),
-    }
-}
-
-/// The next data or close message, skipping pings and pongs, with a hang guard.
-pub async fn next_message(ws: &mut Client) -> Option<Message> {
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(10), ws.next())
-            .await
-            .expect("no message within 10s");
-        match next {
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            Some(Ok(message)) => return Some(message),
-            Some(Err(_)) | None => return None,
-        }
     }
 }
 
@@ -457,4 +444,246 @@ pub fn epoch_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()
+}
+
+/// Limits for the stand-in upstream and test clients: above the sidecar's 128 MiB, so the sidecar's limit is
+/// the one tested.
+pub fn large_ws_config() -> WebSocketConfig {
+    let mut config = WebSocketConfig::default();
+    config.max_message_size = Some(256 << 20);
+    config.max_frame_size = Some(256 << 20);
+    config
+}
+
+/// A stand-in for Zero's change-streamer: accepts WebSocket upgrades on 127.0.0.1:0 and hands each connection,
+/// with the request target it was opened for, to the test, which plays Zero's part (see [`UpstreamConn`]).
+pub struct Upstream {
+    pub addr: SocketAddr,
+    conns: tokio::sync::mpsc::UnboundedReceiver<UpstreamConn>,
+    task: JoinHandle<()>,
+}
+
+pub type ServerSocket = tokio_tungstenite::WebSocketStream<TcpStream>;
+
+/// One subscription as the upstream sees it.
+pub struct UpstreamConn {
+    /// Path and query exactly as the sidecar sent them.
+    pub target: String,
+    pub ws: ServerSocket,
+}
+
+impl Upstream {
+    /// Accepts every upgrade.
+    pub async fn start() -> Upstream {
+        Self::start_with(None).await
+    }
+
+    /// Answers every upgrade with this HTTP status instead.
+    pub async fn refusing(status: u16) -> Upstream {
+        Self::start_with(Some(status)).await
+    }
+
+    async fn start_with(refuse: Option<u16>) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, conns) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let target = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+                    let seen = target.clone();
+                    // The callback's signature is tungstenite's.
+                    #[allow(clippy::result_large_err)]
+                    let callback = move |request: &tungstenite::handshake::server::Request,
+                                         response: tungstenite::handshake::server::Response| {
+                        *seen.lock().unwrap() = request.uri().to_string();
+                        match refuse {
+                            None => Ok(response),
+                            Some(status) => Err(tungstenite::http::Response::builder()
+                                .status(status)
+                                .body(Some("refused by the test upstream".to_string()))
+                                .unwrap()),
+                        }
+                    };
+                    let accepted = tokio_tungstenite::accept_hdr_async_with_config(
+                        stream,
+                        callback,
+                        Some(large_ws_config()),
+                    )
+                    .await;
+                    if let Ok(ws) = accepted {
+                        let target = target.lock().unwrap().clone();
+                        let _ = tx.send(UpstreamConn { target, ws });
+                    }
+                });
+            }
+        });
+        Upstream { addr, conns, task }
+    }
+
+    /// The config extra for a sidecar relaying to this upstream (keys of `[server]` may precede it).
+    pub fn config(&self, extra: &str) -> Config {
+        config(&format!(
+            "{extra}\n[upstream]\naddress = \"{}\"\n",
+            self.addr
+        ))
+    }
+
+    /// The next subscription that reached the upstream.
+    pub async fn accept(&mut self) -> UpstreamConn {
+        tokio::time::timeout(Duration::from_secs(10), self.conns.recv())
+            .await
+            .expect("no upstream connection within 10s")
+            .expect("upstream stopped")
+    }
+
+    /// True if no subscription reached the upstream within a short while.
+    pub async fn none_arrives(&mut self) -> bool {
+        tokio::time::timeout(Duration::from_millis(200), self.conns.recv())
+            .await
+            .is_err()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Zero 0.20's rejections of a subscription, checked in Zero's order (PROTOCOL.md §3.3): `Some((1002, reason))`.
+pub fn zero_rejection(target: &str) -> Option<(u16, String)> {
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let version = path
+        .strip_prefix("/replication/v")
+        .and_then(|rest| rest.strip_suffix("/changes"))
+        .and_then(|v| v.parse::<u64>().ok());
+    match version {
+        Some(v) if (1..=3).contains(&v) => {}
+        Some(v) => {
+            return Some((
+                1002,
+                format!(
+                "Error: Cannot service client at protocol v{v}. Supported protocols: [v1 ... v3]"
+            ),
+            ))
+        }
+        None => return Some((1002, format!("Error: invalid path: {path}"))),
+    }
+    for key in ["id", "replicaVersion", "watermark"] {
+        let value = url::form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        if value.is_empty() {
+            return Some((1002, format!("Error: invalid querystring - missing {key}")));
+        }
+    }
+    None
+}
+
+impl UpstreamConn {
+    /// A query parameter of the request as Zero reads it.
+    pub fn param(&self, key: &str) -> Option<String> {
+        let query = self.target.split_once('?').map(|(_, q)| q).unwrap_or("");
+        url::form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+    }
+
+    /// Plays Zero 0.20 accepting or rejecting the subscription: a rejection closes with 1002 and Zero's reason
+    /// and returns false.
+    pub async fn admit_like_zero(&mut self) -> bool {
+        match zero_rejection(&self.target) {
+            None => true,
+            Some((code, reason)) => {
+                self.close(Some(code), &reason).await;
+                false
+            }
+        }
+    }
+
+    /// Sends a message in Zero 0.20's msg-first frame form: `{"msg":<msg>,"id":<id>}`.
+    pub async fn send_msg(&mut self, id: u64, msg: &str) -> String {
+        let frame = format!(r#"{{"msg":{msg},"id":{id}}}"#);
+        self.send_text(&frame).await;
+        frame
+    }
+
+    pub async fn send_text(&mut self, text: &str) {
+        self.ws.send(Message::Text(text.into())).await.unwrap();
+    }
+
+    /// Closes with a code and reason, or with no code at all (`None`), as Zero does at the end of a stream.
+    pub async fn close(&mut self, code: Option<u16>, reason: &str) {
+        let frame = code.map(|code| tungstenite::protocol::CloseFrame {
+            code: CloseCode::from(code),
+            reason: reason.to_string().into(),
+        });
+        let _ = self.ws.close(frame).await;
+    }
+
+    /// The next data or close message from the sidecar, skipping pings and pongs.
+    pub async fn next_message(&mut self) -> Option<Message> {
+        next_message(&mut self.ws).await
+    }
+
+    pub async fn next_text(&mut self) -> String {
+        match self.next_message().await {
+            Some(Message::Text(text)) => text.to_string(),
+            other => panic!("expected a text frame upstream, got {other:?}"),
+        }
+    }
+
+    /// Reads the next message as Zero's server does: exactly `{"ack":N}`, or the test fails.
+    pub async fn next_ack(&mut self) -> u64 {
+        let text = self.next_text().await;
+        litestream_sidecar::protocol::decode_ack(text.as_bytes())
+            .unwrap_or_else(|e| panic!("{text:?} is not an ack: {e}"))
+    }
+
+    /// What the sidecar's close frame said, like [`expect_close`]; the answering close is sent at once.
+    pub async fn expect_close(&mut self) -> Option<(u16, String)> {
+        let close = match self.next_message().await {
+            Some(Message::Close(frame)) => frame.map(|f| (u16::from(f.code), f.reason.to_string())),
+            other => panic!("expected a close frame upstream, got {other:?}"),
+        };
+        let _ = self.ws.flush().await;
+        close
+    }
+}
+
+/// The next data or close message of any socket, skipping pings and pongs, with a hang guard.
+pub async fn next_message<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>) -> Option<Message>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("no message within 10s");
+        match next {
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(message)) => return Some(message),
+            Some(Err(_)) | None => return None,
+        }
+    }
+}
+
+/// A `/changes` path with a 0.20 client's query (PROTOCOL.md §6.2).
+pub fn changes_path(
+    version: u64,
+    task_id: &str,
+    id: &str,
+    watermark: &str,
+    initial: bool,
+) -> String {
+    format!(
+        "/replication/v{version}/changes?taskID={task_id}&id={id}&mode=serving&watermark={watermark}\
+         &replicaVersion=01&initial={initial}"
+    )
 }

@@ -1,172 +1,297 @@
-//! The change DB for tests: a schema per test in the PostgreSQL server `make test` starts
-//! (`SIDECAR_TEST_DATABASE_URL`), created with Zero 0.20's DDL (PROTOCOL.md §8.2).
+//! The real PostgreSQL of `SIDECAR_TEST_DATABASE_URL` (set by `scripts/with-postgres.sh`): a per-test change DB
+//! schema with Zero 0.20's DDL (PROTOCOL.md §8.2), realistic change-log rows, and a plain client for assertions.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use litestream_sidecar::change_db::{ChangeDb, Options};
+use litestream_sidecar::config::ZeroConfig;
 use tokio_postgres::{Client, NoTls};
+use tokio_util::sync::CancellationToken;
 
+pub const ENV: &str = "SIDECAR_TEST_DATABASE_URL";
+
+/// The test server's URL; panics with instructions when unset, so a missing server is never a silent pass.
 pub fn database_url() -> String {
-    std::env::var("SIDECAR_TEST_DATABASE_URL").expect(
-        "SIDECAR_TEST_DATABASE_URL is not set: run the tests with `make test`, which starts a throwaway \
-         PostgreSQL, or point it at a server you own",
-    )
+    std::env::var(ENV).unwrap_or_else(|_| {
+        panic!(
+            "{ENV} is not set: these tests need a real PostgreSQL. Run them as \
+             `scripts/with-postgres.sh cargo test` (or `make test`)."
+        )
+    })
 }
 
+pub fn pg_config() -> tokio_postgres::Config {
+    database_url()
+        .parse()
+        .expect("SIDECAR_TEST_DATABASE_URL is a connection string")
+}
+
+/// A plain client for setting up and inspecting tables, separate from the sidecar's.
 pub async fn connect() -> Client {
-    let (client, connection) = tokio_postgres::connect(&database_url(), NoTls)
+    connect_with(&pg_config()).await
+}
+
+pub async fn connect_with(config: &tokio_postgres::Config) -> Client {
+    let (client, connection) = config
+        .connect(NoTls)
         .await
-        .expect("connect to the test database");
-    tokio::spawn(connection);
+        .expect("connect to the test server");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
     client
 }
 
-/// One test's change DB: Zero's `"{app_id}_0/cdc"` schema with a unique app ID.
-pub struct TestDb {
-    pub client: Client,
-    pub app_id: String,
+/// An app ID no other test (or earlier run against the same server) uses.
+pub fn unique_app_id() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "t_{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        nanos
+    )
 }
 
-impl TestDb {
-    /// Creates the schema and tables; `data_version` fills `versionHistory` (5 for Zero 0.20, 6 for 0.26+).
-    pub async fn create(data_version: i32) -> TestDb {
-        let db = TestDb::empty().await;
-        db.create_tables(data_version).await;
-        db
+/// LexiVersion of `n` (PROTOCOL.md §2): base 36 with a length prefix, so byte order is numeric order.
+pub fn lexi(n: u64) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut digits = Vec::new();
+    let mut rest = n;
+    loop {
+        digits.push(DIGITS[(rest % 36) as usize]);
+        rest /= 36;
+        if rest == 0 {
+            break;
+        }
+    }
+    digits.push(DIGITS[digits.len() - 1]);
+    digits.reverse();
+    String::from_utf8(digits).unwrap()
+}
+
+/// One test's change DB schema `"{app_id}_0/cdc"`, dropped by [`TestSchema::drop`].
+pub struct TestSchema {
+    pub app_id: String,
+    pub schema: String,
+    pub client: Client,
+}
+
+impl TestSchema {
+    /// Creates the schema with Zero 0.20's tables and, when given, a `versionHistory` row with that data version.
+    /// The `replicationState` row names `owner_address`, as after `assumeOwnership`.
+    pub async fn create(data_version: Option<i32>, owner_address: Option<&str>) -> TestSchema {
+        let schema = TestSchema::empty().await;
+        schema.create_tables(data_version, owner_address).await;
+        schema
     }
 
-    /// A unique app ID whose schema does not exist yet (Zero not initialised).
-    pub async fn empty() -> TestDb {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let app_id = format!("t{}_{}", std::process::id(), n);
-        TestDb {
-            client: connect().await,
+    /// Only a name: nothing exists in the database yet.
+    pub async fn empty() -> TestSchema {
+        let app_id = unique_app_id();
+        TestSchema {
+            schema: format!("{app_id}_0/cdc"),
             app_id,
+            client: connect().await,
         }
     }
 
-    pub fn schema(&self) -> String {
-        format!("\"{}_0/cdc\"", self.app_id)
-    }
-
-    pub async fn create_tables(&self, data_version: i32) {
-        let s = self.schema();
+    pub async fn create_tables(&self, data_version: Option<i32>, owner_address: Option<&str>) {
+        let s = format!("\"{}\"", self.schema);
         self.client
             .batch_execute(&format!(
                 r#"
                 CREATE SCHEMA IF NOT EXISTS {s};
                 CREATE TABLE {s}."changeLog" (
-                  watermark TEXT, pos INT8, change JSON NOT NULL, precommit TEXT,
-                  PRIMARY KEY (watermark, pos));
+                  watermark  TEXT,
+                  pos        INT8,
+                  change     JSON NOT NULL,
+                  precommit  TEXT,
+                  PRIMARY KEY (watermark, pos)
+                );
                 CREATE TABLE {s}."replicationState" (
-                  "lastWatermark" TEXT NOT NULL, "owner" TEXT, "ownerAddress" TEXT,
-                  "lock" INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1));
+                  "lastWatermark" TEXT NOT NULL,
+                  "owner"         TEXT,
+                  "ownerAddress"  TEXT,
+                  "lock"          INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1)
+                );
                 CREATE TABLE {s}."replicationConfig" (
-                  "replicaVersion" TEXT NOT NULL, "publications" TEXT[] NOT NULL, "resetRequired" BOOL,
-                  "lock" INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1));
-                CREATE TABLE {s}."versionHistory" (
-                  "dataVersion" int NOT NULL, "schemaVersion" int NOT NULL, "minSafeVersion" INT NOT NULL,
-                  "lock" char(1) NOT NULL CONSTRAINT DF_schema_meta_lock DEFAULT 'v',
-                  CONSTRAINT PK_schema_meta_lock PRIMARY KEY (lock),
-                  CONSTRAINT CK_schema_meta_lock CHECK (lock='v'));
-                INSERT INTO {s}."versionHistory" ("dataVersion", "schemaVersion", "minSafeVersion")
-                  VALUES ({data_version}, {data_version}, 1);
-                INSERT INTO {s}."replicationConfig" ("replicaVersion", "publications") VALUES ('01', '{{}}');
-                INSERT INTO {s}."replicationState" ("lastWatermark", "owner", "ownerAddress")
-                  VALUES ('01', 'rm-task', NULL);
+                  "replicaVersion" TEXT NOT NULL,
+                  "publications"   TEXT[] NOT NULL,
+                  "resetRequired"  BOOL,
+                  "lock"           INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1)
+                );
                 "#
             ))
             .await
-            .expect("create Zero's change DB tables");
-    }
-
-    /// Stores one transaction as Zero's storer does: begin, `data` changes, commit, all at the commit watermark.
-    pub async fn insert_tx(&self, watermark: &str, data: usize) {
-        let s = self.schema();
-        let last = data as i64 + 1;
+            .expect("create the change DB tables");
+        let replica_version = lexi(1_000);
         self.client
             .execute(
                 &format!(
-                    r#"INSERT INTO {s}."changeLog" (watermark, pos, change, precommit)
-                       SELECT $1, p,
-                              CASE WHEN p = 0 THEN '{{"tag":"begin"}}'::json
-                                   WHEN p = $2::int8 THEN '{{"tag":"commit"}}'::json
-                                   ELSE json_build_object('tag', 'insert', 'new', json_build_object('id', p)) END,
-                              CASE WHEN p = $2::int8 THEN $1 END
-                       FROM generate_series(0::int8, $2::int8) AS p"#
+                    r#"INSERT INTO {s}."replicationConfig" ("replicaVersion", "publications")
+                       VALUES ($1, ARRAY['_zero_public_0', 'zero_data'])"#
                 ),
-                &[&watermark, &last],
+                &[&replica_version],
             )
             .await
-            .expect("insert a transaction");
+            .unwrap();
         self.client
             .execute(
-                &format!(r#"UPDATE {s}."replicationState" SET "lastWatermark" = $1"#),
-                &[&watermark],
+                &format!(
+                    r#"INSERT INTO {s}."replicationState" ("lastWatermark", "owner", "ownerAddress")
+                       VALUES ($1, 'rm-task-1', $2)"#
+                ),
+                &[&replica_version, &owner_address],
+            )
+            .await
+            .unwrap();
+        if let Some(version) = data_version {
+            self.client
+                .batch_execute(&format!(
+                    r#"
+                    CREATE TABLE {s}."versionHistory" (
+                      "dataVersion" int NOT NULL,
+                      "schemaVersion" int NOT NULL,
+                      "minSafeVersion" INT NOT NULL,
+                      lock char(1) NOT NULL DEFAULT 'v',
+                      CONSTRAINT "PK_schema_meta_lock" PRIMARY KEY (lock),
+                      CONSTRAINT "CK_schema_meta_lock" CHECK (lock='v')
+                    );
+                    INSERT INTO {s}."versionHistory" ("dataVersion", "schemaVersion", "minSafeVersion")
+                      VALUES ({version}, {version}, 1);
+                    "#
+                ))
+                .await
+                .unwrap();
+        }
+    }
+
+    pub fn zero(&self) -> ZeroConfig {
+        ZeroConfig {
+            app_id: self.app_id.clone(),
+            shard_num: 0,
+        }
+    }
+
+    /// `"{schema}"."{name}"`.
+    pub fn table(&self, name: &str) -> String {
+        format!("\"{}\".\"{name}\"", self.schema)
+    }
+
+    /// The sidecar's handle for this schema, with fast reconnects and an `application_name` unique to the test.
+    pub fn start(&self, config: tokio_postgres::Config) -> (ChangeDb, CancellationToken) {
+        let mut config = config;
+        config.application_name(self.application_name());
+        let shutdown = CancellationToken::new();
+        let db = ChangeDb::start(config, &self.zero(), fast_options(), shutdown.clone());
+        (db, shutdown)
+    }
+
+    /// [`TestSchema::start`] against the test server, waiting for the connection.
+    pub async fn connected(&self) -> (ChangeDb, CancellationToken) {
+        let (db, shutdown) = self.start(pg_config());
+        tokio::time::timeout(Duration::from_secs(10), db.ready())
+            .await
+            .expect("the sidecar connects to the test server");
+        (db, shutdown)
+    }
+
+    pub fn application_name(&self) -> String {
+        format!("sidecar-{}", self.app_id)
+    }
+
+    /// One upstream transaction as Zero's storer writes it: `begin`, `data_rows` inserts, `commit`, all at the
+    /// commit watermark (PROTOCOL.md §8.2).
+    pub async fn insert_transaction(&self, watermark: &str, data_rows: i64) {
+        let sql = format!(
+            r#"INSERT INTO {} (watermark, pos, change, precommit) VALUES ($1, $2, $3::text::json, $4)"#,
+            self.table("changeLog")
+        );
+        let statement = self.client.prepare(&sql).await.unwrap();
+        let begin = r#"{"tag":"begin","json":"p"}"#.to_string();
+        self.client
+            .execute(&statement, &[&watermark, &0i64, &begin, &None::<String>])
+            .await
+            .unwrap();
+        for pos in 1..=data_rows {
+            let change = format!(
+                r#"{{"tag":"insert","relation":{{"schema":"public","name":"issue","keyColumns":["id"],"replicaIdentity":"default"}},"new":{{"id":"iss-{watermark}-{pos}","title":"Row {pos} at {watermark}","open":true,"modified":1715000000000}}}}"#
+            );
+            self.client
+                .execute(&statement, &[&watermark, &pos, &change, &None::<String>])
+                .await
+                .unwrap();
+        }
+        let commit = r#"{"tag":"commit"}"#.to_string();
+        self.client
+            .execute(
+                &statement,
+                &[&watermark, &(data_rows + 1), &commit, &Some(watermark)],
             )
             .await
             .unwrap();
     }
 
-    /// The distinct watermarks left in the change log, in order.
-    pub async fn watermarks(&self) -> Vec<String> {
-        let s = self.schema();
+    /// Every `(watermark, pos)` left in the change log, in key order.
+    pub async fn rows(&self) -> Vec<(String, i64)> {
         self.client
             .query(
-                &format!(r#"SELECT DISTINCT watermark FROM {s}."changeLog" ORDER BY watermark"#),
+                &format!(
+                    "SELECT watermark, pos FROM {} ORDER BY watermark COLLATE \"C\", pos",
+                    self.table("changeLog")
+                ),
                 &[],
             )
             .await
             .unwrap()
             .iter()
-            .map(|row| row.get(0))
+            .map(|r| (r.get(0), r.get(1)))
             .collect()
     }
 
-    pub async fn rows(&self) -> i64 {
-        let s = self.schema();
-        self.client
-            .query_one(&format!(r#"SELECT count(*) FROM {s}."changeLog""#), &[])
+    /// `(ownerAddress, owner, xmin)` of the `replicationState` row; `xmin` changes with every new row version.
+    pub async fn replication_state(&self) -> (Option<String>, Option<String>, String) {
+        let row = self
+            .client
+            .query_one(
+                &format!(
+                    r#"SELECT "ownerAddress", "owner", xmin::text FROM {}"#,
+                    self.table("replicationState")
+                ),
+                &[],
+            )
             .await
-            .unwrap()
-            .get(0)
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
     }
 
     pub async fn set_owner_address(&self, address: Option<&str>) {
-        let s = self.schema();
         self.client
             .execute(
-                &format!(r#"UPDATE {s}."replicationState" SET "ownerAddress" = $1"#),
+                &format!(
+                    r#"UPDATE {} SET "ownerAddress" = $1"#,
+                    self.table("replicationState")
+                ),
                 &[&address],
             )
             .await
             .unwrap();
     }
 
-    pub async fn owner_address(&self) -> Option<String> {
-        let s = self.schema();
-        self.client
-            .query_opt(
-                &format!(r#"SELECT "ownerAddress" FROM {s}."replicationState""#),
-                &[],
-            )
-            .await
-            .unwrap()
-            .and_then(|row| row.get(0))
+    /// The distinct watermarks left in the change log, in byte order.
+    pub async fn watermarks(&self) -> Vec<String> {
+        let mut watermarks: Vec<String> = self.rows().await.into_iter().map(|(w, _)| w).collect();
+        watermarks.dedup();
+        watermarks
     }
 
-    /// The row version of the address row: unchanged when nothing wrote it.
-    pub async fn state_xmin(&self) -> String {
-        let s = self.schema();
-        self.client
-            .query_one(
-                &format!(r#"SELECT xmin::text FROM {s}."replicationState""#),
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0)
-    }
-
-    /// Config lines pointing the sidecar at this schema.
+    /// `sidecar.toml` lines pointing the sidecar at this schema on the test server.
     pub fn config(&self) -> String {
         format!(
             "[zero]\napp_id = \"{}\"\nshard_num = 0\n[change_db]\nurl = \"{}\"\n",
@@ -174,4 +299,32 @@ impl TestDb {
             database_url()
         )
     }
+
+    pub async fn drop(self) {
+        let _ = self
+            .client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                self.schema
+            ))
+            .await;
+    }
+}
+
+/// Reconnects within tens of milliseconds, so tests do not wait on production backoff.
+pub fn fast_options() -> Options {
+    Options {
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(200),
+        connect_timeout: Duration::from_secs(5),
+        lock_timeout: Duration::from_secs(5),
+    }
+}
+
+/// Rows `(watermark, pos)` of transactions at `watermarks` with `per_tx` rows each, in key order.
+pub fn expected_rows(watermarks: &[&str], per_tx: i64) -> Vec<(String, i64)> {
+    watermarks
+        .iter()
+        .flat_map(|w| (0..per_tx).map(move |pos| (w.to_string(), pos)))
+        .collect()
 }

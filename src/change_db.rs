@@ -1,0 +1,1100 @@
+//! The Zero change DB in PostgreSQL (PROTOCOL.md §8): one supervised connection, the reads the sidecar needs
+//! (discovery address, replica version, oldest watermark, schema version), the `ownerAddress` compare-and-set,
+//! and the batched, ownership-checked purge of `changeLog`.
+//!
+//! It holds no policy: which watermark may be purged, and when, is [`crate::cleanup`]'s decision; this module only
+//! carries it out safely.
+//!
+//! Safety rules, all from PROTOCOL.md:
+//! - Zero 0.20's storer runs each upstream transaction at SERIALIZABLE and treats a serialization failure as lost
+//!   ownership, which stops the replication-manager (§8.5, §11.1). So this module never UPDATEs or locks the
+//!   `replicationState` row except through [`ChangeDb::adopt_address`] / [`ChangeDb::restore_address`], whose single
+//!   statement matches no row (creates no row version) unless a change is needed, and it never touches `owner`.
+//! - A purge runs in bounded batches, each its own transaction that first re-reads `ownerAddress` with a plain
+//!   SELECT, then takes the head row with `FOR UPDATE NOWAIT` (a newer RM holds `FOR SHARE` on it while it takes over,
+//!   §12), and never deletes rows at the newest watermark in the table (W8a).
+//! - Watermarks compare as bytes (§2). Zero's DDL leaves `watermark` in the database's default collation, and
+//!   most collations (`C`, `en_US`, ICU root) order LexiVersions' `[0-9a-z]` as bytes, so the statements use the
+//!   column's collation and the primary-key index serves them. Some do not (Danish puts "aa" after "z", Estonian
+//!   "z" before "t"): once per connection the column's collation is checked against byte order over every string
+//!   of up to three such characters, and where it disagrees the statements compare `COLLATE "C"` instead (correct,
+//!   but without the index).
+//!
+//! TLS follows the connection string's `sslmode`, through rustls with the *ring* provider:
+//! - `disable`: plain TCP.
+//! - `prefer` (tokio-postgres' default): TLS if the server offers it, else plain, and the certificate is not
+//!   verified: as with libpq, an active attacker can downgrade `prefer` to plain text anyway, so verification would add
+//!   no protection and would only break servers with private CAs. SCRAM channel binding still applies.
+//! - `require`: TLS, with the certificate verified against the system's trust store (`SSL_CERT_FILE` /
+//!   `SSL_CERT_DIR` are honoured, so a private CA such as a cloud provider's can be added there). This is stricter
+//!   than libpq's `require`, which only encrypts.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::sync::{watch, MappedMutexGuard, MutexGuard};
+use tokio::task::JoinHandle;
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, GenericClient, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::config::ZeroConfig;
+
+/// Rows deleted per purge statement unless the caller asks otherwise; keeps each batch transaction short.
+pub const DEFAULT_PURGE_BATCH_ROWS: i64 = 10_000;
+
+/// Connection supervision settings. The defaults suit production; tests shorten them.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// First delay before reconnecting; doubled after every failed attempt.
+    pub backoff_min: Duration,
+    /// Longest delay between reconnection attempts.
+    pub backoff_max: Duration,
+    /// How long one connection attempt (TCP, TLS, authentication) may take.
+    pub connect_timeout: Duration,
+    /// Session `lock_timeout`: the longest any statement waits for a row lock. A purge batch that hits it is skipped,
+    /// so the sidecar never queues behind Zero for long.
+    pub lock_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            lock_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What [`ChangeDb::status`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbState {
+    /// Connected, and the schema's tables exist.
+    Up,
+    /// Not connected; the reason is the last connection error.
+    Down(String),
+    /// Connected, but the schema or one of its tables is absent: Zero has not initialised the change DB yet.
+    SchemaMissing,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// No connection right now; the supervisor is reconnecting.
+    #[error("change DB unavailable: {reason}")]
+    Unavailable { reason: String },
+    /// The schema or a table is absent (SQLSTATE 3F000 / 42P01): Zero has not initialised the change DB yet.
+    #[error(
+        "change DB schema \"{schema}\" is missing or incomplete: Zero has not initialised it yet"
+    )]
+    SchemaMissing { schema: String },
+    /// Any other failure of a statement, with what the sidecar was doing.
+    #[error("change DB {context}: {}", describe(source))]
+    Query {
+        context: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl DbError {
+    /// Whether retrying later may succeed: no connection, schema not there yet, connection-class errors,
+    /// serialization failures, deadlocks, lock timeouts, cancellations and server shutdowns.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            DbError::Unavailable { .. } | DbError::SchemaMissing { .. } => true,
+            DbError::Query { source, .. } => match source.code() {
+                Some(code) => {
+                    let code = code.code();
+                    code.starts_with("08")
+                        || code.starts_with("53")
+                        || code.starts_with("57")
+                        || [
+                            SqlState::T_R_SERIALIZATION_FAILURE.code(),
+                            SqlState::T_R_DEADLOCK_DETECTED.code(),
+                            SqlState::LOCK_NOT_AVAILABLE.code(),
+                        ]
+                        .contains(&code)
+                }
+                // No SQLSTATE: an I/O error or a closed connection rather than a rejected statement.
+                None => {
+                    source.is_closed()
+                        || std::error::Error::source(source)
+                            .is_some_and(|cause| cause.is::<std::io::Error>())
+                }
+            },
+        }
+    }
+
+    /// The SQLSTATE of a failed statement, if the server sent one.
+    pub fn code(&self) -> Option<&SqlState> {
+        match self {
+            DbError::Query { source, .. } => source.code(),
+            _ => None,
+        }
+    }
+}
+
+/// tokio-postgres' `Display` omits the cause ("db error"); the cause carries the server's message.
+fn describe(err: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(err) {
+        Some(cause) => format!("{err}: {cause}"),
+        None => err.to_string(),
+    }
+}
+
+/// Why a purge stopped before reaching its target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeStop {
+    /// The caller's stop token was cancelled; checked only between batches, never inside one.
+    Cancelled,
+    /// `ownerAddress` no longer names the expected address (compared as `host:port`); the batch that saw it
+    /// deleted nothing.
+    OwnershipMoved { found: Option<String> },
+    /// A row lock is held by someone else (a newer replication-manager holds `FOR SHARE` on the earliest row while
+    /// it takes over, or another purger is at work): this round is skipped, it is not an error.
+    Locked,
+}
+
+/// What one [`ChangeDb::purge`] call did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PurgeOutcome {
+    /// Rows deleted, over all committed batches.
+    pub rows: u64,
+    /// Batches committed (the last may have deleted nothing).
+    pub batches: u32,
+    /// `None` when every row below the target (and below the newest watermark) is gone.
+    pub stopped: Option<PurgeStop>,
+    /// Longest batch transaction, BEGIN to COMMIT: how long the purge held its locks at a time.
+    pub slowest_batch: Duration,
+}
+
+impl PurgeOutcome {
+    /// True when the purge reached its target.
+    pub fn is_complete(&self) -> bool {
+        self.stopped.is_none()
+    }
+}
+
+/// Whether two discovery addresses name the same `host:port`, ignoring a `ws://` / `wss://` prefix that later Zero
+/// versions may write (PROTOCOL.md §12) and the case of the host name.
+pub fn same_address(a: &str, b: &str) -> bool {
+    fn bare(s: &str) -> &str {
+        let s = s.trim();
+        let s = s
+            .strip_prefix("wss://")
+            .or_else(|| s.strip_prefix("ws://"))
+            .unwrap_or(s);
+        s.trim_end_matches('/')
+    }
+    bare(a).eq_ignore_ascii_case(bare(b))
+}
+
+/// Quotes an SQL identifier. Schema names cannot be bind parameters, and Zero's contains a slash; the only input
+/// is validated config (`app_id` matches `^[a-z0-9_]+$`), and embedded quotes are doubled regardless.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Every statement, built once from the quoted schema.
+#[derive(Debug)]
+struct Sql {
+    tables: [String; 3],
+    tables_present: String,
+    owner_address: String,
+    replica_version: String,
+    data_version: String,
+    adopt_address: String,
+    watermark_collation: String,
+    /// Statements that compare watermarks, in the column's collation: served by the primary-key index.
+    indexed: WatermarkSql,
+    /// The same under `COLLATE "C"`, for a column whose collation does not order watermarks as bytes.
+    bytewise: WatermarkSql,
+}
+
+/// The statements whose result depends on how watermarks compare.
+#[derive(Debug)]
+struct WatermarkSql {
+    min_watermark: String,
+    lock_head: String,
+    purge_batch: String,
+}
+
+impl WatermarkSql {
+    /// `collate` is empty (the column's collation) or ` COLLATE "C"`.
+    fn new(change_log: &str, collate: &str) -> WatermarkSql {
+        let w = format!("watermark{collate}");
+        WatermarkSql {
+            min_watermark: format!("SELECT min({w}) FROM {change_log}"),
+            // PROTOCOL.md §12: an incoming replication-manager holds FOR SHARE on this row until it owns the log.
+            lock_head: format!(
+                "SELECT watermark FROM {change_log} ORDER BY {w}, pos LIMIT 1 FOR UPDATE NOWAIT"
+            ),
+            // One bounded batch, never at the newest watermark (W8a). The rows are picked along the
+            // (watermark, pos) primary key and deleted by their tuple ids: with `(watermark, pos) IN (…)` the
+            // planner hash-joins against a sequential scan of the whole log for every batch. Tuple ids are stable
+            // here: change-log rows are never updated, and a row deleted concurrently is simply skipped.
+            purge_batch: format!(
+                "DELETE FROM {change_log} WHERE ctid = ANY (ARRAY(
+                   SELECT ctid FROM {change_log}
+                    WHERE {w} < $1 AND {w} < (SELECT max({w}) FROM {change_log})
+                    ORDER BY {w}, pos LIMIT $2))"
+            ),
+        }
+    }
+}
+
+impl Sql {
+    fn new(schema: &str) -> Sql {
+        let table = |name: &str| format!("{}.{}", quote_ident(schema), quote_ident(name));
+        let change_log = table("changeLog");
+        let replication_state = table("replicationState");
+        let replication_config = table("replicationConfig");
+        let version_history = table("versionHistory");
+        Sql {
+            tables_present: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+                             AND to_regclass($3) IS NOT NULL"
+                .into(),
+            owner_address: format!(r#"SELECT "ownerAddress" FROM {replication_state}"#),
+            replica_version: format!(r#"SELECT "replicaVersion" FROM {replication_config}"#),
+            data_version: format!(r#"SELECT "dataVersion" FROM {version_history}"#),
+            // Matches no row unless the address must change: no row version, so no conflict with the storer's
+            // SERIALIZABLE transaction (PROTOCOL.md §11.1). `owner` is never written.
+            adopt_address: format!(
+                r#"UPDATE {replication_state} SET "ownerAddress" = $2
+                    WHERE "ownerAddress" = $1 AND "ownerAddress" IS DISTINCT FROM $2"#
+            ),
+            watermark_collation: WATERMARK_COLLATION.into(),
+            indexed: WatermarkSql::new(&change_log, ""),
+            bytewise: WatermarkSql::new(&change_log, r#" COLLATE "C""#),
+            tables: [change_log, replication_state, replication_config],
+        }
+    }
+}
+
+/// The collation of `changeLog.watermark`, quoted by the server, and the name to log (`$1`: the quoted table).
+const WATERMARK_COLLATION: &str = r#"
+    SELECT quote_ident(n.nspname) || '.' || quote_ident(c.collname),
+           CASE WHEN c.collname = 'default' THEN current_setting('lc_collate') ELSE c.collname END
+      FROM pg_attribute a
+      JOIN pg_collation c ON c.oid = a.attcollation
+      JOIN pg_namespace n ON n.oid = c.collnamespace
+     WHERE a.attrelid = to_regclass($1) AND a.attname = 'watermark'"#;
+
+/// True when `collation` sorts every string of one to three characters from `[0-9a-z]` exactly as bytes: the
+/// alphabet of LexiVersions (PROTOCOL.md §2). This catches the collations that do not, such as Danish ("aa" after
+/// "z"), Estonian ("z" before "t") or numeric ordering ("9" before "10").
+fn byte_order_probe(collation: &str) -> String {
+    format!(
+        r#"WITH c(ch) AS (SELECT chr(x) FROM generate_series(48, 57) x
+                          UNION ALL SELECT chr(x) FROM generate_series(97, 122) x),
+                s(w) AS (SELECT ch FROM c
+                         UNION ALL SELECT a.ch || b.ch FROM c a, c b
+                         UNION ALL SELECT a.ch || b.ch || d.ch FROM c a, c b, c d)
+           SELECT array_agg(w ORDER BY w COLLATE {collation}) = array_agg(w ORDER BY w COLLATE "C") FROM s"#
+    )
+}
+
+/// Connection state as the supervisor sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Link {
+    Connecting,
+    Up,
+    Down(String),
+    Closed,
+}
+
+/// The last state logged, so each change is logged once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logged {
+    Nothing,
+    Up,
+    Down,
+    SchemaMissing,
+}
+
+/// Handle to the change DB. Cheap to clone; all clones share one connection.
+#[derive(Clone)]
+pub struct ChangeDb {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The unquoted schema name, for errors and logs.
+    schema: String,
+    sql: Sql,
+    /// `host=… port=… dbname=… user=…`, never the password.
+    target: String,
+    /// The one client, `None` while (re)connecting. Held for a whole operation: a purge batch's transaction must
+    /// not interleave with another caller's statements on the same connection.
+    client: tokio::sync::Mutex<Option<Client>>,
+    link: watch::Sender<Link>,
+    logged: Mutex<Logged>,
+    /// Whether the column's collation orders watermarks as bytes; probed once per connection.
+    byte_order: Mutex<Option<bool>>,
+}
+
+impl fmt::Debug for ChangeDb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChangeDb")
+            .field("schema", &self.shared.schema)
+            .field("target", &self.shared.target)
+            .field("link", &*self.shared.link.borrow())
+            .finish()
+    }
+}
+
+impl ChangeDb {
+    /// Starts the connection supervisor for Zero's change DB `"{app_id}_{shard_num}/cdc"` and returns at once;
+    /// calls fail with [`DbError::Unavailable`] until the first connection is up (see [`ChangeDb::ready`]).
+    ///
+    /// The supervisor reconnects with capped exponential backoff until `shutdown` is cancelled. Cancel it only
+    /// after the last call (such as restoring `ownerAddress` on the way out): a batch in flight still completes.
+    pub fn start(
+        pg: tokio_postgres::Config,
+        zero: &ZeroConfig,
+        options: Options,
+        shutdown: CancellationToken,
+    ) -> ChangeDb {
+        let schema = zero.cdc_schema();
+        let mut pg = pg;
+        if pg.get_application_name().is_none() {
+            pg.application_name("litestream-sidecar");
+        }
+        let shared = Arc::new(Shared {
+            sql: Sql::new(&schema),
+            schema,
+            target: target(&pg),
+            client: tokio::sync::Mutex::new(None),
+            link: watch::Sender::new(Link::Connecting),
+            logged: Mutex::new(Logged::Nothing),
+            byte_order: Mutex::new(None),
+        });
+        let tls = Tls::for_mode(pg.get_ssl_mode());
+        tokio::spawn(supervise(shared.clone(), pg, tls, options, shutdown));
+        ChangeDb { shared }
+    }
+
+    /// The change DB schema, unquoted (`zero_0/cdc`).
+    pub fn schema(&self) -> &str {
+        &self.shared.schema
+    }
+
+    /// Waits until a connection is up (the schema may still be missing). Returns at once if it is; never returns
+    /// after shutdown, so wrap it in a timeout.
+    pub async fn ready(&self) {
+        let mut link = self.shared.link.subscribe();
+        let _ = link.wait_for(|l| *l == Link::Up).await;
+        // The sender lives in `Shared`, which `self` keeps alive, so `wait_for` only returns on `Up`.
+    }
+
+    /// Connected and the schema's three tables present, or why not. Logs each change of state once.
+    pub async fn status(&self) -> DbState {
+        let result = async {
+            let client = self.client().await?;
+            let t = &self.shared.sql.tables;
+            let row = client
+                .query_one(&self.shared.sql.tables_present, &[&t[0], &t[1], &t[2]])
+                .await
+                .map_err(|e| self.classify("checking the schema", e))?;
+            if row.get::<_, bool>(0) {
+                Ok(())
+            } else {
+                Err(self.schema_missing())
+            }
+        }
+        .await;
+        let state = match result {
+            Ok(()) => DbState::Up,
+            Err(DbError::SchemaMissing { .. }) => DbState::SchemaMissing,
+            Err(DbError::Unavailable { reason }) => DbState::Down(reason),
+            Err(err) => DbState::Down(err.to_string()),
+        };
+        match &state {
+            DbState::Up => self.shared.note(Logged::Up),
+            DbState::SchemaMissing => self.shared.note(Logged::SchemaMissing),
+            DbState::Down(_) => {}
+        }
+        state
+    }
+
+    /// The discovery address (`SELECT "ownerAddress" FROM replicationState`); `None` if the row is missing or NULL.
+    pub async fn owner_address(&self) -> Result<Option<String>, DbError> {
+        let result = async {
+            let client = self.client().await?;
+            read_owner_address(&*client, &self.shared.sql)
+                .await
+                .map_err(|e| self.classify("reading ownerAddress", e))
+        }
+        .await;
+        self.observe(result)
+    }
+
+    /// The change-streamer's replica version from `replicationConfig`; `None` if the row is missing.
+    pub async fn replica_version(&self) -> Result<Option<String>, DbError> {
+        let result = async {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(&self.shared.sql.replica_version, &[])
+                .await
+                .map_err(|e| self.classify("reading replicaVersion", e))?;
+            Ok(row.map(|r| r.get(0)))
+        }
+        .await;
+        self.observe(result)
+    }
+
+    /// The oldest watermark in `changeLog` (byte-wise); `None` when the log is empty.
+    pub async fn min_watermark(&self) -> Result<Option<String>, DbError> {
+        let result = async {
+            let client = self.client().await?;
+            let sql = self.watermark_sql(&client).await?;
+            let row = client
+                .query_one(&sql.min_watermark, &[])
+                .await
+                .map_err(|e| self.classify("reading min(watermark)", e))?;
+            Ok(row.get(0))
+        }
+        .await;
+        self.observe(result)
+    }
+
+    /// `versionHistory.dataVersion`: 5 for Zero 0.20-0.25 (SERIALIZABLE storer), 6 from 0.26 (row locks).
+    /// `None` if the table or its row is absent.
+    pub async fn data_version(&self) -> Result<Option<i32>, DbError> {
+        let client = self.client().await?;
+        match client.query_opt(&self.shared.sql.data_version, &[]).await {
+            Ok(row) => Ok(row.map(|r| r.get(0))),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(None),
+            Err(e) => Err(self.classify("reading versionHistory", e)),
+        }
+    }
+
+    /// Sets `ownerAddress` to `to` only if it is exactly `from` now (and `from` differs from `to`); returns whether
+    /// the row changed. A call that changes nothing writes nothing, so it cannot conflict with Zero's storer.
+    pub async fn adopt_address(&self, from: &str, to: &str) -> Result<bool, DbError> {
+        let result = async {
+            let client = self.client().await?;
+            let changed = client
+                .execute(&self.shared.sql.adopt_address, &[&from, &to])
+                .await
+                .map_err(|e| self.classify("updating ownerAddress", e))?;
+            Ok(changed > 0)
+        }
+        .await;
+        let result = self.observe(result);
+        if let Ok(true) = result {
+            info!(from, to, "ownerAddress changed");
+        }
+        result
+    }
+
+    /// Puts the replication-manager's address back where ours is, as [`ChangeDb::adopt_address`] in reverse; returns
+    /// whether the row changed. A row that someone else has changed meanwhile is left alone.
+    pub async fn restore_address(&self, ours: &str, theirs: &str) -> Result<bool, DbError> {
+        self.adopt_address(ours, theirs).await
+    }
+
+    /// Deletes `changeLog` rows with `watermark < before`, never those at the newest watermark in the table, in
+    /// batches of at most `batch_rows` rows until a batch deletes fewer.
+    ///
+    /// Each batch is one transaction: a plain read of `ownerAddress` (when `expected_address` is given, a different
+    /// address stops the purge with nothing deleted in that batch), the head row locked with `FOR UPDATE NOWAIT`
+    /// (a lock held elsewhere skips the round), then the DELETE. `stop` is checked only between batches.
+    ///
+    /// An error after some batches have committed is returned as is; its context says how many rows went first.
+    pub async fn purge(
+        &self,
+        before: &str,
+        expected_address: Option<&str>,
+        batch_rows: i64,
+        stop: &CancellationToken,
+    ) -> Result<PurgeOutcome, DbError> {
+        let batch_rows = batch_rows.max(1);
+        let mut outcome = PurgeOutcome::default();
+        loop {
+            if stop.is_cancelled() {
+                outcome.stopped = Some(PurgeStop::Cancelled);
+                break;
+            }
+            let result = self.purge_batch(before, expected_address, batch_rows).await;
+            let batch = self.observe(result).map_err(|err| match err {
+                DbError::Query { context, source } => DbError::Query {
+                    context: format!(
+                        "{context} (purge batch {}, {} rows deleted before it)",
+                        outcome.batches + 1,
+                        outcome.rows
+                    ),
+                    source,
+                },
+                other => other,
+            })?;
+            match batch {
+                Batch::Deleted { rows, took } => {
+                    outcome.rows += rows;
+                    outcome.batches += 1;
+                    outcome.slowest_batch = outcome.slowest_batch.max(took);
+                    if rows < batch_rows as u64 {
+                        break;
+                    }
+                }
+                Batch::Stopped(why) => {
+                    outcome.stopped = Some(why);
+                    break;
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn purge_batch(
+        &self,
+        before: &str,
+        expected_address: Option<&str>,
+        batch_rows: i64,
+    ) -> Result<Batch, DbError> {
+        let mut client = self.client().await?;
+        let sql = self.watermark_sql(&client).await?;
+        let started = Instant::now();
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| self.classify("beginning a purge batch", e))?;
+
+        if let Some(expected) = expected_address {
+            // A plain read: no row version, no lock, so the storer's SERIALIZABLE transaction never conflicts.
+            let found = read_owner_address(&tx, &self.shared.sql)
+                .await
+                .map_err(|e| self.classify("reading ownerAddress", e))?;
+            if !found.as_deref().is_some_and(|f| same_address(f, expected)) {
+                let _ = tx.rollback().await;
+                return Ok(Batch::Stopped(PurgeStop::OwnershipMoved { found }));
+            }
+        }
+
+        let deleted = async {
+            tx.query_opt(&sql.lock_head, &[]).await?;
+            tx.execute(&sql.purge_batch, &[&before, &batch_rows]).await
+        }
+        .await;
+        let rows = match deleted {
+            Ok(rows) => rows,
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                let _ = tx.rollback().await;
+                return Ok(Batch::Stopped(PurgeStop::Locked));
+            }
+            Err(e) => return Err(self.classify("deleting changeLog rows", e)),
+        };
+        tx.commit()
+            .await
+            .map_err(|e| self.classify("committing a purge batch", e))?;
+        Ok(Batch::Deleted {
+            rows,
+            took: started.elapsed(),
+        })
+    }
+
+    /// The connected client, held until the guard drops.
+    async fn client(&self) -> Result<MappedMutexGuard<'_, Client>, DbError> {
+        let guard = self.shared.client.lock().await;
+        let unavailable = || DbError::Unavailable {
+            reason: self.shared.down_reason(),
+        };
+        let client = MutexGuard::try_map(guard, Option::as_mut).map_err(|_| unavailable())?;
+        if client.is_closed() {
+            return Err(unavailable());
+        }
+        Ok(client)
+    }
+
+    /// The watermark statements that compare as bytes on this connection: the index-friendly ones when the
+    /// column's collation agrees with byte order (`C`, `en_US`, ICU root…), else the `COLLATE "C"` ones.
+    async fn watermark_sql(&self, client: &Client) -> Result<&WatermarkSql, DbError> {
+        let cached = *self
+            .shared
+            .byte_order
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let byte_order = match cached {
+            Some(known) => known,
+            None => {
+                let sql = &self.shared.sql;
+                let row = client
+                    .query_opt(&sql.watermark_collation, &[&sql.tables[0]])
+                    .await
+                    .map_err(|e| self.classify("reading the watermark collation", e))?
+                    .ok_or_else(|| self.schema_missing())?;
+                let (quoted, name): (String, String) = (row.get(0), row.get(1));
+                let agrees: bool = client
+                    .query_one(&byte_order_probe(&quoted), &[])
+                    .await
+                    .map_err(|e| self.classify("checking the watermark collation", e))?
+                    .get(0);
+                if agrees {
+                    debug!(collation = %name, "watermark collation orders as bytes");
+                } else {
+                    warn!(
+                        collation = %name,
+                        "the change log's collation does not order watermarks as bytes; comparing with \
+                         COLLATE \"C\", which cannot use the primary key index"
+                    );
+                }
+                *self
+                    .shared
+                    .byte_order
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(agrees);
+                agrees
+            }
+        };
+        Ok(if byte_order {
+            &self.shared.sql.indexed
+        } else {
+            &self.shared.sql.bytewise
+        })
+    }
+
+    fn schema_missing(&self) -> DbError {
+        DbError::SchemaMissing {
+            schema: self.shared.schema.clone(),
+        }
+    }
+
+    fn classify(&self, context: &str, err: tokio_postgres::Error) -> DbError {
+        if err.is_closed() {
+            return DbError::Unavailable {
+                reason: describe(&err),
+            };
+        }
+        match err.code() {
+            Some(code)
+                if *code == SqlState::UNDEFINED_TABLE || *code == SqlState::INVALID_SCHEMA_NAME =>
+            {
+                self.schema_missing()
+            }
+            _ => DbError::Query {
+                context: context.into(),
+                source: err,
+            },
+        }
+    }
+
+    /// Logs the schema appearing or disappearing, once per change.
+    fn observe<T>(&self, result: Result<T, DbError>) -> Result<T, DbError> {
+        match &result {
+            Ok(_) => self.shared.note(Logged::Up),
+            Err(DbError::SchemaMissing { .. }) => {
+                // A schema created again may come with another collation.
+                *self
+                    .shared
+                    .byte_order
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = None;
+                self.shared.note(Logged::SchemaMissing)
+            }
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+enum Batch {
+    Deleted { rows: u64, took: Duration },
+    Stopped(PurgeStop),
+}
+
+async fn read_owner_address(
+    client: &impl GenericClient,
+    sql: &Sql,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let row = client.query_opt(&sql.owner_address, &[]).await?;
+    Ok(row.and_then(|r| r.get(0)))
+}
+
+impl Shared {
+    fn down_reason(&self) -> String {
+        match &*self.link.borrow() {
+            Link::Connecting => "connecting".into(),
+            Link::Up => "connection closed".into(),
+            Link::Down(reason) => reason.clone(),
+            Link::Closed => "shut down".into(),
+        }
+    }
+
+    /// Logs a change of state, once. `Up` after `SchemaMissing` means the schema appeared.
+    fn note(&self, now: Logged) {
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        let before = std::mem::replace(&mut *logged, now);
+        drop(logged);
+        match (before, now) {
+            (a, b) if a == b => {}
+            (Logged::SchemaMissing, Logged::Up) => {
+                info!(schema = %self.schema, "change DB schema found")
+            }
+            (_, Logged::Up) => {
+                info!(db = %self.target, schema = %self.schema, "change DB connected")
+            }
+            (_, Logged::SchemaMissing) => warn!(
+                schema = %self.schema,
+                "change DB schema missing: Zero has not initialised the change DB yet"
+            ),
+            (_, Logged::Down) | (_, Logged::Nothing) => {}
+        }
+    }
+
+    fn set_down(&self, reason: String, retry_in: Duration) {
+        let changed = {
+            let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut *logged, Logged::Down) != Logged::Down
+        };
+        if changed {
+            warn!(db = %self.target, reason = %reason, retry_in = ?retry_in, "change DB down");
+        } else {
+            debug!(db = %self.target, reason = %reason, retry_in = ?retry_in, "change DB still down");
+        }
+        self.link.send_replace(Link::Down(reason));
+    }
+}
+
+/// `host=… port=… dbname=… user=…` for logs: never the password.
+fn target(pg: &tokio_postgres::Config) -> String {
+    let mut hosts: Vec<String> = pg
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            Host::Tcp(name) => name.clone(),
+            #[cfg(unix)]
+            Host::Unix(path) => path.display().to_string(),
+        })
+        .collect();
+    if hosts.is_empty() {
+        hosts = pg.get_hostaddrs().iter().map(|a| a.to_string()).collect();
+    }
+    let ports: Vec<String> = pg.get_ports().iter().map(|p| p.to_string()).collect();
+    format!(
+        "host={} port={} dbname={} user={}",
+        if hosts.is_empty() {
+            "localhost".into()
+        } else {
+            hosts.join(",")
+        },
+        if ports.is_empty() {
+            "5432".into()
+        } else {
+            ports.join(",")
+        },
+        pg.get_dbname().unwrap_or("(default)"),
+        pg.get_user().unwrap_or("(default)"),
+    )
+}
+
+/// The next reconnection delay: doubled, at most `max`.
+fn next_backoff(current: Duration, max: Duration) -> Duration {
+    current.saturating_mul(2).min(max)
+}
+
+type ConnectionTask = JoinHandle<Result<(), tokio_postgres::Error>>;
+
+/// Connects, reconnects after every loss with capped exponential backoff, and closes on shutdown.
+async fn supervise(
+    shared: Arc<Shared>,
+    pg: tokio_postgres::Config,
+    tls: Tls,
+    options: Options,
+    shutdown: CancellationToken,
+) {
+    let setup = format!(
+        "SET lock_timeout = {}",
+        options.lock_timeout.as_millis().max(1)
+    );
+    let mut delay = options.backoff_min;
+    loop {
+        let attempt = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            attempt = tokio::time::timeout(options.connect_timeout, open(&pg, &tls, &setup)) => attempt,
+        };
+        let reason = match attempt {
+            Ok(Ok((client, mut connection))) => {
+                *shared.client.lock().await = Some(client);
+                *shared.byte_order.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                shared.link.send_replace(Link::Up);
+                shared.note(Logged::Up);
+                delay = options.backoff_min;
+                let ended = tokio::select! {
+                    _ = shutdown.cancelled() => None,
+                    ended = &mut connection => Some(ended),
+                };
+                // Waits for an operation in flight: its connection task keeps running meanwhile.
+                shared.client.lock().await.take();
+                match ended {
+                    None => {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), connection).await;
+                        break;
+                    }
+                    Some(Ok(Ok(()))) => "connection closed by the server".to_string(),
+                    Some(Ok(Err(e))) => describe(&e),
+                    Some(Err(e)) => format!("connection task failed: {e}"),
+                }
+            }
+            Ok(Err(e)) => describe(&e),
+            Err(_) => format!("connecting timed out after {:?}", options.connect_timeout),
+        };
+        shared.set_down(reason, delay);
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = next_backoff(delay, options.backoff_max);
+    }
+    shared.client.lock().await.take();
+    shared.link.send_replace(Link::Closed);
+    debug!(db = %shared.target, "change DB connection closed");
+}
+
+/// One connection with its driver task spawned, and the session set up.
+async fn open(
+    pg: &tokio_postgres::Config,
+    tls: &Tls,
+    setup: &str,
+) -> Result<(Client, ConnectionTask), tokio_postgres::Error> {
+    let (client, task) = match tls {
+        Tls::Off => {
+            let (client, connection) = pg.connect(NoTls).await?;
+            (client, tokio::spawn(connection))
+        }
+        Tls::Rustls(make) => {
+            let (client, connection) = pg.connect(make.clone()).await?;
+            (client, tokio::spawn(connection))
+        }
+    };
+    client.batch_execute(setup).await?;
+    Ok((client, task))
+}
+
+/// The TLS connector chosen from `sslmode` once, at start.
+#[derive(Clone)]
+enum Tls {
+    Off,
+    Rustls(MakeRustlsConnect),
+}
+
+impl Tls {
+    fn for_mode(mode: SslMode) -> Tls {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default TLS versions");
+        match mode {
+            SslMode::Disable => Tls::Off,
+            SslMode::Prefer => {
+                let config = builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
+                    .with_no_client_auth();
+                Tls::Rustls(MakeRustlsConnect::new(config))
+            }
+            // `require`, and any stricter mode a later tokio-postgres may add: verify.
+            _ => {
+                let loaded = rustls_native_certs::load_native_certs();
+                let mut roots = rustls::RootCertStore::empty();
+                let (added, _) = roots.add_parsable_certificates(loaded.certs);
+                if added == 0 {
+                    warn!(
+                        errors = ?loaded.errors,
+                        "sslmode=require but no trusted root certificates were found; set SSL_CERT_FILE"
+                    );
+                }
+                let config = builder.with_root_certificates(roots).with_no_client_auth();
+                Tls::Rustls(MakeRustlsConnect::new(config))
+            }
+        }
+    }
+}
+
+/// `sslmode=prefer`: encrypts without checking who is at the other end, as libpq does. Handshake signatures are
+/// still verified, so the session keys belong to whoever holds the certificate's key.
+#[derive(Debug)]
+struct Unverified(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zero(app_id: &str, shard_num: u32) -> ZeroConfig {
+        ZeroConfig {
+            app_id: app_id.into(),
+            shard_num,
+        }
+    }
+
+    #[test]
+    fn schema_is_quoted_with_its_slash() {
+        let sql = Sql::new(&zero("zero", 0).cdc_schema());
+        assert_eq!(
+            sql.owner_address,
+            r#"SELECT "ownerAddress" FROM "zero_0/cdc"."replicationState""#
+        );
+        assert_eq!(sql.tables[0], r#""zero_0/cdc"."changeLog""#);
+        assert!(sql
+            .indexed
+            .purge_batch
+            .contains(r#"DELETE FROM "zero_0/cdc"."changeLog""#));
+    }
+
+    #[test]
+    fn quotes_inside_identifiers_are_doubled() {
+        assert_eq!(quote_ident(r#"a"b"#), r#""a""b""#);
+        assert_eq!(quote_ident("zero_3/cdc"), r#""zero_3/cdc""#);
+    }
+
+    #[test]
+    fn purge_never_reaches_the_newest_watermark() {
+        let sql = Sql::new("zero_0/cdc");
+        assert!(sql
+            .indexed
+            .purge_batch
+            .contains(r#"watermark < (SELECT max(watermark) FROM "zero_0/cdc"."changeLog")"#));
+        assert!(sql.indexed.purge_batch.contains("LIMIT $2"));
+        assert!(sql.bytewise.purge_batch.contains(
+            r#"watermark COLLATE "C" < (SELECT max(watermark COLLATE "C") FROM "zero_0/cdc"."changeLog")"#
+        ));
+        assert!(sql
+            .bytewise
+            .lock_head
+            .contains(r#"ORDER BY watermark COLLATE "C", pos"#));
+    }
+
+    #[test]
+    fn address_update_never_writes_owner_and_skips_no_ops() {
+        let sql = Sql::new("zero_0/cdc");
+        assert!(!sql.adopt_address.contains(r#""owner" "#));
+        assert!(!sql.adopt_address.contains(r#""owner"="#));
+        assert!(sql
+            .adopt_address
+            .contains(r#""ownerAddress" IS DISTINCT FROM $2"#));
+    }
+
+    #[test]
+    fn addresses_compare_as_host_and_port() {
+        assert!(same_address("10.0.0.5:4851", "10.0.0.5:4851"));
+        assert!(same_address("ws://10.0.0.5:4851", "10.0.0.5:4851"));
+        assert!(same_address(
+            "wss://sidecar.internal:4851/",
+            "SIDECAR.internal:4851"
+        ));
+        assert!(same_address("[::1]:4851", "ws://[::1]:4851"));
+        assert!(!same_address("10.0.0.5:4851", "10.0.0.5:4849"));
+        assert!(!same_address("10.0.0.5:4851", "10.0.0.6:4851"));
+        assert!(!same_address("http://10.0.0.5:4851", "10.0.0.5:4851"));
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let max = Duration::from_secs(10);
+        let mut d = Options::default().backoff_min;
+        let mut seen = vec![d];
+        for _ in 0..10 {
+            d = next_backoff(d, max);
+            seen.push(d);
+        }
+        assert_eq!(seen[1], Duration::from_millis(200));
+        assert_eq!(seen[6], Duration::from_millis(6400));
+        assert_eq!(seen[7], max);
+        assert_eq!(*seen.last().unwrap(), max);
+    }
+
+    #[test]
+    fn log_target_never_shows_the_password() {
+        let pg: tokio_postgres::Config = "postgres://zero:s3cret@db.internal:6432/zero_cdc"
+            .parse()
+            .unwrap();
+        let shown = target(&pg);
+        assert_eq!(
+            shown,
+            "host=db.internal port=6432 dbname=zero_cdc user=zero"
+        );
+        assert!(!shown.contains("s3cret"));
+    }
+
+    #[test]
+    fn errors_without_a_connection_are_transient() {
+        assert!(DbError::Unavailable {
+            reason: "connecting".into()
+        }
+        .is_transient());
+        let missing = DbError::SchemaMissing {
+            schema: "zero_0/cdc".into(),
+        };
+        assert!(missing.is_transient());
+        assert!(missing.to_string().contains("\"zero_0/cdc\""));
+    }
+
+    #[tokio::test]
+    async fn calls_before_the_first_connection_are_unavailable() {
+        // Port 1 on loopback: refused at once.
+        let pg: tokio_postgres::Config = "postgres://zero@127.0.0.1:1/zero?sslmode=disable"
+            .parse()
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let db = ChangeDb::start(pg, &zero("zero", 0), Options::default(), shutdown.clone());
+        let err = db.owner_address().await.unwrap_err();
+        assert!(matches!(err, DbError::Unavailable { .. }), "{err}");
+        assert!(err.is_transient());
+        assert!(matches!(db.status().await, DbState::Down(_)));
+        shutdown.cancel();
+    }
+}

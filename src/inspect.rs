@@ -1,0 +1,270 @@
+//! Reading just enough of a relayed change-stream frame to follow a subscriber's acknowledgements
+//! (PROTOCOL.md §6.8): which frames are commits, with their id and watermark. Pure, no I/O.
+//!
+//! The relay sees every downstream frame, and most are data messages carrying rows of any size. Only the frame's
+//! head is scanned to find the message tag (`msg[0]`), in either key order: `{"id":N,"msg":["commit",…` (Zero
+//! ≥ 1.6, and what the sidecar itself writes) or `{"msg":["commit",…],"id":N}` (Zero 0.20). Only commits, which
+//! are small, are parsed in full, with `serde_json`'s `RawValue` so that nothing else in them is interpreted. A
+//! frame whose head does not have the expected shape is parsed in full as a fallback; what cannot be read at all
+//! is reported as such and still relayed untouched.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// What a downstream frame means for ack tracking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Downstream {
+    /// A `commit` message: acknowledging `id` makes `watermark` durable on the subscriber.
+    Commit { id: u64, watermark: String },
+    /// Any other message (status, begin, data, rollback, error).
+    Other,
+    /// Not a frame of the change stream's shape; relayed as is, the subscriber decides.
+    Unreadable,
+}
+
+/// Classifies one complete text message sent by the change-streamer.
+pub fn inspect(frame: &[u8]) -> Downstream {
+    match head_tag(frame) {
+        Some(false) => Downstream::Other,
+        // A commit by its head, or a head of an unexpected shape: read the whole frame.
+        Some(true) | None => parse_full(frame),
+    }
+}
+
+/// `Some(true)` if the head shows a commit, `Some(false)` if it shows another message, `None` if the head is not
+/// of the plain shape Zero writes (then the caller parses the frame in full).
+fn head_tag(frame: &[u8]) -> Option<bool> {
+    let mut s = Scanner { b: frame, i: 0 };
+    s.ws();
+    s.expect(b'{')?;
+    // At most `id` then `msg`; any other key means an unusual frame.
+    for _ in 0..2 {
+        s.ws();
+        let key = s.plain_string()?;
+        s.ws();
+        s.expect(b':')?;
+        s.ws();
+        match key {
+            b"msg" => {
+                s.expect(b'[')?;
+                s.ws();
+                return Some(s.plain_string()? == b"commit");
+            }
+            b"id" => {
+                s.number()?;
+                s.ws();
+                s.expect(b',')?;
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Scanner<'a> {
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    fn expect(&mut self, byte: u8) -> Option<()> {
+        (self.b.get(self.i) == Some(&byte)).then(|| self.i += 1)
+    }
+
+    /// A JSON string without escapes; `None` for anything else (an escaped string is left to the full parse).
+    fn plain_string(&mut self) -> Option<&'a [u8]> {
+        self.expect(b'"')?;
+        let start = self.i;
+        let len = self.b[start..].iter().position(|&b| b == b'"')?;
+        let text = &self.b[start..start + len];
+        if text.contains(&b'\\') {
+            return None;
+        }
+        self.i = start + len + 1;
+        Some(text)
+    }
+
+    fn number(&mut self) -> Option<()> {
+        let start = self.i;
+        while let Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') = self.b.get(self.i) {
+            self.i += 1;
+        }
+        (self.i > start).then_some(())
+    }
+}
+
+#[derive(Deserialize)]
+struct Frame<'a> {
+    id: u64,
+    #[serde(borrow)]
+    msg: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct Position {
+    watermark: String,
+}
+
+fn parse_full(frame: &[u8]) -> Downstream {
+    let Ok(text) = std::str::from_utf8(frame) else {
+        return Downstream::Unreadable;
+    };
+    let Ok(frame) = serde_json::from_str::<Frame<'_>>(text) else {
+        return Downstream::Unreadable;
+    };
+    let Ok(parts) = serde_json::from_str::<Vec<&RawValue>>(frame.msg.get()) else {
+        return Downstream::Unreadable;
+    };
+    let Some(Ok(tag)) = parts
+        .first()
+        .map(|t| serde_json::from_str::<Cow<'_, str>>(t.get()))
+    else {
+        return Downstream::Unreadable;
+    };
+    if tag != "commit" {
+        return Downstream::Other;
+    }
+    match parts
+        .get(2)
+        .map(|p| serde_json::from_str::<Position>(p.get()))
+    {
+        Some(Ok(position)) => Downstream::Commit {
+            id: frame.id,
+            watermark: position.watermark,
+        },
+        _ => Downstream::Unreadable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(id: u64, watermark: &str) -> Downstream {
+        Downstream::Commit {
+            id,
+            watermark: watermark.into(),
+        }
+    }
+
+    const COMMIT_MSG: &str = r#"["commit",{"tag":"commit","flags":0,"commitLsn":"16/B374D9A0","commitEndLsn":"16/B374D9D0","commitTime":1746600001234567},{"watermark":"718sh0nts"}]"#;
+
+    #[test]
+    fn commits_are_found_in_both_key_orders() {
+        assert_eq!(
+            inspect(format!(r#"{{"id":4,"msg":{COMMIT_MSG}}}"#).as_bytes()),
+            commit(4, "718sh0nts")
+        );
+        assert_eq!(
+            inspect(format!(r#"{{"msg":{COMMIT_MSG},"id":4}}"#).as_bytes()),
+            commit(4, "718sh0nts")
+        );
+    }
+
+    #[test]
+    fn whitespace_is_allowed_anywhere_json_allows_it() {
+        let spaced = " {\n \"msg\" :\t[ \"commit\" , { \"tag\" : \"commit\" } ,\r\n { \"watermark\" : \"0b\" } ] ,\n \"id\" : 7 } ";
+        assert_eq!(inspect(spaced.as_bytes()), commit(7, "0b"));
+        let spaced = "{ \"id\" : 8 , \"msg\" : [ \"commit\" , {} , {\"watermark\":\"0c\"} ] }";
+        assert_eq!(inspect(spaced.as_bytes()), commit(8, "0c"));
+    }
+
+    #[test]
+    fn other_messages_are_not_commits() {
+        for frame in [
+            r#"{"msg":["status",{"tag":"status"}],"id":1}"#,
+            r#"{"id":2,"msg":["begin",{"tag":"begin"},{"commitWatermark":"0b"}]}"#,
+            r#"{"msg":["rollback",{"tag":"rollback"}],"id":5}"#,
+            r#"{"msg":["error",{"type":2,"message":"earliest supported watermark is 0b (requested 0a)"}],"id":1}"#,
+        ] {
+            assert_eq!(inspect(frame.as_bytes()), Downstream::Other, "{frame}");
+        }
+    }
+
+    #[test]
+    fn the_word_commit_inside_data_is_not_a_commit() {
+        for frame in [
+            r#"{"msg":["data",{"tag":"insert","new":{"note":"commit","x":"[\"commit\","}}],"id":3}"#,
+            r#"{"id":3,"msg":["data",{"tag":"insert","new":{"commit":"commit"}},{"watermark":"zz"}]}"#,
+            r#"{"msg":["data",{"tag":"update","new":{"s":"{\"msg\":[\"commit\",{},{\"watermark\":\"zz\"}],\"id\":9}"}}],"id":3}"#,
+            r#"{"msg":["commits",{},{"watermark":"zz"}],"id":3}"#,
+        ] {
+            assert_eq!(inspect(frame.as_bytes()), Downstream::Other, "{frame}");
+        }
+    }
+
+    #[test]
+    fn big_numbers_and_nul_escapes_do_not_disturb_the_scan() {
+        let data = r#"{"msg":["data",{"tag":"insert","new":{"big":9007199254740993,"s":"a\u0000b"}}],"id":3}"#;
+        assert_eq!(inspect(data.as_bytes()), Downstream::Other);
+        let commit_frame = r#"{"msg":["commit",{"tag":"commit","xid":18446744073709551617},{"watermark":"0d"}],"id":12345678901}"#;
+        assert_eq!(inspect(commit_frame.as_bytes()), commit(12345678901, "0d"));
+    }
+
+    #[test]
+    fn unusual_heads_fall_back_to_a_full_parse() {
+        // An extra key before msg, and an escaped tag: not Zero's shape, still read correctly.
+        assert_eq!(
+            inspect(br#"{"v":1,"id":9,"msg":["commit",{},{"watermark":"0e"}]}"#),
+            commit(9, "0e")
+        );
+        assert_eq!(
+            inspect(br#"{"id":9,"msg":["comm\u0069t",{},{"watermark":"0e"}]}"#),
+            commit(9, "0e")
+        );
+        assert_eq!(
+            inspect(br#"{"v":1,"msg":["data",{}],"id":9}"#),
+            Downstream::Other
+        );
+    }
+
+    #[test]
+    fn garbage_is_unreadable_and_never_panics() {
+        for frame in [
+            &b""[..],
+            b"{",
+            b"{\"msg\"",
+            b"{\"msg\":[\"commit\"",
+            b"{\"msg\":[\"commit\",{}],\"id\":1}",
+            b"{\"msg\":[\"commit\",{},{}],\"id\":1}",
+            b"{\"msg\":[\"commit\",{},{\"watermark\":1}],\"id\":1}",
+            b"{\"msg\":[\"commit\",{},{\"watermark\":\"0a\"}],\"id\":-1}",
+            b"{\"msg\":[\"commit\",{},{\"watermark\":\"0a\"}],\"id\":1.5}",
+            b"{\"msg\":[\"commit\",{},{\"watermark\":\"0a\"}]}",
+            b"{\"id\":1,\"id\":2,\"msg\":[\"commit\",{},{\"watermark\":\"0a\"}]}",
+            b"{\"id\":1,\"msg\":[]}",
+            b"{\"id\":1,\"msg\":{}}",
+            b"[1,2]",
+            b"\xff\xfe",
+            b"{\"id\":1,\"msg\":[\"commit\"\xff]}",
+            b"null",
+        ] {
+            assert_eq!(
+                inspect(frame),
+                Downstream::Unreadable,
+                "{}",
+                String::from_utf8_lossy(frame)
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let _ = inspect(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_json_heads_never_panic(head in "[{}\\[\\]\":, a-z0-9]{0,40}") {
+            let _ = inspect(head.as_bytes());
+        }
+    }
+}

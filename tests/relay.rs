@@ -1,0 +1,656 @@
+//! The `/changes` relay over real sockets: a tokio-tungstenite subscriber, the sidecar, and a stand-in upstream
+//! playing Zero 0.20's change-streamer (msg-first frames, strict acks, Zero's close codes and reasons).
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+
+const STATUS: &str = r#"["status",{"tag":"status"}]"#;
+
+fn begin(watermark: &str) -> String {
+    format!(
+        r#"["begin",{{"tag":"begin","commitLsn":"16/B374D9A0","commitTime":1746600001234567,"xid":8123,"json":"s"}},{{"commitWatermark":"{watermark}"}}]"#
+    )
+}
+
+fn commit(watermark: &str) -> String {
+    format!(
+        r#"["commit",{{"tag":"commit","flags":0,"commitLsn":"16/B374D9A0","commitEndLsn":"16/B374D9D0","commitTime":1746600001234567}},{{"watermark":"{watermark}"}}]"#
+    )
+}
+
+/// A data message with what a relay must not touch: an integer beyond 2^53, `\u0000`, and the word commit.
+const DATA: &str = r#"["data",{"tag":"insert","relation":{"schema":"public","name":"issue","keyColumns":["id"],"replicaIdentity":"default"},"new":{"id":"i1","big":9007199254740993,"neg":-18446744073709551617,"f":1.0e+400,"s":"a\u0000b \"commit\" é"}}]"#;
+
+/// Opens a subscription through the sidecar and returns both ends of it.
+async fn open(sidecar: &Sidecar, upstream: &mut Upstream, path: &str) -> (Client, UpstreamConn) {
+    let url = sidecar.url(path);
+    tokio::join!(connect(&url), upstream.accept())
+}
+
+/// Opens a subscription through the sidecar; the upstream admits it like Zero and sends the status.
+async fn subscribe(
+    sidecar: &Sidecar,
+    upstream: &mut Upstream,
+    path: &str,
+) -> (Client, UpstreamConn, String) {
+    let (mut client, mut conn) = open(sidecar, upstream, path).await;
+    assert!(conn.admit_like_zero().await, "{}", conn.target);
+    let status = conn.send_msg(1, STATUS).await;
+    assert_eq!(next_text(&mut client).await, status);
+    (client, conn, status)
+}
+
+#[tokio::test]
+async fn frames_are_relayed_byte_for_byte_both_ways() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "serving-replicator-4242", "0a", false);
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+
+    let frames = [
+        conn.send_msg(2, &begin("0b")).await,
+        conn.send_msg(3, DATA).await,
+        conn.send_msg(4, &commit("0b")).await,
+    ];
+    for frame in &frames {
+        assert_eq!(next_text(&mut client).await.as_bytes(), frame.as_bytes());
+    }
+    // The id-first order of later Zero versions, odd whitespace, and a binary frame pass untouched as well.
+    let id_first = format!("{{ \"id\" : 5 ,\n\"msg\":{DATA} }}");
+    conn.send_text(&id_first).await;
+    assert_eq!(next_text(&mut client).await, id_first);
+    conn.ws
+        .send(Message::Binary(vec![0u8, 1, 2, 255].into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_message(&mut client).await,
+        Some(Message::Binary(vec![0u8, 1, 2, 255].into()))
+    );
+
+    for ack in 1..=5 {
+        send_text(&mut client, &format!(r#"{{"ack":{ack}}}"#)).await;
+        assert_eq!(conn.next_ack().await, ack);
+    }
+    // Whatever else the subscriber sends reaches the upstream as sent; the upstream decides about it.
+    let odd = r#"{"ack":6,"note":"big 9007199254740993 \u0000"}"#;
+    send_text(&mut client, odd).await;
+    assert_eq!(conn.next_text().await, odd);
+    client
+        .send(Message::Binary(vec![9u8, 8].into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        conn.next_message().await,
+        Some(Message::Binary(vec![9u8, 8].into()))
+    );
+    // Zero ends a stream after a bad ack with a close without a code; the subscriber sees exactly that.
+    conn.close(None, "").await;
+    assert_eq!(expect_close(&mut client).await, None);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn hundred_mib_messages_pass_both_ways() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "big", "0a", false);
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+
+    let filler = "x".repeat(100 << 20);
+    let down = format!(r#"{{"msg":["data",{{"tag":"insert","new":{{"s":"{filler}"}}}}],"id":2}}"#);
+    assert!(down.len() > 100 << 20);
+    conn.send_text(&down).await;
+    let received = next_text(&mut client).await;
+    assert!(received == down, "the 100 MiB message changed on the way");
+    drop(received);
+
+    let up = format!(r#"{{"note":"{filler}"}}"#);
+    send_text(&mut client, &up).await;
+    let received = conn.next_text().await;
+    assert!(received == up, "the 100 MiB message changed on the way up");
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn the_query_is_forwarded_exactly_with_initial_rewritten_only_when_configured() {
+    let query = "taskID=0042ea&id=rm-1%2Fbackup-replicator-1234&mode=backup&watermark=718sh0nk8\
+                 &replicaVersion=618ocqq8&initial=true&x=%7E+y";
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    for version in 1..=6 {
+        let path = format!("/replication/v{version}/changes?{query}");
+        let (_client, conn) = open(&sidecar, &mut upstream, &path).await;
+        assert_eq!(
+            conn.target,
+            format!(
+                "/replication/v{version}/changes?{}",
+                query.replace("initial=true", "initial=false")
+            )
+        );
+    }
+    // Without `initial=true` nothing changes.
+    let other = "id=a%20b&initial=TRUE&replicaVersion=01&watermark=0a&initial=true";
+    let path = format!("/replication/v3/changes?{other}");
+    let (_client, conn) = open(&sidecar, &mut upstream, &path).await;
+    assert_eq!(conn.target, path);
+    sidecar.stop().await;
+
+    let sidecar = start(upstream.config("[relay]\nsuppress_upstream_cleanup = false\n")).await;
+    let path = format!("/replication/v3/changes?{query}");
+    let (_client, conn) = open(&sidecar, &mut upstream, &path).await;
+    assert_eq!(conn.target, path);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn an_initial_subscription_ends_its_tasks_reservation_once_the_upstream_answers() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    for (task, mode) in [("vs-1", "serving"), ("rm-1", "backup")] {
+        let mut reservation = connect(&sidecar.snapshot_url(task)).await;
+        next_text(&mut reservation).await;
+        eventually("reservation", || sidecar.registry.len() == 1).await;
+
+        let path = format!(
+            "/replication/v3/changes?taskID={task}&id=r&mode={mode}&watermark=0a&replicaVersion=01&initial=true"
+        );
+        let (mut client, mut conn) = open(&sidecar, &mut upstream, &path).await;
+        // Not before the upstream has registered the subscriber, which its first message shows.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(sidecar.registry.len(), 1);
+        conn.send_msg(1, STATUS).await;
+        next_text(&mut client).await;
+        // Zero closes the ended reservation without a status code.
+        assert_eq!(expect_close(&mut reservation).await, None);
+        assert!(sidecar.registry.is_empty());
+    }
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn other_subscriptions_leave_reservations_alone() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let mut reservation = connect(&sidecar.snapshot_url("vs-1")).await;
+    next_text(&mut reservation).await;
+    eventually("reservation", || sidecar.registry.len() == 1).await;
+
+    let mut open = Vec::new();
+    for path in [
+        changes_path(3, "vs-1", "a", "0a", false),
+        changes_path(3, "", "b", "0a", true),
+        changes_path(3, "vs-2", "c", "0a", true),
+        "/replication/v3/changes?id=d&watermark=0a&replicaVersion=01&initial=true".to_string(),
+    ] {
+        open.push(subscribe(&sidecar, &mut upstream, &path).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(sidecar.registry.len(), 1);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn acknowledged_commits_reach_the_subscriber_registry() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "serving-replicator-1", "0a", true);
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    eventually("registered", || sidecar.subscribers.connected() == 1).await;
+    let acked = |sidecar: &Sidecar| sidecar.subscribers.acked_by_id();
+    assert_eq!(
+        acked(&sidecar),
+        [("serving-replicator-1".to_string(), "0a".to_string())]
+    );
+
+    conn.send_msg(2, &begin("0b")).await;
+    conn.send_msg(3, DATA).await;
+    conn.send_msg(4, &commit("0b")).await;
+    conn.send_msg(5, &begin("0c")).await;
+    conn.send_msg(6, &commit("0c")).await;
+    for _ in 2..=6 {
+        next_text(&mut client).await;
+    }
+    for ack in 1..=3 {
+        send_text(&mut client, &format!(r#"{{"ack":{ack}}}"#)).await;
+        assert_eq!(conn.next_ack().await, ack);
+    }
+    assert_eq!(acked(&sidecar)[0].1, "0a");
+    send_text(&mut client, r#"{"ack":4}"#).await;
+    assert_eq!(conn.next_ack().await, 4);
+    assert_eq!(acked(&sidecar)[0].1, "0b");
+    for ack in 5..=6 {
+        send_text(&mut client, &format!(r#"{{"ack":{ack}}}"#)).await;
+        assert_eq!(conn.next_ack().await, ack);
+    }
+    assert_eq!(acked(&sidecar)[0].1, "0c");
+
+    // The subscriber leaves: it is remembered as departed, with what it had acknowledged.
+    client.close(None).await.unwrap();
+    assert_eq!(conn.expect_close().await, None);
+    eventually("departed", || sidecar.subscribers.connected() == 0).await;
+    let policy = sidecar
+        .subscribers
+        .for_policy(tokio::time::Instant::now(), Duration::from_secs(60));
+    assert_eq!(policy.len(), 1);
+    assert_eq!(policy[0].acked, "0c");
+    assert!(policy[0].departed.is_some());
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn a_subscription_without_its_position_is_relayed_but_not_tracked() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let (mut client, mut conn) = open(
+        &sidecar,
+        &mut upstream,
+        "/replication/v3/changes?id=x&replicaVersion=01",
+    )
+    .await;
+    // Zero rejects it, and the subscriber sees Zero's reason.
+    assert!(!conn.admit_like_zero().await);
+    assert_eq!(
+        expect_close(&mut client).await,
+        Some((
+            1002,
+            "Error: invalid querystring - missing watermark".into()
+        ))
+    );
+    assert_eq!(sidecar.subscribers.connected(), 0);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn zeros_rejections_reach_the_subscriber_as_sent() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let cases = [
+        (
+            "/replication/v4/changes?id=a&replicaVersion=01&watermark=0a",
+            "Error: Cannot service client at protocol v4. Supported protocols: [v1 ... v3]",
+        ),
+        (
+            "/replication/v3/changes?replicaVersion=01&watermark=0a",
+            "Error: invalid querystring - missing id",
+        ),
+        (
+            "/replication/v3/changes?id=a&watermark=0a",
+            "Error: invalid querystring - missing replicaVersion",
+        ),
+    ];
+    for (path, reason) in cases {
+        let (mut client, mut conn) = open(&sidecar, &mut upstream, path).await;
+        assert!(!conn.admit_like_zero().await);
+        assert_eq!(
+            expect_close(&mut client).await,
+            Some((1002, reason.to_string())),
+            "{path}"
+        );
+    }
+
+    // A wrong replica version: one error message, its ack, then a close without a code.
+    let path = changes_path(3, "t1", "a", "0a", false);
+    let (mut client, mut conn) = open(&sidecar, &mut upstream, &path).await;
+    let error = conn
+        .send_msg(
+            1,
+            r#"["error",{"type":1,"message":"current replica version is 02 (requested 01)"}]"#,
+        )
+        .await;
+    assert_eq!(next_text(&mut client).await, error);
+    send_text(&mut client, r#"{"ack":1}"#).await;
+    assert_eq!(conn.next_ack().await, 1);
+    conn.close(None, "").await;
+    assert_eq!(expect_close(&mut client).await, None);
+
+    // Any code and reason, both ways.
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    conn.close(Some(1011), "Error: internal").await;
+    assert_eq!(
+        expect_close(&mut client).await,
+        Some((1011, "Error: internal".into()))
+    );
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    client
+        .close(Some(CloseFrame {
+            code: close_code(4000),
+            reason: "bye".into(),
+        }))
+        .await
+        .unwrap();
+    assert_eq!(conn.expect_close().await, Some((4000, "bye".into())));
+    // The upstream's answer goes back to the subscriber.
+    assert_eq!(expect_close(&mut client).await, Some((4000, "bye".into())));
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn versions_and_paths_no_zero_serves_are_refused_before_the_upgrade() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let cases = [
+        (
+            "/replication/v0/changes?id=a",
+            "Error: Cannot service client at protocol v0. Supported protocols: [v1 ... v6]",
+        ),
+        (
+            "/replication/v7/changes?id=a",
+            "Error: Cannot service client at protocol v7. Supported protocols: [v1 ... v6]",
+        ),
+        (
+            "/replication/latest/changes",
+            "Error: invalid path: /replication/latest/changes",
+        ),
+    ];
+    for (path, message) in cases {
+        assert_eq!(
+            refused(&sidecar.url(path)).await,
+            (400, message.to_string()),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        refused(&sidecar.url("/replication/v3/changes/")).await.0,
+        404
+    );
+    assert!(upstream.none_arrives().await);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_a_502_before_the_upgrade() {
+    let sidecar = start(config(&format!(
+        "\n[upstream]\naddress = \"{}\"\n",
+        unused_addr()
+    )))
+    .await;
+    let path = changes_path(3, "t1", "a", "0a", true);
+    let (status, body) = refused(&sidecar.url(&path)).await;
+    assert_eq!(status, 502);
+    assert!(body.contains("upstream"), "{body}");
+    sidecar.stop().await;
+
+    // An upstream that accepts TCP but never answers the handshake: refused after the connect timeout.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sidecar = start(config(&format!(
+        "\n[upstream]\naddress = \"{}\"\nconnect_timeout = \"200ms\"\n",
+        silent.local_addr().unwrap()
+    )))
+    .await;
+    let (status, body) = refused(&sidecar.url(&path)).await;
+    assert_eq!(status, 502);
+    assert!(body.contains("did not complete"), "{body}");
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn an_upstream_refusing_the_upgrade_is_a_502() {
+    let upstream = Upstream::refusing(404).await;
+    let sidecar = start(upstream.config("")).await;
+    let (status, body) = refused(&sidecar.url(&changes_path(3, "t1", "a", "0a", true))).await;
+    assert_eq!(status, 502);
+    assert!(body.contains("HTTP 404"), "{body}");
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn a_vanishing_subscriber_closes_its_upstream_and_departs() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "a", "0a", false);
+    let mut raw = RawClient::connect(sidecar.addr, &path).await;
+    let mut conn = upstream.accept().await;
+    conn.send_msg(1, STATUS).await;
+    raw.read_frame().await.unwrap();
+    eventually("registered", || sidecar.subscribers.connected() == 1).await;
+
+    drop(raw);
+    assert_eq!(
+        conn.expect_close().await,
+        Some((1001, "subscriber gone".into()))
+    );
+    eventually("departed", || sidecar.subscribers.connected() == 0).await;
+    assert!(sidecar
+        .subscribers
+        .for_policy(tokio::time::Instant::now(), Duration::from_secs(60))[0]
+        .departed
+        .is_some());
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn a_lost_upstream_is_reported_to_the_subscriber() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "a", "0a", false);
+    let (mut client, conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    drop(conn);
+    assert_eq!(
+        expect_close(&mut client).await,
+        Some((1011, "Error: upstream connection lost".into()))
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn each_hop_keeps_its_own_liveness() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("[server]\nping_interval = \"100ms\"\n")).await;
+    let path = changes_path(3, "t1", "a", "0a", false);
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+
+    // The sidecar pings the subscriber itself.
+    let mut pings = 0;
+    while pings < 3 {
+        match tokio::time::timeout(Duration::from_secs(5), client.next()).await {
+            Ok(Some(Ok(Message::Ping(_)))) => pings += 1,
+            other => panic!("expected pings, got {other:?}"),
+        }
+    }
+    // Upstream pings are answered by the sidecar, not passed on; the subscriber's pings likewise.
+    conn.ws
+        .send(Message::Ping(b"up".to_vec().into()))
+        .await
+        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), conn.ws.next()).await {
+        Ok(Some(Ok(Message::Pong(payload)))) => assert_eq!(&payload[..], b"up"),
+        other => panic!("expected a pong upstream, got {other:?}"),
+    }
+    client
+        .send(Message::Ping(b"down".to_vec().into()))
+        .await
+        .unwrap();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), client.next()).await {
+            Ok(Some(Ok(Message::Ping(_)))) => continue,
+            Ok(Some(Ok(Message::Pong(payload)))) => {
+                assert_eq!(&payload[..], b"down");
+                break;
+            }
+            other => panic!("expected a pong, got {other:?}"),
+        }
+    }
+    let marker = conn.send_msg(2, STATUS).await;
+    assert_eq!(next_text(&mut client).await, marker);
+    // The upstream saw neither ping nor pong of the subscriber's hop.
+    send_text(&mut client, r#"{"ack":1}"#).await;
+    match tokio::time::timeout(Duration::from_secs(5), conn.ws.next()).await {
+        Ok(Some(Ok(Message::Text(text)))) => assert_eq!(text.as_str(), r#"{"ack":1}"#),
+        other => panic!("expected only the ack upstream, got {other:?}"),
+    }
+
+    // A subscriber that never answers pings is dropped, and its upstream closed.
+    let mut silent = RawClient::connect(sidecar.addr, &path).await;
+    let mut silent_conn = upstream.accept().await;
+    silent_conn.send_msg(1, STATUS).await;
+    assert!(
+        silent.is_dropped().await,
+        "an unresponsive subscriber was kept"
+    );
+    assert_eq!(
+        silent_conn.expect_close().await,
+        Some((1001, "subscriber unresponsive".into()))
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn a_silent_upstream_is_dropped() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(config(&format!(
+        "\n[upstream]\naddress = \"{}\"\nsilence_timeout = \"200ms\"\n",
+        upstream.addr
+    )))
+    .await;
+    let path = changes_path(3, "t1", "a", "0a", false);
+    let (mut client, _conn) = open(&sidecar, &mut upstream, &path).await;
+    assert_eq!(
+        expect_close(&mut client).await,
+        Some((1011, "Error: upstream silent".into()))
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn bad_frames_from_a_subscriber_close_only_its_own_relay() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "a", "0a", false);
+    let (mut bystander, mut bystander_conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+
+    for (frame, code) in [
+        (&[0x81u8, 0x82, 0, 0, 0, 0, 0xff, 0xfe][..], 1007),
+        (&[0x83u8, 0x80, 0, 0, 0, 0][..], 1002),
+        (&[0x89u8, 0x80 | 126, 0, 200, 0, 0, 0, 0][..], 1002),
+    ] {
+        let mut raw = RawClient::connect(sidecar.addr, &path).await;
+        let mut conn = upstream.accept().await;
+        conn.send_msg(1, STATUS).await;
+        raw.read_frame().await.unwrap();
+        use tokio::io::AsyncWriteExt;
+        raw.stream.write_all(frame).await.unwrap();
+        assert_eq!(raw.read_close().await.unwrap().0, code);
+        assert_eq!(
+            conn.expect_close().await,
+            Some((1001, "subscriber gone".into()))
+        );
+    }
+    // A fragmented ack is relayed as fragments and still counted.
+    let mut raw = RawClient::connect(sidecar.addr, &path).await;
+    let mut conn = upstream.accept().await;
+    conn.send_msg(1, STATUS).await;
+    raw.read_frame().await.unwrap();
+    raw.write_frame(false, 0x1, b"{\"ack\"").await;
+    raw.write_frame(true, 0x0, b":1}").await;
+    assert_eq!(conn.next_ack().await, 1);
+
+    let marker = bystander_conn.send_msg(2, DATA).await;
+    assert_eq!(next_text(&mut bystander).await, marker);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_closes_subscribers_with_1001_and_their_upstreams() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let mut pairs = Vec::new();
+    for i in 0..3 {
+        let path = changes_path(3, &format!("t{i}"), &format!("s{i}"), "0a", false);
+        pairs.push(subscribe(&sidecar, &mut upstream, &path).await);
+    }
+    sidecar.begin_shutdown();
+    for (client, conn, _) in &mut pairs {
+        assert_eq!(
+            expect_close(client).await,
+            Some((1001, "sidecar shutting down".into()))
+        );
+        assert_eq!(
+            conn.expect_close().await,
+            Some((1001, "sidecar shutting down".into()))
+        );
+    }
+    let subscribers = sidecar.subscribers.clone();
+    sidecar.stop().await;
+    assert_eq!(subscribers.connected(), 0);
+}
+
+#[tokio::test]
+async fn a_slow_subscriber_holds_back_only_its_own_upstream() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "slow", "0a", false);
+    let (mut slow, conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    let (mut bystander, mut bystander_conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+
+    // The upstream pushes 1 KiB messages as fast as the relay takes them; the subscriber reads nothing.
+    const FRAME: usize = 1024;
+    const ATTEMPT: u64 = 256 << 20;
+    let sent = Arc::new(AtomicU64::new(0));
+    let pusher = {
+        let sent = sent.clone();
+        let mut ws = conn.ws;
+        tokio::spawn(async move {
+            let filler = "y".repeat(FRAME - 40);
+            let mut id = 2u64;
+            while sent.load(Ordering::Relaxed) < ATTEMPT {
+                let frame = format!(r#"{{"msg":["data",{{"s":"{filler}"}}],"id":{id}}}"#);
+                let len = frame.len() as u64;
+                if ws.send(Message::Text(frame.into())).await.is_err() {
+                    return ws;
+                }
+                sent.fetch_add(len, Ordering::Relaxed);
+                id += 1;
+            }
+            ws
+        })
+    };
+    // Wait until the upstream's writes stall.
+    let mut last = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = sent.load(Ordering::Relaxed);
+        if now == last {
+            break;
+        }
+        assert!(now < ATTEMPT, "the relay buffered everything");
+        last = now;
+    }
+    // Socket buffers on three sockets and the relay's own bounded queue: far below what was offered.
+    assert!(
+        last < 64 << 20,
+        "{} MiB went out before the upstream was held back",
+        last >> 20
+    );
+    // Another subscription on the same sidecar is not slowed.
+    let marker = bystander_conn.send_msg(2, DATA).await;
+    assert_eq!(next_text(&mut bystander).await, marker);
+
+    // Once the subscriber reads, everything arrives in order and the upstream moves again.
+    let mut expected_id = 2u64;
+    while expected_id < 2 + (last / FRAME as u64) + 100 {
+        let text = next_text(&mut slow).await;
+        assert!(
+            text.ends_with(&format!(",\"id\":{expected_id}}}")),
+            "out of order at {expected_id}"
+        );
+        expected_id += 1;
+    }
+    assert!(sent.load(Ordering::Relaxed) > last);
+    pusher.abort();
+    sidecar.stop().await;
+}
+
+/// A loopback address nothing listens on.
+fn unused_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
