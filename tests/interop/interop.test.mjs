@@ -212,6 +212,7 @@ scenario('3. cleanup on the real change log: reservations, backups, the cleanup 
   assert.match(proxied.body, /litestream_db_size/);
   assert.doesNotMatch(proxied.body, /litestream_replica_progress/, 'the proxy hides the watermark from Zero');
 
+  await t.waitBackedUp(w2);
   // A restore starts: reservation R. The newest backup at that moment is its floor.
   const reservation = new Pump(await client.reserveSnapshot(S3_TASK), 'reservation 3');
   pumps.push(reservation);
