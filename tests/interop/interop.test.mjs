@@ -104,7 +104,7 @@ after(async () => {
     t.procs.dump();
     process.stderr.write(`\n===== log of Zero's client in the tests =====\n${clientLog.join('\n')}\n`);
   }
-  await t.close();
+  await t.close({keep: failed});
   const left = markedPids();
   assert.deepEqual(left, [], `processes left running: ${left}`);
 });

@@ -114,9 +114,8 @@ export class Procs {
     };
     child.stdout.on('data', take);
     child.stderr.on('data', take);
-    proc.exited.then(({code, signal}) => {
-      file.end(`[harness] ${name} exited: code=${code} signal=${signal}\n`);
-    });
+    // 'close' comes after the last output (unlike 'exit'), so nothing the process wrote is lost.
+    child.on('close', (code, signal) => file.end(`[harness] ${name} exited: code=${code} signal=${signal}\n`));
     this.procs.set(name, proc);
     return proc;
   }

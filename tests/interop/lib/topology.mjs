@@ -6,7 +6,7 @@
 //   sidecar ──▶ change DB (verify ownerAddress, purge changeLog)
 //
 // One PostgreSQL cluster (scripts/with-postgres.sh) holds the upstream, CVR and change databases.
-import {mkdirSync, mkdtempSync, readFileSync, writeFileSync, existsSync} from 'node:fs';
+import {mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync} from 'node:fs';
 import {createServer} from 'node:net';
 import {tmpdir} from 'node:os';
 import {dirname, join, resolve} from 'node:path';
@@ -298,20 +298,29 @@ filter = "warn,litestream_sidecar=debug"
     );
   }
 
-  /** Inserts rows upstream in one transaction; returns the commit watermark once the change log has it. */
+  /** Inserts rows upstream in one transaction; returns its commit watermark once the change log has stored it. */
   async insert(rows) {
-    const before = new Set((await this.changeLog()).map(r => r.watermark));
     await this.upstream.begin(async tx => {
       for (const [id, label, big = null] of rows) {
         await tx`INSERT INTO item (id, label, big) VALUES (${id}, ${label}, ${big})`;
       }
     });
-    const added = await eventually(`the change log to store the insert of ${rows.map(r => r[0])}`, async () => {
-      const now = (await this.changeLog()).filter(r => !before.has(r.watermark));
-      return now.length > 0 ? now : null;
+    const ids = rows.map(r => String(r[0]));
+    const found = await eventually(`the change log to store the insert of ${ids}`, async () => {
+      const hits = await this.change.unsafe(
+        `SELECT DISTINCT watermark FROM ${CDC}."changeLog"
+          WHERE change->>'tag' = 'insert' AND change->'relation'->>'name' = 'item' AND change->'new'->>'id' = ANY($1)`,
+        [ids],
+      );
+      return hits.length > 0 ? hits : null;
     });
-    if (added.length !== 1) throw new Error(`expected one new transaction, got ${JSON.stringify(added)}`);
-    return added[0].watermark;
+    if (found.length !== 1) throw new Error(`the rows ${ids} are in more than one transaction: ${JSON.stringify(found)}`);
+    const {watermark} = found[0];
+    // The commit row is stored with the rest of the transaction; wait for it all the same.
+    await eventually(`the commit of ${watermark}`, async () =>
+      (await this.change.unsafe(`SELECT 1 FROM ${CDC}."changeLog" WHERE watermark = $1 AND change->>'tag' = 'commit'`,
+        [watermark])).length === 1);
+    return watermark;
   }
 
   async standinPage() {
@@ -353,8 +362,20 @@ filter = "warn,litestream_sidecar=debug"
     return rows.map(r => [r.id, r.label, r.big]);
   }
 
-  async close() {
+  /** Stops everything; on success also drops the databases and removes the temp directory (kept on failure). */
+  async close({keep = false} = {}) {
     await this.procs.stopAll();
     await Promise.all(this.sqls.map(s => s.end({timeout: 2}).catch(() => {})));
+    if (keep || !this.dbs) return;
+    const admin = postgres(this.baseURL.toString(), {max: 1, onnotice: () => {}});
+    try {
+      for (const db of Object.values(this.dbs)) {
+        await admin`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = ${db}`;
+        await admin.unsafe(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`);
+      }
+    } finally {
+      await admin.end({timeout: 2});
+    }
+    rmSync(this.dir, {recursive: true, force: true});
   }
 }
