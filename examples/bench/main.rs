@@ -3,6 +3,7 @@
 //!
 //! Arguments name the sections to run (`cargo run --release --example bench -- purge`); none runs them all.
 
+mod metrics;
 mod purge;
 mod reservations;
 mod util;
@@ -18,6 +19,9 @@ fn main() {
     runtime.block_on(async {
         if wanted("reservations") {
             reservations::run(&mut report).await;
+        }
+        if wanted("metrics") {
+            metrics::run(&mut report).await;
         }
         if wanted("purge") {
             purge::run(&mut report).await;
