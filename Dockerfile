@@ -10,8 +10,6 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-COPY examples ./examples
-COPY tests ./tests
 RUN cargo build --release --locked --bin litestream-sidecar \
  && strip target/release/litestream-sidecar
 
