@@ -33,6 +33,7 @@ pub mod proxy;
 pub mod relay;
 pub mod reservations;
 pub mod server;
+pub mod shared;
 pub mod subscribers;
 pub mod ws;
 

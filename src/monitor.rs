@@ -5,7 +5,6 @@
 //! Failures never purge: a scrape that fails keeps what is known and tries again next interval; a purge that
 //! fails leaves the last purged watermark where it was.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::{Instant, MissedTickBehavior};
@@ -81,19 +80,8 @@ pub struct Status {
     pub newest_backup: Option<String>,
 }
 
-/// Shared, cheap to clone view of [`Status`].
-#[derive(Clone, Default)]
-pub struct StatusHandle(Arc<Mutex<Status>>);
-
-impl StatusHandle {
-    pub fn get(&self) -> Status {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn update(&self, f: impl FnOnce(&mut Status)) {
-        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
-    }
-}
+/// Shared view of [`Status`].
+pub type StatusHandle = crate::shared::Shared<Status>;
 
 /// Logs a recurring problem once when it starts or changes, then at most every [`WARN_EVERY`], and once when it
 /// clears: an operator sees every transition without a line per tick.
