@@ -918,6 +918,34 @@ mod tests {
         assert_eq!(from_file, defaults);
     }
 
+    /// Every key the code accepts is written in the reference file, under a comment saying what it is for.
+    #[test]
+    fn reference_file_documents_every_key() {
+        let text = include_str!("../sidecar.toml");
+        let written: toml::Table = text.parse().unwrap();
+        let accepted = toml::Value::try_from(RawConfig::default()).unwrap();
+        let accepted = accepted.as_table().unwrap();
+        let sections = |t: &toml::Table| t.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(sections(&written), sections(accepted), "sections");
+        for (section, keys) in accepted {
+            let keys = keys.as_table().unwrap();
+            let in_file = written[section].as_table().unwrap();
+            assert_eq!(sections(in_file), sections(keys), "keys of [{section}]");
+            // The line before each key is a comment (the key's documentation).
+            let body = text.split(&format!("[{section}]\n")).nth(1).unwrap();
+            for key in keys.keys() {
+                let at = body
+                    .find(&format!("\n{key} = "))
+                    .unwrap_or_else(|| panic!("{section}.{key}"));
+                let previous = body[..at].lines().last().unwrap_or("");
+                assert!(
+                    previous.starts_with('#'),
+                    "{section}.{key} has no comment above it"
+                );
+            }
+        }
+    }
+
     #[test]
     fn default_port_is_none_of_zeros() {
         let port = RawServer::default()

@@ -77,7 +77,10 @@ pub struct Status {
     pub purges: u64,
     pub purged_rows: u64,
     pub scrape_errors: u64,
-    pub newest_backup: Option<String>,
+    /// The newest backed-up watermark seen and when it was backed up.
+    pub newest_backup: Option<(String, SystemTime)>,
+    /// Checks that did not purge, by reason.
+    pub holds: std::collections::HashMap<HoldReason, u64>,
 }
 
 /// Shared view of [`Status`].
@@ -209,7 +212,11 @@ impl Monitor {
                             "backed-up watermarks"
                         );
                     }
-                    let newest = cleanup::newest_backup(tracker.backups()).map(str::to_string);
+                    let newest = tracker
+                        .backups()
+                        .iter()
+                        .max_by(|a, b| a.watermark.cmp(&b.watermark))
+                        .map(|b| (b.watermark.clone(), b.backed_up_at));
                     if newest.is_some() {
                         self.status.update(|s| s.newest_backup = newest);
                     }
@@ -226,6 +233,8 @@ impl Monitor {
                 .update(|s| s.last_decision = Some(decision.clone()));
             match decision {
                 Decision::Hold(reason) => {
+                    self.status
+                        .update(|s| *s.holds.entry(reason).or_default() += 1);
                     if last_hold != Some(reason) {
                         info!(%reason, "cleanup held");
                         last_hold = Some(reason);

@@ -30,6 +30,8 @@ pub enum Route {
     Root,
     /// `/keepalive`: readiness.
     Keepalive,
+    /// `/metrics`: the sidecar's own metrics.
+    Metrics,
     /// `/replication/{segment}/snapshot`.
     Snapshot(Version),
     /// `/replication/{segment}/changes`.
@@ -51,6 +53,7 @@ pub fn route(path: &str) -> Route {
     match path {
         "/" => return Route::Root,
         "/keepalive" => return Route::Keepalive,
+        "/metrics" => return Route::Metrics,
         _ => {}
     }
     let Some(rest) = path.strip_prefix("/replication/") else {
