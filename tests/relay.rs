@@ -527,10 +527,15 @@ async fn bad_frames_from_a_subscriber_close_only_its_own_relay() {
     let path = changes_path(3, "t1", "a", "0a", false);
     let (mut bystander, mut bystander_conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
 
+    let mut too_big = vec![0x81u8, 0x80 | 127];
+    too_big.extend_from_slice(&((128u64 << 20) + 1).to_be_bytes());
+    too_big.extend_from_slice(&[0, 0, 0, 0]);
     for (frame, code) in [
-        (&[0x81u8, 0x82, 0, 0, 0, 0, 0xff, 0xfe][..], 1007),
+        // Unmasked, a reserved opcode, a ping too long to be one, more than server.max_message_bytes.
+        (&[0x81u8, 0x02, b'{', b'}'][..], 1002),
         (&[0x83u8, 0x80, 0, 0, 0, 0][..], 1002),
         (&[0x89u8, 0x80 | 126, 0, 200, 0, 0, 0, 0][..], 1002),
+        (&too_big[..], 1009),
     ] {
         let mut raw = RawClient::connect(sidecar.addr, &path).await;
         let mut conn = upstream.accept().await;
