@@ -285,6 +285,8 @@ struct Relay<'a> {
     acks: Option<AckTracker>,
     downstream_messages: Messages,
     client_messages: Messages,
+    /// Where a client frame is unmasked to be read.
+    scratch: Vec<u8>,
     outcome: Option<Outcome>,
 }
 
@@ -440,13 +442,12 @@ impl Relay<'_> {
                     return;
                 };
                 // Frames too long to be part of an ack are not unmasked: only their length matters.
-                let mut copy = [0u8; ACK_INSPECT_LIMIT];
                 let payload = match header.mask {
                     Some(key) if payload.len() <= ACK_INSPECT_LIMIT => {
-                        let copy = &mut copy[..payload.len()];
-                        copy.copy_from_slice(payload);
-                        fastwebsockets::unmask(copy, key);
-                        &*copy
+                        self.scratch.clear();
+                        self.scratch.extend_from_slice(payload);
+                        fastwebsockets::unmask(&mut self.scratch, key);
+                        &self.scratch[..]
                     }
                     _ => payload,
                 };
@@ -535,6 +536,7 @@ pub async fn handle_changes(
         acks: None,
         downstream_messages: Messages::new(settings.max_message_bytes),
         client_messages: Messages::new(ACK_INSPECT_LIMIT),
+        scratch: Vec::new(),
         outcome: None,
     };
 
