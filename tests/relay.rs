@@ -247,6 +247,57 @@ async fn acknowledged_commits_reach_the_subscriber_registry() {
 }
 
 #[tokio::test]
+async fn fragments_pass_as_fragments_and_a_fragmented_commit_still_counts() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "frag", "0a", false);
+    let (mut raw, mut conn) =
+        tokio::join!(RawClient::connect(sidecar.addr, &path), upstream.accept());
+    conn.send_msg(1, STATUS).await;
+    let frame = format!(r#"{{"msg":{},"id":2}}"#, commit("0b"));
+    let (head, tail) = frame.split_at(20);
+    let text = OpCode::Data(Data::Text);
+    let more = OpCode::Data(Data::Continue);
+    conn.ws
+        .send(Message::Frame(Frame::message(
+            head.as_bytes().to_vec(),
+            text,
+            false,
+        )))
+        .await
+        .unwrap();
+    conn.ws
+        .send(Message::Frame(Frame::message(
+            tail.as_bytes().to_vec(),
+            more,
+            true,
+        )))
+        .await
+        .unwrap();
+    // The subscriber gets the status, then the two fragments exactly as they were sent.
+    assert_eq!(raw.read_frame().await.unwrap().0, 0x1);
+    assert_eq!(
+        raw.read_frame().await.unwrap(),
+        (0x1, head.as_bytes().to_vec())
+    );
+    assert_eq!(
+        raw.read_frame().await.unwrap(),
+        (0x0, tail.as_bytes().to_vec())
+    );
+    raw.write_frame(true, 0x1, br#"{"ack":1}"#).await;
+    raw.write_frame(true, 0x1, br#"{"ack":2}"#).await;
+    assert_eq!(conn.next_ack().await, 1);
+    assert_eq!(conn.next_ack().await, 2);
+    assert_eq!(
+        sidecar.subscribers.acked_by_id(),
+        [("frag".into(), "0b".into())]
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
 async fn a_subscription_without_its_position_is_relayed_but_not_tracked() {
     let mut upstream = Upstream::start().await;
     let sidecar = start(upstream.config("")).await;
