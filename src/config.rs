@@ -1177,6 +1177,25 @@ mod tests {
         assert_eq!(config.upstream.advertised_address, "127.0.0.1:4849");
         assert_eq!(config.upstream.silence_timeout, Duration::from_secs(33));
         assert_eq!(config.relay.max_buffered_bytes, 64 << 10);
+
+        let env = [
+            (
+                "LITESTREAM_SIDECAR__RELAY__SUPPRESS_UPSTREAM_CLEANUP",
+                "false",
+            ),
+            ("LITESTREAM_SIDECAR__RELAY__MAX_BUFFERED_BYTES", "131072"),
+            ("LITESTREAM_SIDECAR__UPSTREAM__ADDRESS", "zero-rm:4849"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let config = from_toml_str(MINIMAL, Some(env))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(!config.relay.suppress_upstream_cleanup);
+        assert_eq!(config.relay.max_buffered_bytes, 128 << 10);
+        assert_eq!(config.upstream.address, "zero-rm:4849");
     }
 
     #[test]
