@@ -197,6 +197,7 @@ impl App {
                 }),
                 registry: self.registry.clone(),
                 subscribers: self.subscribers.clone(),
+                instruments: self.instruments.clone(),
                 shutdown: shutdown.clone(),
             },
             shutdown: shutdown.clone(),

@@ -68,13 +68,13 @@ impl Default for Instruments {
 }
 
 impl Instruments {
-    /// Counts one relayed frame of `bytes` payload bytes.
-    pub fn relayed(&self, direction: Direction, bytes: usize) {
+    /// Counts `frames` relayed frames carrying `bytes` payload bytes (the relay counts once per read).
+    pub fn relayed(&self, direction: Direction, frames: u64, bytes: u64) {
         let label = DirectionLabel {
             direction: direction.as_str(),
         };
-        self.relay_frames.get_or_create(&label).inc();
-        self.relay_bytes.get_or_create(&label).inc_by(bytes as u64);
+        self.relay_frames.get_or_create(&label).inc_by(frames);
+        self.relay_bytes.get_or_create(&label).inc_by(bytes);
     }
 }
 
@@ -242,9 +242,9 @@ mod tests {
         let instruments = Instruments::default();
         instruments.reservation_seconds.observe(3.0);
         instruments.reservation_seconds.observe(100.0);
-        instruments.relayed(Direction::Downstream, 300);
-        instruments.relayed(Direction::Downstream, 200);
-        instruments.relayed(Direction::Upstream, 9);
+        instruments.relayed(Direction::Downstream, 1, 300);
+        instruments.relayed(Direction::Downstream, 1, 200);
+        instruments.relayed(Direction::Upstream, 1, 9);
         instruments.upstream_connect_errors.inc();
         let snapshot = Snapshot {
             reservations_open: 2,

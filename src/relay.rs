@@ -46,6 +46,8 @@ pub struct RelayContext {
     pub settings: Arc<Settings>,
     pub registry: Registry,
     pub subscribers: Subscribers,
+    /// Relayed frames and bytes, counted once per read.
+    pub instruments: crate::metrics::Instruments,
     pub shutdown: CancellationToken,
 }
 
@@ -373,6 +375,7 @@ impl Relay<'_> {
         let max = self.ctx.settings.max_message_bytes;
         // Bytes at the front of `buf` that are whole data frames, relayed together.
         let mut frames = 0;
+        let (mut data_frames, mut data_bytes) = (0u64, 0u64);
         while self.peer(source).reading() {
             let header = match ws::parse_header(&buf[frames..], from_client, max) {
                 Ok(Some(header)) => header,
@@ -402,9 +405,20 @@ impl Relay<'_> {
                 continue;
             }
             self.data(source, &header, &buf[frames + header.len..end]);
+            data_frames += 1;
+            data_bytes += (end - frames - header.len) as u64;
             frames = end;
         }
         self.relay(source, buf, &mut frames);
+        if data_frames > 0 {
+            let direction = match source {
+                Side::Upstream => crate::metrics::Direction::Downstream,
+                Side::Client => crate::metrics::Direction::Upstream,
+            };
+            self.ctx
+                .instruments
+                .relayed(direction, data_frames, data_bytes);
+        }
         if !self.peer(source).reading() {
             // Nothing after a close or a broken frame is read.
             buf.clear();

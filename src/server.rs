@@ -294,6 +294,7 @@ async fn handle_changes(
     {
         Ok(upstream) => upstream,
         Err(err) => {
+            shared.metrics.instruments.upstream_connect_errors.inc();
             span.in_scope(|| warn!(error = %err, "subscription refused: upstream unavailable"));
             return plain(err.status(), format!("{err}\n"));
         }
