@@ -185,20 +185,6 @@ impl PurgeOutcome {
     }
 }
 
-/// Whether two discovery addresses name the same `host:port`, ignoring a `ws://` / `wss://` prefix that later Zero
-/// versions may write (PROTOCOL.md §12) and the case of the host name.
-pub fn same_address(a: &str, b: &str) -> bool {
-    fn bare(s: &str) -> &str {
-        let s = s.trim();
-        let s = s
-            .strip_prefix("wss://")
-            .or_else(|| s.strip_prefix("ws://"))
-            .unwrap_or(s);
-        s.trim_end_matches('/')
-    }
-    bare(a).eq_ignore_ascii_case(bare(b))
-}
-
 /// Quotes an SQL identifier. Schema names cannot be bind parameters, and Zero's contains a slash; the only input
 /// is validated config (`app_id` matches `^[a-z0-9_]+$`), and embedded quotes are doubled regardless.
 fn quote_ident(name: &str) -> String {
@@ -575,7 +561,10 @@ impl ChangeDb {
             let found = read_owner_address(&tx, &self.shared.sql)
                 .await
                 .map_err(|e| self.classify("reading ownerAddress", e))?;
-            if !found.as_deref().is_some_and(|f| same_address(f, expected)) {
+            if !found
+                .as_deref()
+                .is_some_and(|f| crate::discovery::same_address(f, expected))
+            {
                 let _ = tx.rollback().await;
                 return Ok(Batch::Stopped(PurgeStop::OwnershipMoved { found }));
             }
@@ -1026,20 +1015,6 @@ mod tests {
         assert!(sql
             .adopt_address
             .contains(r#""ownerAddress" IS DISTINCT FROM $2"#));
-    }
-
-    #[test]
-    fn addresses_compare_as_host_and_port() {
-        assert!(same_address("10.0.0.5:4851", "10.0.0.5:4851"));
-        assert!(same_address("ws://10.0.0.5:4851", "10.0.0.5:4851"));
-        assert!(same_address(
-            "wss://sidecar.internal:4851/",
-            "SIDECAR.internal:4851"
-        ));
-        assert!(same_address("[::1]:4851", "ws://[::1]:4851"));
-        assert!(!same_address("10.0.0.5:4851", "10.0.0.5:4849"));
-        assert!(!same_address("10.0.0.5:4851", "10.0.0.6:4851"));
-        assert!(!same_address("http://10.0.0.5:4851", "10.0.0.5:4851"));
     }
 
     #[test]

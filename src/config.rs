@@ -769,37 +769,12 @@ fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
-/// Accepts `127.0.0.1:4849`, `[::1]:4849` or `change-streamer.internal:4849`: what the relay connects to and sends
-/// as the `Host` header.
+/// Accepts `127.0.0.1:4849`, `[::1]:4849` or `change-streamer.internal:4849`, port 0 excluded: what the relay
+/// connects to and sends as the `Host` header.
 pub fn validate_host_port(text: &str) -> Result<String, String> {
-    let text = text.trim();
-    let problem = || {
-        format!("{text:?} is not a host:port like \"127.0.0.1:4849\" or \"change-streamer:4849\"")
-    };
-    if let Ok(addr) = text.parse::<SocketAddr>() {
-        return if addr.port() == 0 {
-            Err(problem())
-        } else {
-            Ok(text.to_string())
-        };
-    }
-    let (host, port) = text.rsplit_once(':').ok_or_else(problem)?;
-    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
-    let host_ok = !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
-    if port_ok && host_ok {
-        Ok(text.to_string())
-    } else {
-        Err(problem())
+    match parse_host_port(text)? {
+        (_, 0) => Err(format!("{:?} needs a port other than 0", text.trim())),
+        _ => Ok(text.trim().to_string()),
     }
 }
 
@@ -842,20 +817,29 @@ fn parse_http_url(text: &str) -> Result<hyper::Uri, String> {
     Ok(uri)
 }
 
-/// `host:port` (IPv6 hosts in brackets); the host is resolved when binding.
+/// `host:port`: an IP literal (IPv6 in brackets) or a DNS name, resolved when binding or connecting.
 pub fn parse_host_port(text: &str) -> Result<(String, u16), String> {
     let text = text.trim();
-    let bad = || format!("{text:?} is not host:port, e.g. \"localhost:4850\" or \"[::1]:4850\"");
+    let bad = || {
+        format!("{text:?} is not host:port, e.g. \"127.0.0.1:4849\", \"[::1]:4850\" or \"localhost:4850\"")
+    };
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok((addr.ip().to_string(), addr.port()));
+    }
     let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().map_err(|_| bad())?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if host.is_empty()
-        || host.contains(['/', ' '])
-        || (host.contains(':') && !text.starts_with('['))
-    {
+    let is_dns_name = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if !is_dns_name {
         return Err(bad());
     }
     Ok((host.to_string(), port))
@@ -932,6 +916,34 @@ mod tests {
             defaults[section][key] = "".into();
         }
         assert_eq!(from_file, defaults);
+    }
+
+    /// Every key the code accepts is written in the reference file, under a comment saying what it is for.
+    #[test]
+    fn reference_file_documents_every_key() {
+        let text = include_str!("../sidecar.toml");
+        let written: toml::Table = text.parse().unwrap();
+        let accepted = toml::Value::try_from(RawConfig::default()).unwrap();
+        let accepted = accepted.as_table().unwrap();
+        let sections = |t: &toml::Table| t.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(sections(&written), sections(accepted), "sections");
+        for (section, keys) in accepted {
+            let keys = keys.as_table().unwrap();
+            let in_file = written[section].as_table().unwrap();
+            assert_eq!(sections(in_file), sections(keys), "keys of [{section}]");
+            // The line before each key is a comment (the key's documentation).
+            let body = text.split(&format!("[{section}]\n")).nth(1).unwrap();
+            for key in keys.keys() {
+                let at = body
+                    .find(&format!("\n{key} = "))
+                    .unwrap_or_else(|| panic!("{section}.{key}"));
+                let previous = body[..at].lines().last().unwrap_or("");
+                assert!(
+                    previous.starts_with('#'),
+                    "{section}.{key} has no comment above it"
+                );
+            }
+        }
     }
 
     #[test]
@@ -1165,6 +1177,25 @@ mod tests {
         assert_eq!(config.upstream.advertised_address, "127.0.0.1:4849");
         assert_eq!(config.upstream.silence_timeout, Duration::from_secs(33));
         assert_eq!(config.relay.max_buffered_bytes, 64 << 10);
+
+        let env = [
+            (
+                "LITESTREAM_SIDECAR__RELAY__SUPPRESS_UPSTREAM_CLEANUP",
+                "false",
+            ),
+            ("LITESTREAM_SIDECAR__RELAY__MAX_BUFFERED_BYTES", "131072"),
+            ("LITESTREAM_SIDECAR__UPSTREAM__ADDRESS", "zero-rm:4849"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let config = from_toml_str(MINIMAL, Some(env))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(!config.relay.suppress_upstream_cleanup);
+        assert_eq!(config.relay.max_buffered_bytes, 128 << 10);
+        assert_eq!(config.upstream.address, "zero-rm:4849");
     }
 
     #[test]

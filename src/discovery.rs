@@ -6,7 +6,6 @@
 //! §8.5, §11.1). So `verify` (the default) never writes, and `adopt` writes only when the schema's data version
 //! shows the row-lock storer (Zero 0.26+, `dataVersion >= 6`).
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -38,8 +37,6 @@ pub fn host_port(address: &str) -> &str {
     let address = address
         .strip_prefix("ws://")
         .or_else(|| address.strip_prefix("wss://"))
-        .or_else(|| address.strip_prefix("http://"))
-        .or_else(|| address.strip_prefix("https://"))
         .unwrap_or(address);
     address.trim_end_matches('/')
 }
@@ -141,18 +138,8 @@ pub struct State {
     pub continuity: Continuity,
 }
 
-#[derive(Clone, Default)]
-pub struct StateHandle(Arc<Mutex<State>>);
-
-impl StateHandle {
-    pub fn get(&self) -> State {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn update(&self, f: impl FnOnce(&mut State)) {
-        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
-    }
-}
+/// Shared view of [`State`].
+pub type StateHandle = crate::shared::Shared<State>;
 
 pub struct Discovery {
     pub mode: Mode,
@@ -292,6 +279,8 @@ mod tests {
         assert!(same_address("ws://[::1]:4851/", "[::1]:4851"));
         assert!(!same_address("10.0.0.5:4851", "10.0.0.5:4849"));
         assert!(!same_address("10.0.0.5:4851", "10.0.0.6:4851"));
+        // Zero writes bare or ws/wss addresses only.
+        assert!(!same_address("http://10.0.0.5:4851", "10.0.0.5:4851"));
     }
 
     #[test]

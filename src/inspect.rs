@@ -4,14 +4,11 @@
 //! The relay sees every downstream frame, and most are data messages carrying rows of any size. Only the frame's
 //! head is scanned to find the message tag (`msg[0]`), in either key order: `{"id":N,"msg":["commit",…` (Zero
 //! ≥ 1.6, and what the sidecar itself writes) or `{"msg":["commit",…],"id":N}` (Zero 0.20). Only commits, which
-//! are small, are parsed in full, with `serde_json`'s `RawValue` so that nothing else in them is interpreted. A
-//! frame whose head does not have the expected shape is parsed in full as a fallback; what cannot be read at all
-//! is reported as such and still relayed untouched.
-
-use std::borrow::Cow;
+//! are small, are parsed in full, in one pass that reads the id and `msg[2].watermark` and skips everything else
+//! (numbers included) without interpreting it. A frame whose head does not have the expected shape is parsed the
+//! same way as a fallback; what cannot be read at all is reported as such and still relayed untouched.
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 /// What a downstream frame means for ack tracking.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,11 +98,16 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// A frame with only what ack tracking needs, read in one pass in either key order; other keys are skipped.
 #[derive(Deserialize)]
-struct Frame<'a> {
+struct Frame {
     id: u64,
-    #[serde(borrow)]
-    msg: &'a RawValue,
+    msg: Message,
+}
+
+enum Message {
+    Commit { watermark: String },
+    Other,
 }
 
 #[derive(Deserialize)]
@@ -113,34 +115,55 @@ struct Position {
     watermark: String,
 }
 
-fn parse_full(frame: &[u8]) -> Downstream {
-    let Ok(text) = std::str::from_utf8(frame) else {
-        return Downstream::Unreadable;
-    };
-    let Ok(frame) = serde_json::from_str::<Frame<'_>>(text) else {
-        return Downstream::Unreadable;
-    };
-    let Ok(parts) = serde_json::from_str::<Vec<&RawValue>>(frame.msg.get()) else {
-        return Downstream::Unreadable;
-    };
-    let Some(Ok(tag)) = parts
-        .first()
-        .map(|t| serde_json::from_str::<Cow<'_, str>>(t.get()))
-    else {
-        return Downstream::Unreadable;
-    };
-    if tag != "commit" {
-        return Downstream::Other;
+impl<'de> Deserialize<'de> for Message {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(MessageVisitor)
     }
-    match parts
-        .get(2)
-        .map(|p| serde_json::from_str::<Position>(p.get()))
-    {
-        Some(Ok(position)) => Downstream::Commit {
-            id: frame.id,
-            watermark: position.watermark,
-        },
-        _ => Downstream::Unreadable,
+}
+
+struct MessageVisitor;
+
+impl<'de> serde::de::Visitor<'de> for MessageVisitor {
+    type Value = Message;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a message array [tag, ...]")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Message, A::Error> {
+        use serde::de::{Error, IgnoredAny};
+        let tag: String = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+        let message = if tag == "commit" {
+            seq.next_element::<IgnoredAny>()?
+                .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+            let position: Position = seq
+                .next_element()?
+                .ok_or_else(|| A::Error::invalid_length(2, &self))?;
+            Message::Commit {
+                watermark: position.watermark,
+            }
+        } else {
+            Message::Other
+        };
+        // Later additions to a message do not make it unreadable.
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(message)
+    }
+}
+
+fn parse_full(frame: &[u8]) -> Downstream {
+    match serde_json::from_slice::<Frame>(frame) {
+        Ok(Frame {
+            id,
+            msg: Message::Commit { watermark },
+        }) => Downstream::Commit { id, watermark },
+        Ok(Frame {
+            msg: Message::Other,
+            ..
+        }) => Downstream::Other,
+        Err(_) => Downstream::Unreadable,
     }
 }
 
@@ -207,6 +230,14 @@ mod tests {
         assert_eq!(inspect(data.as_bytes()), Downstream::Other);
         let commit_frame = r#"{"msg":["commit",{"tag":"commit","xid":18446744073709551617},{"watermark":"0d"}],"id":12345678901}"#;
         assert_eq!(inspect(commit_frame.as_bytes()), commit(12345678901, "0d"));
+    }
+
+    #[test]
+    fn later_additions_to_a_commit_are_ignored() {
+        assert_eq!(
+            inspect(br#"{"msg":["commit",{},{"watermark":"0f","x":[1]},{"more":true}],"id":10,"extra":{"a":[]}}"#),
+            commit(10, "0f")
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod config;
 pub mod discovery;
 pub mod inspect;
 pub mod litestream;
+pub mod metrics;
 pub mod monitor;
 pub mod notify;
 pub mod protocol;
@@ -33,6 +34,7 @@ pub mod proxy;
 pub mod relay;
 pub mod reservations;
 pub mod server;
+pub mod shared;
 pub mod subscribers;
 pub mod ws;
 
@@ -71,13 +73,19 @@ pub struct App {
     subscribers: Subscribers,
     status: monitor::StatusHandle,
     discovery: discovery::StateHandle,
+    instruments: metrics::Instruments,
     started: tokio::time::Instant,
 }
 
 impl App {
     pub fn new(config: Config) -> Self {
-        let registry = Registry::new(config.cleanup.initial_delay);
+        let instruments = metrics::Instruments::default();
+        let registry = Registry::with_durations(
+            config.cleanup.initial_delay,
+            instruments.reservation_seconds.clone(),
+        );
         Self {
+            instruments,
             config,
             registry,
             subscribers: Subscribers::default(),
@@ -163,6 +171,14 @@ impl App {
         };
         tracker.spawn(discovery.run(shutdown.clone()));
         let shared = Arc::new(Shared {
+            metrics: server::MetricsSources {
+                instruments: self.instruments.clone(),
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                status: self.status.clone(),
+                discovery_mode: self.config.discovery.mode,
+                discovery: self.discovery.clone(),
+            },
             snapshot: SnapshotContext {
                 registry: self.registry.clone(),
                 change_db: Some(change_db.clone()),
@@ -181,6 +197,7 @@ impl App {
                 }),
                 registry: self.registry.clone(),
                 subscribers: self.subscribers.clone(),
+                instruments: self.instruments.clone(),
                 shutdown: shutdown.clone(),
             },
             shutdown: shutdown.clone(),

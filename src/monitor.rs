@@ -5,7 +5,6 @@
 //! Failures never purge: a scrape that fails keeps what is known and tries again next interval; a purge that
 //! fails leaves the last purged watermark where it was.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::{Instant, MissedTickBehavior};
@@ -78,22 +77,14 @@ pub struct Status {
     pub purges: u64,
     pub purged_rows: u64,
     pub scrape_errors: u64,
-    pub newest_backup: Option<String>,
+    /// The newest backed-up watermark seen and when it was backed up.
+    pub newest_backup: Option<(String, SystemTime)>,
+    /// Checks that did not purge, by reason.
+    pub holds: std::collections::HashMap<HoldReason, u64>,
 }
 
-/// Shared, cheap to clone view of [`Status`].
-#[derive(Clone, Default)]
-pub struct StatusHandle(Arc<Mutex<Status>>);
-
-impl StatusHandle {
-    pub fn get(&self) -> Status {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn update(&self, f: impl FnOnce(&mut Status)) {
-        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
-    }
-}
+/// Shared view of [`Status`].
+pub type StatusHandle = crate::shared::Shared<Status>;
 
 /// Logs a recurring problem once when it starts or changes, then at most every [`WARN_EVERY`], and once when it
 /// clears: an operator sees every transition without a line per tick.
@@ -221,7 +212,11 @@ impl Monitor {
                             "backed-up watermarks"
                         );
                     }
-                    let newest = cleanup::newest_backup(tracker.backups()).map(str::to_string);
+                    let newest = tracker
+                        .backups()
+                        .iter()
+                        .max_by(|a, b| a.watermark.cmp(&b.watermark))
+                        .map(|b| (b.watermark.clone(), b.backed_up_at));
                     if newest.is_some() {
                         self.status.update(|s| s.newest_backup = newest);
                     }
@@ -238,6 +233,8 @@ impl Monitor {
                 .update(|s| s.last_decision = Some(decision.clone()));
             match decision {
                 Decision::Hold(reason) => {
+                    self.status
+                        .update(|s| *s.holds.entry(reason).or_default() += 1);
                     if last_hold != Some(reason) {
                         info!(%reason, "cleanup held");
                         last_hold = Some(reason);

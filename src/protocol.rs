@@ -30,6 +30,8 @@ pub enum Route {
     Root,
     /// `/keepalive`: readiness.
     Keepalive,
+    /// `/metrics`: the sidecar's own metrics.
+    Metrics,
     /// `/replication/{segment}/snapshot`.
     Snapshot(Version),
     /// `/replication/{segment}/changes`.
@@ -51,6 +53,7 @@ pub fn route(path: &str) -> Route {
     match path {
         "/" => return Route::Root,
         "/keepalive" => return Route::Keepalive,
+        "/metrics" => return Route::Metrics,
         _ => {}
     }
     let Some(rest) = path.strip_prefix("/replication/") else {
@@ -254,6 +257,10 @@ pub fn snapshot_status_v4(backup_url: &str, replica_version: &str, min_watermark
 /// Decodes a client ack exactly as Zero's server does: a JSON object with the single key `ack` holding a number.
 /// Anything else, extra keys included, is an error (PROTOCOL.md §4.1).
 pub fn decode_ack(text: &[u8]) -> Result<u64, AckError> {
+    // The relay reads one ack per message relayed: the exact form clients send needs no JSON parser.
+    if let Some(id) = plain_ack(text) {
+        return Ok(id);
+    }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Ack {
@@ -267,6 +274,19 @@ pub fn decode_ack(text: &[u8]) -> Result<u64, AckError> {
     ack.ack
         .as_u64()
         .ok_or_else(|| AckError(format!("ack {} is not a message id", ack.ack)))
+}
+
+/// `{"ack":N}` exactly as `JSON.stringify` writes it, N a JSON integer (no leading zero) that fits in a u64.
+fn plain_ack(text: &[u8]) -> Option<u64> {
+    let digits = text.strip_prefix(b"{\"ack\":")?.strip_suffix(b"}")?;
+    match digits {
+        [b'0'] => Some(0),
+        [b'1'..=b'9', rest @ ..] if rest.len() < 20 => digits.iter().try_fold(0u64, |n, &d| {
+            let d = d.checked_sub(b'0').filter(|d| *d < 10)?;
+            n.checked_mul(10)?.checked_add(u64::from(d))
+        }),
+        _ => None,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -496,11 +516,17 @@ mod tests {
     fn acks_are_strict() {
         assert_eq!(decode_ack(br#"{"ack":1}"#), Ok(1));
         assert_eq!(decode_ack(br#" { "ack" : 42 } "#), Ok(42));
+        assert_eq!(decode_ack(br#"{"ack":0}"#), Ok(0));
+        assert_eq!(decode_ack(br#"{"ack":18446744073709551615}"#), Ok(u64::MAX));
         for bad in [
             &br#"{"ack":1,"x":2}"#[..],
             br#"{"ack":"1"}"#,
             br#"{"ack":-1}"#,
             br#"{"ack":1.5}"#,
+            br#"{"ack":01}"#,
+            br#"{"ack":18446744073709551616}"#,
+            br#"{"ack":1}}"#,
+            br#"{"ack":}"#,
             br#"{}"#,
             br#"[1]"#,
             b"ack 1",

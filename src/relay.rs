@@ -7,21 +7,24 @@
 //! policy (§6.8). What it does not: decide whether a subscription is valid; the upstream does, and its answers
 //! (error frames, closes with Zero's reasons) reach the subscriber as sent.
 //!
-//! One task serves both directions of a connection: two pinned reads, two [`Outbox`]es flushed as `select!`
-//! branches, and the pings. A source is read only while the outbox toward the other side holds less than
+//! One task serves both directions of a connection: two reads, two [`Outbox`]es flushed as `select!` branches, and
+//! the pings, all cancel-safe. Frames are not decoded and re-encoded: their headers are read in place, data frames
+//! are passed on as received (a read's worth at a time, without a copy), and only control frames and what ack
+//! tracking needs are looked at. A source is read only while the outbox toward the other side holds less than
 //! `relay.max_buffered_bytes`, so a subscriber that reads slowly stops the reads from its upstream and TCP does the
-//! rest; nothing else is buffered.
+//! rest; nothing else is buffered beyond the frame being read.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use fastwebsockets::{OpCode, Role, WebSocket, WebSocketError};
+use fastwebsockets::{OpCode, Role, WebSocket};
 use http_body_util::Empty;
 use hyper::header::{CONNECTION, HOST, UPGRADE};
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +35,7 @@ use crate::inspect::{inspect, Downstream};
 use crate::protocol::{self, close, SubscriberContext};
 use crate::reservations::Registry;
 use crate::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
-use crate::ws::{self, CloseWith, Io, Liveness, Outbox, OwnedFrame, PeerClose};
+use crate::ws::{self, CloseWith, Io, Liveness, Outbox, PeerClose};
 
 /// Client messages longer than this are not acks; they are relayed without being read.
 const ACK_INSPECT_LIMIT: usize = 256;
@@ -43,6 +46,8 @@ pub struct RelayContext {
     pub settings: Arc<Settings>,
     pub registry: Registry,
     pub subscribers: Subscribers,
+    /// Relayed frames and bytes, counted once per read.
+    pub instruments: crate::metrics::Instruments,
     pub shutdown: CancellationToken,
 }
 
@@ -194,6 +199,10 @@ pub enum Outcome {
     Shutdown,
 }
 
+/// Bytes a read may bring in at once; a buffer with less room than [`MIN_READ_ROOM`] is given this much more.
+const READ_SIZE: usize = 32 << 10;
+const MIN_READ_ROOM: usize = 4 << 10;
+
 /// One side of the relay: what has happened to its socket.
 #[derive(Debug)]
 struct Peer {
@@ -232,10 +241,10 @@ impl Peer {
         self.gone || self.outbox.len() < limit
     }
 
-    /// Queues a relayed frame, unless the side is gone (or closed: the outbox then ignores it).
-    fn relay(&mut self, frame: OwnedFrame) {
+    /// Queues frames relayed as received, unless the side is gone (or closed: the outbox then ignores them).
+    fn relay(&mut self, frames: Bytes) {
         if !self.gone {
-            self.outbox.push(frame.fin, frame.opcode, frame.payload);
+            self.outbox.push_framed(frames);
         }
     }
 
@@ -259,6 +268,13 @@ impl Peer {
     }
 }
 
+/// Where frames come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Client,
+    Upstream,
+}
+
 /// The state of one relayed connection between its socket events; the sockets themselves stay in
 /// [`handle_changes`], which feeds each event to one of these methods.
 struct Relay<'a> {
@@ -271,10 +287,26 @@ struct Relay<'a> {
     acks: Option<AckTracker>,
     downstream_messages: Messages,
     client_messages: Messages,
+    /// Where a client frame is unmasked to be read.
+    scratch: Vec<u8>,
     outcome: Option<Outcome>,
 }
 
 impl Relay<'_> {
+    fn peer(&mut self, side: Side) -> &mut Peer {
+        match side {
+            Side::Client => &mut self.client,
+            Side::Upstream => &mut self.upstream,
+        }
+    }
+
+    fn other(side: Side) -> Side {
+        match side {
+            Side::Client => Side::Upstream,
+            Side::Upstream => Side::Client,
+        }
+    }
+
     /// The first cause of the end is the one reported.
     fn ending(&mut self, outcome: Outcome) {
         self.outcome.get_or_insert(outcome);
@@ -317,137 +349,170 @@ impl Relay<'_> {
             .close(Some(&CloseWith::new(close::INTERNAL_ERROR, reason)));
     }
 
-    fn upstream_frame(&mut self, result: Result<OwnedFrame, WebSocketError>) {
-        let frame = match result {
-            Ok(frame) => frame,
-            Err(err) => match ws::close_for_error(&err) {
-                Some(with) => {
-                    debug!(error = %err, "bad frame from upstream");
-                    self.upstream.stopped_reading = true;
-                    self.upstream.close(Some(&with));
-                    let reason = format!("Error: upstream: {}", with.reason);
-                    self.ending(Outcome::UpstreamProtocolError(with));
-                    self.client
-                        .close(Some(&CloseWith::new(close::INTERNAL_ERROR, reason)));
-                    return;
-                }
-                None => {
-                    debug!(error = %err, "upstream connection lost");
-                    return self
-                        .upstream_gone(Outcome::UpstreamGone, "Error: upstream connection lost");
-                }
-            },
-        };
-        match frame.opcode {
-            OpCode::Text | OpCode::Binary | OpCode::Continuation => {
-                if !self.subscribed {
-                    self.subscribed = true;
-                    self.acks = on_subscribed(self.ctx, &self.subscription);
-                }
-                if let Some(acks) = &mut self.acks {
-                    self.downstream_messages.push(
-                        frame.fin,
-                        frame.opcode,
-                        &frame.payload,
-                        |message| {
-                            if let Downstream::Commit { id, watermark } = inspect(message) {
-                                acks.sent_commit(id, watermark);
-                            }
-                        },
-                    );
-                }
-                self.client.relay(frame);
+    /// A side broke the WebSocket protocol: it is closed with `with`, the other side is told.
+    fn protocol_error(&mut self, source: Side, with: CloseWith) {
+        self.peer(source).stopped_reading = true;
+        self.peer(source).close(Some(&with));
+        match source {
+            Side::Upstream => {
+                let reason = format!("Error: upstream: {}", with.reason);
+                self.ending(Outcome::UpstreamProtocolError(with));
+                self.client
+                    .close(Some(&CloseWith::new(close::INTERNAL_ERROR, reason)));
             }
-            // Each hop keeps its own liveness: pings are answered here, never passed on.
-            OpCode::Ping => self.upstream.control(OpCode::Pong, &frame.payload),
-            OpCode::Pong => {}
-            OpCode::Close => {
-                self.upstream.stopped_reading = true;
-                match ws::read_close(frame.payload) {
-                    PeerClose::Valid { code, payload } => {
-                        self.ending(Outcome::UpstreamClosed { code });
-                        self.upstream.close_received = Some(payload.clone());
-                        // Passed on as sent; the subscriber's answer goes back as the answer to the upstream.
-                        self.client.relay(OwnedFrame {
-                            fin: true,
-                            opcode: OpCode::Close,
-                            payload,
-                        });
-                        if self.client.gone {
-                            self.upstream.close(None);
-                        }
-                    }
-                    PeerClose::Invalid(with) => {
-                        self.upstream.close(Some(&with));
-                        let reason = format!("Error: upstream: {}", with.reason);
-                        self.ending(Outcome::UpstreamProtocolError(with));
-                        self.client
-                            .close(Some(&CloseWith::new(close::INTERNAL_ERROR, reason)));
-                    }
-                }
+            Side::Client => {
+                self.ending(Outcome::ClientProtocolError(with));
+                self.upstream
+                    .close(Some(&CloseWith::new(close::GOING_AWAY, "subscriber gone")));
             }
         }
     }
 
-    fn client_frame(&mut self, result: Result<OwnedFrame, WebSocketError>) {
-        let frame = match result {
-            Ok(frame) => frame,
-            Err(err) => match ws::close_for_error(&err) {
-                Some(with) => {
-                    debug!(error = %err, "bad frame from subscriber");
-                    self.client.stopped_reading = true;
-                    self.client.close(Some(&with));
-                    self.ending(Outcome::ClientProtocolError(with));
-                    self.upstream
-                        .close(Some(&CloseWith::new(close::GOING_AWAY, "subscriber gone")));
-                    return;
+    /// Handles every complete frame at the front of `buf`, which holds what was read from `source`. Data frames
+    /// are relayed as they came, headers included and without a copy; control frames are answered here.
+    fn process(&mut self, source: Side, buf: &mut BytesMut) {
+        let from_client = source == Side::Client;
+        let max = self.ctx.settings.max_message_bytes;
+        // Bytes at the front of `buf` that are whole data frames, relayed together.
+        let mut frames = 0;
+        let (mut data_frames, mut data_bytes) = (0u64, 0u64);
+        while self.peer(source).reading() {
+            let header = match ws::parse_header(&buf[frames..], from_client, max) {
+                Ok(Some(header)) => header,
+                Ok(None) => break,
+                Err(with) => {
+                    debug!(side = ?source, reason = %with.reason, "bad frame");
+                    self.relay(source, buf, &mut frames);
+                    self.protocol_error(source, with);
+                    break;
                 }
-                None => {
-                    debug!(error = %err, "subscriber connection lost");
-                    return self.client_gone(Outcome::ClientGone, "subscriber gone");
+            };
+            let end = frames + header.frame_len();
+            if buf.len() < end {
+                // The frames before this one leave now; the buffer makes room for the rest of it.
+                self.relay(source, buf, &mut frames);
+                buf.reserve(header.frame_len() - buf.len());
+                break;
+            }
+            if header.is_control() {
+                self.relay(source, buf, &mut frames);
+                let frame = buf.split_to(header.frame_len());
+                let mut payload = BytesMut::from(&frame[header.len..]);
+                if let Some(key) = header.mask {
+                    fastwebsockets::unmask(&mut payload, key);
                 }
-            },
-        };
-        match frame.opcode {
-            OpCode::Text | OpCode::Binary | OpCode::Continuation => {
+                self.control(source, header.opcode, payload);
+                continue;
+            }
+            self.data(source, &header, &buf[frames + header.len..end]);
+            data_frames += 1;
+            data_bytes += (end - frames - header.len) as u64;
+            frames = end;
+        }
+        self.relay(source, buf, &mut frames);
+        if data_frames > 0 {
+            let direction = match source {
+                Side::Upstream => crate::metrics::Direction::Downstream,
+                Side::Client => crate::metrics::Direction::Upstream,
+            };
+            self.ctx
+                .instruments
+                .relayed(direction, data_frames, data_bytes);
+        }
+        if !self.peer(source).reading() {
+            // Nothing after a close or a broken frame is read.
+            buf.clear();
+        }
+    }
+
+    /// Passes the first `frames` bytes of `buf` to the other side.
+    fn relay(&mut self, source: Side, buf: &mut BytesMut, frames: &mut usize) {
+        if *frames > 0 {
+            let relayed = buf.split_to(std::mem::take(frames)).freeze();
+            self.peer(Self::other(source)).relay(relayed);
+        }
+    }
+
+    /// Reads what ack tracking needs from a data frame: commits going down, acks coming up.
+    fn data(&mut self, source: Side, header: &ws::Header, payload: &[u8]) {
+        match source {
+            Side::Upstream => {
+                if !self.subscribed {
+                    // The upstream answers only once it has registered the subscriber (§5.3 4a).
+                    self.subscribed = true;
+                    self.acks = on_subscribed(self.ctx, &self.subscription);
+                }
                 if let Some(acks) = &mut self.acks {
-                    self.client_messages
-                        .push(frame.fin, frame.opcode, &frame.payload, |message| {
-                            if let Ok(id) = protocol::decode_ack(message) {
-                                acks.acked(id);
+                    self.downstream_messages
+                        .push(header.fin, header.opcode, payload, |message| {
+                            if let Downstream::Commit { id, watermark } = inspect(message) {
+                                acks.sent_commit(id, watermark);
                             }
                         });
                 }
-                // Acks and anything else alike: the upstream decides what a frame means.
-                self.upstream.relay(frame);
             }
-            OpCode::Ping => self.client.control(OpCode::Pong, &frame.payload),
-            OpCode::Pong => {}
-            OpCode::Close => {
-                self.client.stopped_reading = true;
-                match ws::read_close(frame.payload) {
-                    PeerClose::Valid { code, payload } => {
-                        self.ending(Outcome::ClientClosed { code });
-                        self.client.close_received = Some(payload.clone());
-                        self.upstream.relay(OwnedFrame {
-                            fin: true,
-                            opcode: OpCode::Close,
-                            payload,
-                        });
-                        if self.upstream.gone {
-                            self.client.close(None);
+            Side::Client => {
+                let Some(acks) = &mut self.acks else {
+                    return;
+                };
+                // Frames too long to be part of an ack are not unmasked: only their length matters.
+                let payload = match header.mask {
+                    Some(key) if payload.len() <= ACK_INSPECT_LIMIT => {
+                        self.scratch.clear();
+                        self.scratch.extend_from_slice(payload);
+                        fastwebsockets::unmask(&mut self.scratch, key);
+                        &self.scratch[..]
+                    }
+                    _ => payload,
+                };
+                self.client_messages
+                    .push(header.fin, header.opcode, payload, |message| {
+                        if let Ok(id) = protocol::decode_ack(message) {
+                            acks.acked(id);
                         }
-                    }
-                    PeerClose::Invalid(with) => {
-                        self.client.close(Some(&with));
-                        self.ending(Outcome::ClientProtocolError(with));
-                        self.upstream
-                            .close(Some(&CloseWith::new(close::GOING_AWAY, "subscriber gone")));
-                    }
-                }
+                    });
             }
         }
     }
+
+    /// Each hop keeps its own liveness: pings are answered here and never passed on; closes are passed on.
+    fn control(&mut self, source: Side, opcode: OpCode, payload: BytesMut) {
+        match opcode {
+            OpCode::Ping => self.peer(source).control(OpCode::Pong, &payload),
+            OpCode::Close => {
+                self.peer(source).stopped_reading = true;
+                match ws::read_close(payload) {
+                    PeerClose::Valid { code, payload } => {
+                        self.ending(match source {
+                            Side::Upstream => Outcome::UpstreamClosed { code },
+                            Side::Client => Outcome::ClientClosed { code },
+                        });
+                        self.peer(source).close_received = Some(payload.clone());
+                        // Passed on as sent; the other side's answer goes back as the answer to it.
+                        let other = self.peer(Self::other(source));
+                        if other.gone {
+                            self.peer(source).close(None);
+                        } else {
+                            other.outbox.push(true, OpCode::Close, payload);
+                        }
+                    }
+                    PeerClose::Invalid(with) => self.protocol_error(source, with),
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Reads what the socket has into `buf`, making room first if it is nearly full. Cancel-safe.
+async fn read_some<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+) -> std::io::Result<usize> {
+    if buf.capacity() - buf.len() < MIN_READ_ROOM {
+        buf.reserve(READ_SIZE);
+    }
+    reader.read_buf(buf).await
 }
 
 /// Relays one subscription until either side ends it or the sidecar shuts down. `client` has just completed
@@ -459,16 +524,15 @@ pub async fn handle_changes(
     upstream: Io,
 ) -> Outcome {
     let settings = ctx.settings.clone();
-    let max_message_bytes = settings.max_message_bytes;
     let limit = settings.relay.max_buffered_bytes;
-    let (client_reader, mut client_writer) =
-        ws::split_raw(client.into_inner(), Role::Server, max_message_bytes);
-    let (upstream_reader, mut upstream_writer) =
-        ws::split_raw(upstream, Role::Client, max_message_bytes);
-    let client_read = ws::next_frame(client_reader);
-    let upstream_read = ws::next_frame(upstream_reader);
+    let (mut client_reader, mut client_writer) = tokio::io::split(client.into_inner());
+    let (mut upstream_reader, mut upstream_writer) = tokio::io::split(upstream);
+    let mut from_client = BytesMut::new();
+    let mut from_upstream = BytesMut::new();
     let linger = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(client_read, upstream_read, linger);
+    // One shutdown future for the whole connection: creating one per loop turn would cost a lock each time.
+    let shutdown = ctx.shutdown.cancelled();
+    tokio::pin!(linger, shutdown);
     let mut lingering = false;
     let mut shutting_down = false;
     let mut client_liveness = Liveness::new(settings.ping_interval);
@@ -484,8 +548,9 @@ pub async fn handle_changes(
         upstream: Peer::new(Role::Client),
         subscribed: false,
         acks: None,
-        downstream_messages: Messages::new(max_message_bytes),
+        downstream_messages: Messages::new(settings.max_message_bytes),
         client_messages: Messages::new(ACK_INSPECT_LIMIT),
+        scratch: Vec::new(),
         outcome: None,
     };
 
@@ -500,27 +565,36 @@ pub async fn handle_changes(
         upstream_paused |= relay.upstream.reading() && !upstream_readable;
         client_paused |= relay.client.reading() && !client_readable;
 
-        // Reads come before flushes: frames that are already there are gathered into one write.
+        // Reads come before flushes, so that what a read brought in leaves in one write; the timers and the
+        // shutdown signal (a lock on a token every connection shares) only when nothing else is ready.
         tokio::select! {
             biased;
-            _ = ctx.shutdown.cancelled(), if !shutting_down => {
-                shutting_down = true;
-                relay.shutdown();
-            }
             _ = &mut linger, if lingering => break,
-            (reader, result) = &mut upstream_read, if upstream_readable => {
-                upstream_read.set(ws::next_frame(reader));
-                if result.is_ok() {
-                    upstream_liveness.heard();
+            read = read_some(&mut upstream_reader, &mut from_upstream), if upstream_readable => {
+                match read {
+                    Ok(n) if n > 0 => {
+                        upstream_liveness.heard();
+                        relay.process(Side::Upstream, &mut from_upstream);
+                        release_if_idle(&mut from_upstream);
+                    }
+                    result => {
+                        debug!(error = ?result.err(), "upstream connection lost");
+                        relay.upstream_gone(Outcome::UpstreamGone, "Error: upstream connection lost");
+                    }
                 }
-                relay.upstream_frame(result);
             }
-            (reader, result) = &mut client_read, if client_readable => {
-                client_read.set(ws::next_frame(reader));
-                if result.is_ok() {
-                    client_liveness.heard();
+            read = read_some(&mut client_reader, &mut from_client), if client_readable => {
+                match read {
+                    Ok(n) if n > 0 => {
+                        client_liveness.heard();
+                        relay.process(Side::Client, &mut from_client);
+                        release_if_idle(&mut from_client);
+                    }
+                    result => {
+                        debug!(error = ?result.err(), "subscriber connection lost");
+                        relay.client_gone(Outcome::ClientGone, "subscriber gone");
+                    }
                 }
-                relay.client_frame(result);
             }
             result = relay.client.outbox.flush(&mut client_writer),
                 if !relay.client.outbox.is_empty() && !relay.client.gone =>
@@ -559,12 +633,23 @@ pub async fn handle_changes(
                     relay.upstream_gone(Outcome::UpstreamSilent, "Error: upstream silent");
                 }
             }
+            _ = &mut shutdown, if !shutting_down => {
+                shutting_down = true;
+                relay.shutdown();
+            }
         }
     }
     let outcome = relay.outcome.take().unwrap_or(Outcome::ClientGone);
     drop(relay);
     info!(outcome = ?outcome, "subscription ended");
     outcome
+}
+
+/// An idle connection keeps no read buffer.
+fn release_if_idle(buf: &mut BytesMut) {
+    if buf.is_empty() {
+        *buf = BytesMut::new();
+    }
 }
 
 /// The upstream has answered the subscription: end the task's reservation if this is its first subscription after

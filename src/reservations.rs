@@ -45,6 +45,8 @@ pub struct Reservation {
 #[derive(Clone)]
 pub struct Registry {
     inner: Arc<Mutex<Inner>>,
+    /// Every ended reservation's duration, for `/metrics`.
+    durations: prometheus_client::metrics::histogram::Histogram,
 }
 
 struct Inner {
@@ -64,7 +66,19 @@ struct Entry {
 impl Registry {
     /// `initial_delay` comes from configuration; it is raised to Zero's 30 s minimum.
     pub fn new(initial_delay: Duration) -> Self {
+        Self::with_durations(
+            initial_delay,
+            crate::metrics::Instruments::default().reservation_seconds,
+        )
+    }
+
+    /// Like [`Registry::new`], observing how long each reservation was held into `durations`.
+    pub fn with_durations(
+        initial_delay: Duration,
+        durations: prometheus_client::metrics::histogram::Histogram,
+    ) -> Self {
         Self {
+            durations,
             inner: Arc::new(Mutex::new(Inner {
                 next_id: 0,
                 open: HashMap::new(),
@@ -94,6 +108,7 @@ impl Registry {
         let previous = inner.open.insert(task_id.to_string(), entry);
         drop(inner);
         if let Some(previous) = previous {
+            self.observe(previous.started, now);
             let _ = previous.end.send(EndReason::Replaced);
         }
         Lease {
@@ -114,6 +129,7 @@ impl Registry {
             inner.cleanup_delay = held;
         }
         drop(inner);
+        self.durations.observe(held.as_secs_f64());
         let _ = entry.end.send(EndReason::Subscribed);
         Some(held)
     }
@@ -121,8 +137,16 @@ impl Registry {
     fn release(&self, task_id: &str, id: u64) {
         let mut inner = self.lock();
         if inner.open.get(task_id).is_some_and(|entry| entry.id == id) {
-            inner.open.remove(task_id);
+            if let Some(entry) = inner.open.remove(task_id) {
+                drop(inner);
+                self.observe(entry.started, Instant::now());
+            }
         }
+    }
+
+    fn observe(&self, started: Instant, ended: Instant) {
+        self.durations
+            .observe(ended.saturating_duration_since(started).as_secs_f64());
     }
 
     pub fn len(&self) -> usize {

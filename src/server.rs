@@ -1,6 +1,7 @@
 //! The HTTP front door: accept loop, hyper HTTP/1 with upgrades, and the endpoints.
 //!
 //! - `GET /` — liveness: 200 `OK` whenever the process serves requests.
+//! - `GET /metrics` — the sidecar's own Prometheus metrics ([`crate::metrics`]).
 //! - `GET /keepalive` — readiness: 200 `OK` when every readiness condition holds, else 503 naming what is missing.
 //! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::reservations`]).
 //! - `GET /replication/v{N}/changes?…` — the change-stream relay ([`crate::relay`]), v1 to v6.
@@ -79,8 +80,46 @@ impl Readiness {
     }
 }
 
+/// Where `/metrics` reads its figures.
+pub struct MetricsSources {
+    pub instruments: crate::metrics::Instruments,
+    pub registry: crate::reservations::Registry,
+    pub subscribers: crate::subscribers::Subscribers,
+    pub status: crate::monitor::StatusHandle,
+    pub discovery_mode: crate::discovery::Mode,
+    pub discovery: crate::discovery::StateHandle,
+}
+
+impl MetricsSources {
+    pub fn snapshot(&self) -> crate::metrics::Snapshot {
+        let status = self.status.get();
+        let discovery = self.discovery.get();
+        crate::metrics::Snapshot {
+            reservations_open: self.registry.len() as u64,
+            subscribers: self.subscribers.connected() as u64,
+            newest_backup: status.newest_backup.map(|(watermark, at)| {
+                let age = std::time::SystemTime::now()
+                    .duration_since(at)
+                    .unwrap_or_default()
+                    .as_secs_f64();
+                (watermark, age)
+            }),
+            cleanup_delay_seconds: self.registry.cleanup_delay().as_secs_f64(),
+            purge_runs: status.purges,
+            purged_rows: status.purged_rows,
+            holds: status.holds,
+            registered: (self.discovery_mode != crate::discovery::Mode::Off).then(|| {
+                discovery.registration == Some(crate::discovery::Registration::Registered)
+            }),
+            change_db_up: discovery.db_up,
+            scrape_errors: status.scrape_errors,
+        }
+    }
+}
+
 /// State every request handler reads.
 pub struct Shared {
+    pub metrics: MetricsSources,
     pub snapshot: SnapshotContext,
     pub relay: RelayContext,
     pub readiness: Readiness,
@@ -167,6 +206,15 @@ async fn handle(
                 )
             }
         }
+        Route::Metrics => {
+            let text = crate::metrics::render(&shared.metrics.instruments, &shared.metrics.snapshot());
+            let mut response = plain(StatusCode::OK, text);
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            );
+            response
+        }
         Route::NotFound => plain(StatusCode::NOT_FOUND, "not found\n"),
         Route::Snapshot(_) | Route::Changes(_) if !fastwebsockets::upgrade::is_upgrade_request(&req) => plain(
             StatusCode::BAD_REQUEST,
@@ -246,6 +294,7 @@ async fn handle_changes(
     {
         Ok(upstream) => upstream,
         Err(err) => {
+            shared.metrics.instruments.upstream_connect_errors.inc();
             span.in_scope(|| warn!(error = %err, "subscription refused: upstream unavailable"));
             return plain(err.status(), format!("{err}\n"));
         }

@@ -6,7 +6,8 @@
 //! that owns the read half and hands it back with the frame ([`next_frame`]); a handler keeps that one future
 //! pinned across `select!` iterations instead of re-creating it, and needs no extra task or channel per socket.
 //! Writing a frame is not cancel-safe either; a handler that must keep reading while a peer is slow to read queues
-//! frames in an [`Outbox`] and flushes it as one more `select!` branch.
+//! frames in an [`Outbox`] and flushes it as one more `select!` branch. A relay, which passes frames on rather
+//! than decoding them, reads their headers in place with [`parse_header`].
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -51,20 +52,6 @@ where
     // The crate refuses frames of `limit` bytes or more; the sidecar's limit is inclusive.
     ws.set_max_message_size(max_message_bytes.saturating_add(1));
     ws.split(tokio::io::split)
-}
-
-/// Splits a freshly opened socket into a frame reader and the raw write half, for a handler that writes through
-/// an [`Outbox`]. `role` is this side's role on the socket (a server unmasks what it reads).
-pub fn split_raw<S>(stream: S, role: Role, max_message_bytes: usize) -> (Reader<S>, WriteHalf<S>)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let (read, write) = tokio::io::split(stream);
-    let (mut reader, _) = fastwebsockets::after_handshake_split(read, tokio::io::sink(), role);
-    reader.set_auto_pong(false);
-    reader.set_auto_close(false);
-    reader.set_max_message_size(max_message_bytes.saturating_add(1));
-    (reader, write)
 }
 
 /// Reads one frame, returning the reader with it so the caller can start the next read.
@@ -240,6 +227,90 @@ fn finish(opcode: OpCode, payload: BytesMut) -> Result<Assembled, CloseWith> {
     Ok(Assembled::Message(opcode, payload))
 }
 
+/// A frame header read in place from a buffer (RFC 6455 §5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub fin: bool,
+    pub opcode: OpCode,
+    pub mask: Option<[u8; 4]>,
+    /// Bytes of the header itself.
+    pub len: usize,
+    pub payload_len: usize,
+}
+
+impl Header {
+    /// The whole frame: header and payload.
+    pub fn frame_len(&self) -> usize {
+        self.len + self.payload_len
+    }
+
+    pub fn is_control(&self) -> bool {
+        matches!(self.opcode, OpCode::Close | OpCode::Ping | OpCode::Pong)
+    }
+}
+
+/// Reads the frame header at the start of `buf`, for a relay that passes frames on without decoding them.
+/// `Ok(None)`: more bytes are needed. `from_client`: the peer is a client, so its frames must be masked (and a
+/// server's must not be). A frame whose payload exceeds `max_payload` is refused (1009) from its header alone.
+pub fn parse_header(
+    buf: &[u8],
+    from_client: bool,
+    max_payload: usize,
+) -> Result<Option<Header>, CloseWith> {
+    let protocol = |reason: &str| CloseWith::new(close::PROTOCOL_ERROR, reason);
+    let [first, second, ..] = *buf else {
+        return Ok(None);
+    };
+    if first & 0x70 != 0 {
+        return Err(protocol("reserved bits set"));
+    }
+    let opcode = OpCode::try_from(first & 0x0f).map_err(|_| protocol("unknown opcode"))?;
+    let fin = first & 0x80 != 0;
+    let masked = second & 0x80 != 0;
+    if masked != from_client {
+        return Err(protocol(if from_client {
+            "unmasked frame from a client"
+        } else {
+            "masked frame from a server"
+        }));
+    }
+    let (payload_len, mut len) = match second & 0x7f {
+        126 => match buf.get(2..4) {
+            Some(b) => (u64::from(u16::from_be_bytes([b[0], b[1]])), 4),
+            None => return Ok(None),
+        },
+        127 => match buf.get(2..10) {
+            Some(b) => (u64::from_be_bytes(b.try_into().expect("8 bytes")), 10),
+            None => return Ok(None),
+        },
+        n => (u64::from(n), 2),
+    };
+    let is_control = matches!(opcode, OpCode::Close | OpCode::Ping | OpCode::Pong);
+    if is_control && (!fin || payload_len > 125) {
+        return Err(protocol("invalid control frame"));
+    }
+    let payload_len = match usize::try_from(payload_len) {
+        Ok(n) if n <= max_payload => n,
+        _ => return Err(CloseWith::new(close::MESSAGE_TOO_BIG, "message too big")),
+    };
+    let mask = if masked {
+        let Some(key) = buf.get(len..len + 4) else {
+            return Ok(None);
+        };
+        len += 4;
+        Some(key.try_into().expect("4 bytes"))
+    } else {
+        None
+    };
+    Ok(Some(Header {
+        fin,
+        opcode,
+        mask,
+        len,
+        payload_len,
+    }))
+}
+
 /// Payloads up to this size are copied next to their header so that many small frames leave in one write; larger
 /// ones are queued as they are and written with `writev`, never copied.
 const COPY_MAX: usize = 4096;
@@ -319,6 +390,19 @@ impl Outbox {
                 .push_back(Bytes::copy_from_slice(&head[..head_len]));
             self.chunks.push_back(payload.freeze());
         }
+    }
+
+    /// Queues frames exactly as they were received, headers included (a relay passing a peer's frames on).
+    /// Ignored after a close.
+    pub fn push_framed(&mut self, frames: Bytes) {
+        if self.closed || frames.is_empty() {
+            return;
+        }
+        self.len += frames.len();
+        if !self.tail.is_empty() {
+            self.chunks.push_back(self.tail.split().freeze());
+        }
+        self.chunks.push_back(frames);
     }
 
     /// Queues a control frame with a copy of `payload` (at most 125 bytes by the protocol).
@@ -732,6 +816,68 @@ mod tests {
             .iter()
             .enumerate()
             .all(|(i, f)| f.3 == vec![b'a' + (i as u8) % 26; 300]));
+    }
+
+    #[test]
+    fn headers_are_parsed_in_place() {
+        let server = |bytes: &[u8]| parse_header(bytes, false, 1 << 20);
+        assert_eq!(server(&[]), Ok(None));
+        assert_eq!(server(&[0x81]), Ok(None));
+        assert_eq!(
+            server(&[0x81, 3, b'a', b'b', b'c']),
+            Ok(Some(Header {
+                fin: true,
+                opcode: OpCode::Text,
+                mask: None,
+                len: 2,
+                payload_len: 3
+            }))
+        );
+        assert_eq!(server(&[0x01, 126, 1]), Ok(None));
+        assert_eq!(
+            server(&[0x01, 126, 1, 0]).unwrap().unwrap().payload_len,
+            256
+        );
+        let mut long = vec![0x82, 127];
+        long.extend_from_slice(&70_000u64.to_be_bytes());
+        let header = server(&long).unwrap().unwrap();
+        assert_eq!((header.len, header.payload_len), (10, 70_000));
+        assert_eq!(server(&long[..9]), Ok(None));
+
+        let client = |bytes: &[u8]| parse_header(bytes, true, 100);
+        assert_eq!(client(&[0x89, 0x81, 1, 2, 3]), Ok(None));
+        assert_eq!(
+            client(&[0x89, 0x81, 1, 2, 3, 4]),
+            Ok(Some(Header {
+                fin: true,
+                opcode: OpCode::Ping,
+                mask: Some([1, 2, 3, 4]),
+                len: 6,
+                payload_len: 1
+            }))
+        );
+        let code = |r: Result<Option<Header>, CloseWith>| r.unwrap_err().code;
+        assert_eq!(code(client(&[0x81, 0x01])), 1002, "unmasked from a client");
+        assert_eq!(code(server(&[0x81, 0x81])), 1002, "masked from a server");
+        assert_eq!(code(server(&[0xc1, 0x00])), 1002, "reserved bit");
+        assert_eq!(code(server(&[0x83, 0x00])), 1002, "reserved opcode");
+        assert_eq!(code(server(&[0x09, 0x00])), 1002, "fragmented ping");
+        assert_eq!(code(server(&[0x88, 126, 0, 126])), 1002, "long close");
+        assert_eq!(code(client(&[0x81, 0x80 | 101])), 1009, "over the limit");
+        let mut huge = vec![0x81, 127];
+        huge.extend_from_slice(&u64::MAX.to_be_bytes());
+        assert_eq!(code(server(&huge)), 1009);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn header_parsing_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..16)) {
+            for from_client in [false, true] {
+                if let Ok(Some(header)) = parse_header(&bytes, from_client, 1000) {
+                    proptest::prop_assert!(header.len <= 14 && header.payload_len <= 1000);
+                }
+            }
+        }
     }
 
     #[test]

@@ -177,7 +177,13 @@ async fn an_open_reservation_pins_its_floor_or_pauses_everything() {
         .await;
         // Let the sidecar learn 0b, then a view-syncer reserves: its restore yields 0b or newer.
         eventually("backup seen", || {
-            sidecar.status.get().newest_backup.as_deref() == Some("0b")
+            sidecar
+                .status
+                .get()
+                .newest_backup
+                .map(|(w, _)| w)
+                .as_deref()
+                == Some("0b")
         })
         .await;
         let mut reservation = connect(&sidecar.snapshot_url("vs-2")).await;

@@ -333,3 +333,87 @@ fn systemd_notify_ready_watchdog_and_stopping() {
         "{received:?}"
     );
 }
+
+/// Both log formats carry the same fields (span fields included), and the change DB password never appears.
+#[tokio::test]
+async fn logs_carry_fields_in_both_formats_and_never_the_password() {
+    for format in ["text", "json"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            "sidecar.toml",
+            &format!(
+                "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
+                 [discovery]\nmode = \"off\"\n[change_db]\nurl = \"postgres://zero:hunter2secret@127.0.0.1:9/zero\"\n\
+                 [log]\nformat = \"{format}\"\nfilter = \"debug\"\n"
+            ),
+        );
+        let mut child = std::process::Command::new(BIN)
+            .args(["--config", &path])
+            .env_clear()
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut lines = Vec::new();
+        let addr = loop {
+            let mut line = String::new();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "exited early: {lines:?}"
+            );
+            lines.push(line.clone());
+            if line.contains("listening") && !line.contains("metrics proxy") {
+                let rest = line.split("addr").nth(1).unwrap();
+                let addr: String = rest
+                    .chars()
+                    .skip_while(|c| !c.is_ascii_digit())
+                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                    .collect();
+                break addr;
+            }
+        };
+        let drain = std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
+            rest
+        });
+        let mut ws = common::connect(&format!(
+            "ws://{addr}/replication/v3/snapshot?taskID=task-42"
+        ))
+        .await;
+        common::next_text(&mut ws).await;
+        drop(ws);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert_eq!(
+            wait_with_timeout(&mut child, Duration::from_secs(10)),
+            Some(0)
+        );
+        let logs = lines.concat() + &drain.join().unwrap();
+        assert!(
+            !logs.contains("hunter2secret"),
+            "{format}: the password was logged:\n{logs}"
+        );
+        let opened = logs
+            .lines()
+            .find(|l| l.contains("reservation opened"))
+            .unwrap_or_else(|| panic!("{format}: no reservation log:\n{logs}"));
+        match format {
+            "json" => {
+                let event: serde_json::Value = serde_json::from_str(opened).unwrap();
+                assert_eq!(event["span"]["task_id"], "task-42", "{opened}");
+                assert!(event["span"]["peer"].as_str().is_some(), "{opened}");
+            }
+            _ => assert!(
+                opened.contains("task_id=task-42") && opened.contains("peer="),
+                "{opened}"
+            ),
+        }
+        // The change DB is unreachable: that is logged, with where it was tried but not the secret.
+        assert!(logs.contains("127.0.0.1"), "{logs}");
+    }
+}

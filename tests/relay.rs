@@ -247,6 +247,57 @@ async fn acknowledged_commits_reach_the_subscriber_registry() {
 }
 
 #[tokio::test]
+async fn fragments_pass_as_fragments_and_a_fragmented_commit_still_counts() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "frag", "0a", false);
+    let (mut raw, mut conn) =
+        tokio::join!(RawClient::connect(sidecar.addr, &path), upstream.accept());
+    conn.send_msg(1, STATUS).await;
+    let frame = format!(r#"{{"msg":{},"id":2}}"#, commit("0b"));
+    let (head, tail) = frame.split_at(20);
+    let text = OpCode::Data(Data::Text);
+    let more = OpCode::Data(Data::Continue);
+    conn.ws
+        .send(Message::Frame(Frame::message(
+            head.as_bytes().to_vec(),
+            text,
+            false,
+        )))
+        .await
+        .unwrap();
+    conn.ws
+        .send(Message::Frame(Frame::message(
+            tail.as_bytes().to_vec(),
+            more,
+            true,
+        )))
+        .await
+        .unwrap();
+    // The subscriber gets the status, then the two fragments exactly as they were sent.
+    assert_eq!(raw.read_frame().await.unwrap().0, 0x1);
+    assert_eq!(
+        raw.read_frame().await.unwrap(),
+        (0x1, head.as_bytes().to_vec())
+    );
+    assert_eq!(
+        raw.read_frame().await.unwrap(),
+        (0x0, tail.as_bytes().to_vec())
+    );
+    raw.write_frame(true, 0x1, br#"{"ack":1}"#).await;
+    raw.write_frame(true, 0x1, br#"{"ack":2}"#).await;
+    assert_eq!(conn.next_ack().await, 1);
+    assert_eq!(conn.next_ack().await, 2);
+    assert_eq!(
+        sidecar.subscribers.acked_by_id(),
+        [("frag".into(), "0b".into())]
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
 async fn a_subscription_without_its_position_is_relayed_but_not_tracked() {
     let mut upstream = Upstream::start().await;
     let sidecar = start(upstream.config("")).await;
@@ -527,10 +578,15 @@ async fn bad_frames_from_a_subscriber_close_only_its_own_relay() {
     let path = changes_path(3, "t1", "a", "0a", false);
     let (mut bystander, mut bystander_conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
 
+    let mut too_big = vec![0x81u8, 0x80 | 127];
+    too_big.extend_from_slice(&((128u64 << 20) + 1).to_be_bytes());
+    too_big.extend_from_slice(&[0, 0, 0, 0]);
     for (frame, code) in [
-        (&[0x81u8, 0x82, 0, 0, 0, 0, 0xff, 0xfe][..], 1007),
+        // Unmasked, a reserved opcode, a ping too long to be one, more than server.max_message_bytes.
+        (&[0x81u8, 0x02, b'{', b'}'][..], 1002),
         (&[0x83u8, 0x80, 0, 0, 0, 0][..], 1002),
         (&[0x89u8, 0x80 | 126, 0, 200, 0, 0, 0, 0][..], 1002),
+        (&too_big[..], 1009),
     ] {
         let mut raw = RawClient::connect(sidecar.addr, &path).await;
         let mut conn = upstream.accept().await;

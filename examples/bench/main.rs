@@ -1,15 +1,22 @@
 //! `make bench`: figures for the targets the issues set, measured on this machine in one run, printed as a table.
 //! Not a test: nothing here passes or fails, it reports (and flags a figure outside its target).
 //!
-//! Arguments name the sections to run (`cargo run --release --example bench -- purge`); none runs them all.
+//! Arguments name the sections to run (`cargo run --release --example bench -- purge relay`); none runs them all.
 
+mod metrics;
 mod purge;
+mod relay;
 mod reservations;
 mod util;
 
 fn main() {
-    let only: Vec<String> = std::env::args().skip(1).collect();
-    let wanted = |section: &str| only.is_empty() || only.iter().any(|s| s == section);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // The plain TCP relay the sidecar is compared with runs as its own process, like the sidecar.
+    if args.first().map(String::as_str) == Some("plain-relay") {
+        let upstream = args.get(1).expect("plain-relay <upstream address>");
+        return relay::plain_relay_main(upstream);
+    }
+    let wanted = |section: &str| args.is_empty() || args.iter().any(|s| s == section);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -18,6 +25,12 @@ fn main() {
     runtime.block_on(async {
         if wanted("reservations") {
             reservations::run(&mut report).await;
+        }
+        if wanted("relay") {
+            relay::run(&mut report).await;
+        }
+        if wanted("metrics") {
+            metrics::run(&mut report).await;
         }
         if wanted("purge") {
             purge::run(&mut report).await;

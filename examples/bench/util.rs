@@ -68,7 +68,12 @@ pub fn release_binary() -> PathBuf {
         .status()
         .expect("cargo build");
     assert!(status.success(), "building the release binary failed");
-    root.join("target/release/litestream-sidecar")
+    // This bench runs from `<target>/release/examples/`, whatever the target directory is.
+    let exe = std::env::current_exe().expect("the bench's own path");
+    exe.parent()
+        .and_then(Path::parent)
+        .map(|release| release.join("litestream-sidecar"))
+        .expect("the bench runs from <target>/release/examples")
 }
 
 /// The sidecar binary running with a config; killed when dropped.
@@ -123,6 +128,20 @@ impl Daemon {
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
             .unwrap()
+    }
+}
+
+impl Daemon {
+    /// CPU time the process has used so far, user and system (Linux clock ticks of 10 ms).
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        // Fields after the command name, which is in parentheses and may contain spaces.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        Duration::from_millis(ticks * 10)
     }
 }
 

@@ -1,0 +1,27 @@
+# litestream-sidecar container image: build with the Rust toolchain, run on a slim Debian as an unprivileged user.
+#
+#   docker build -t litestream-sidecar .
+#   docker run --rm -v $PWD/sidecar.toml:/etc/litestream-sidecar/sidecar.toml:ro litestream-sidecar
+#
+# Every config key can also come from the environment (LITESTREAM_SIDECAR__SECTION__KEY), which is how the
+# Kubernetes example in deploy/kubernetes/ passes the pod's own address and the change DB password.
+
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+RUN cargo build --release --locked --bin litestream-sidecar \
+ && strip target/release/litestream-sidecar
+
+FROM debian:bookworm-slim
+# CA certificates for TLS to the change DB (sslmode=require).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/target/release/litestream-sidecar /usr/local/bin/litestream-sidecar
+COPY sidecar.toml /etc/litestream-sidecar/sidecar.toml
+USER 65532:65532
+# 4851: view-syncers (snapshot, changes); 4850: the metrics proxy Zero's BackupMonitor reads.
+EXPOSE 4851 4850
+ENTRYPOINT ["/usr/local/bin/litestream-sidecar"]
+CMD ["--config", "/etc/litestream-sidecar/sidecar.toml"]

@@ -1,0 +1,343 @@
+//! The sidecar's own Prometheus metrics (`GET /metrics` on the main listener), through prometheus-client.
+//!
+//! Two kinds of input: live instruments that code on the hot paths updates as things happen ([`Instruments`]:
+//! reservation durations, relayed frames and bytes, upstream connect errors), and a [`Snapshot`] of the state the
+//! loops already keep, read at scrape time. [`render`] is pure over both, so it is tested by parsing its output.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use crate::cleanup::HoldReason;
+
+/// Which way a relayed frame went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// From the change-streamer to the subscriber.
+    Downstream,
+    /// From the subscriber (acks) to the change-streamer.
+    Upstream,
+}
+
+impl Direction {
+    fn as_str(self) -> &'static str {
+        match self {
+            Direction::Downstream => "downstream",
+            Direction::Upstream => "upstream",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct DirectionLabel {
+    direction: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// Instruments updated where things happen. Cheap to clone (every field shares its value).
+#[derive(Debug, Clone)]
+pub struct Instruments {
+    /// Seconds each reservation was held, however it ended.
+    pub reservation_seconds: Histogram,
+    pub relay_frames: Family<DirectionLabel, Counter>,
+    pub relay_bytes: Family<DirectionLabel, Counter>,
+    pub upstream_connect_errors: Counter,
+}
+
+impl Default for Instruments {
+    fn default() -> Self {
+        Self {
+            // 1 s to ~9 h: restores take seconds to hours.
+            reservation_seconds: Histogram::new(exponential_buckets(1.0, 2.0, 16)),
+            relay_frames: Family::default(),
+            relay_bytes: Family::default(),
+            upstream_connect_errors: Counter::default(),
+        }
+    }
+}
+
+impl Instruments {
+    /// Counts `frames` relayed frames carrying `bytes` payload bytes (the relay counts once per read).
+    pub fn relayed(&self, direction: Direction, frames: u64, bytes: u64) {
+        let label = DirectionLabel {
+            direction: direction.as_str(),
+        };
+        self.relay_frames.get_or_create(&label).inc_by(frames);
+        self.relay_bytes.get_or_create(&label).inc_by(bytes);
+    }
+}
+
+/// State read at scrape time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub reservations_open: u64,
+    pub subscribers: u64,
+    /// The newest backed-up watermark and how many seconds ago it was backed up.
+    pub newest_backup: Option<(String, f64)>,
+    pub cleanup_delay_seconds: f64,
+    pub purge_runs: u64,
+    pub purged_rows: u64,
+    pub holds: HashMap<HoldReason, u64>,
+    /// `None` when discovery is off.
+    pub registered: Option<bool>,
+    pub change_db_up: bool,
+    pub scrape_errors: u64,
+}
+
+/// The Prometheus text exposition of everything above (with `# EOF`, as OpenMetrics ends a page).
+pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
+    let mut registry = Registry::with_prefix("litestream_sidecar");
+    let gauge = |value: f64| {
+        let g: Gauge<f64, AtomicU64> = Gauge::default();
+        g.set(value);
+        g
+    };
+    let counter = |value: u64| {
+        let c: Counter = Counter::default();
+        c.inc_by(value);
+        c
+    };
+
+    registry.register(
+        "build",
+        "Version of this sidecar",
+        Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+    );
+    registry.register(
+        "reservations_open",
+        "Snapshot reservations open now",
+        gauge(snapshot.reservations_open as f64),
+    );
+    registry.register(
+        "reservation_duration_seconds",
+        "How long reservations were held, however they ended",
+        instruments.reservation_seconds.clone(),
+    );
+    registry.register(
+        "relayed_subscribers",
+        "Change-stream subscribers relayed now",
+        gauge(snapshot.subscribers as f64),
+    );
+    registry.register(
+        "relay_frames",
+        "WebSocket frames relayed, by direction",
+        instruments.relay_frames.clone(),
+    );
+    registry.register(
+        "relay_bytes",
+        "Payload bytes relayed, by direction",
+        instruments.relay_bytes.clone(),
+    );
+    registry.register(
+        "upstream_connect_errors",
+        "Subscriptions refused because the change-streamer could not be reached or refused the upgrade",
+        instruments.upstream_connect_errors.clone(),
+    );
+    let backup = Family::<Vec<(&'static str, String)>, Gauge>::default();
+    if let Some((watermark, _)) = &snapshot.newest_backup {
+        backup
+            .get_or_create(&vec![("watermark", watermark.clone())])
+            .set(1);
+    }
+    registry.register(
+        "backup_watermark",
+        "The newest watermark litestream reports backed up (value 1; the watermark is the label)",
+        backup,
+    );
+    if let Some((_, age)) = &snapshot.newest_backup {
+        registry.register(
+            "backup_age_seconds",
+            "Seconds since the newest backed-up watermark was backed up",
+            gauge(*age),
+        );
+    }
+    registry.register(
+        "cleanup_delay_seconds",
+        "How long a backup must exist before the change-log rows it covers may be purged",
+        gauge(snapshot.cleanup_delay_seconds),
+    );
+    registry.register(
+        "purge_runs",
+        "Change-log purges run",
+        counter(snapshot.purge_runs),
+    );
+    registry.register(
+        "purged_rows",
+        "Change-log rows purged",
+        counter(snapshot.purged_rows),
+    );
+    let holds = Family::<ReasonLabel, Counter>::default();
+    for reason in HoldReason::ALL {
+        let count = snapshot.holds.get(&reason).copied().unwrap_or(0);
+        holds
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc_by(count);
+    }
+    registry.register(
+        "cleanup_holds",
+        "Cleanup checks that did not purge, by reason",
+        holds,
+    );
+    if let Some(registered) = snapshot.registered {
+        registry.register(
+            "registered",
+            "1 when the shard's ownerAddress names this sidecar",
+            gauge(if registered { 1.0 } else { 0.0 }),
+        );
+    }
+    registry.register(
+        "change_db_up",
+        "1 when the change DB answers with Zero's schema",
+        gauge(if snapshot.change_db_up { 1.0 } else { 0.0 }),
+    );
+    registry.register(
+        "litestream_scrape_errors",
+        "Failed scrapes of litestream's metrics page",
+        counter(snapshot.scrape_errors),
+    );
+
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry)
+        .expect("writing to a String cannot fail");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> prometheus_parse::Scrape {
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+    }
+
+    fn value(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+        let sample = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .unwrap_or_else(|| panic!("no sample {name} {label:?}"));
+        match sample.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            ref other => panic!("{name}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rendered_values_parse_back() {
+        let instruments = Instruments::default();
+        instruments.reservation_seconds.observe(3.0);
+        instruments.reservation_seconds.observe(100.0);
+        instruments.relayed(Direction::Downstream, 1, 300);
+        instruments.relayed(Direction::Downstream, 1, 200);
+        instruments.relayed(Direction::Upstream, 1, 9);
+        instruments.upstream_connect_errors.inc();
+        let snapshot = Snapshot {
+            reservations_open: 2,
+            subscribers: 3,
+            newest_backup: Some(("718sh0nk8".into(), 42.5)),
+            cleanup_delay_seconds: 45.0,
+            purge_runs: 4,
+            purged_rows: 12345,
+            holds: [(HoldReason::NoSubscribers, 7)].into_iter().collect(),
+            registered: Some(true),
+            change_db_up: true,
+            scrape_errors: 1,
+        };
+        let text = render(&instruments, &snapshot);
+        let scrape = parse(&text);
+        let v = |name: &str| value(&scrape, name, None);
+        assert_eq!(v("litestream_sidecar_reservations_open"), 2.0);
+        assert_eq!(v("litestream_sidecar_relayed_subscribers"), 3.0);
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_relay_frames_total",
+                Some(("direction", "downstream"))
+            ),
+            2.0
+        );
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_relay_bytes_total",
+                Some(("direction", "downstream"))
+            ),
+            500.0
+        );
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_relay_bytes_total",
+                Some(("direction", "upstream"))
+            ),
+            9.0
+        );
+        assert_eq!(v("litestream_sidecar_upstream_connect_errors_total"), 1.0);
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_backup_watermark",
+                Some(("watermark", "718sh0nk8"))
+            ),
+            1.0
+        );
+        assert_eq!(v("litestream_sidecar_backup_age_seconds"), 42.5);
+        assert_eq!(v("litestream_sidecar_cleanup_delay_seconds"), 45.0);
+        assert_eq!(v("litestream_sidecar_purge_runs_total"), 4.0);
+        assert_eq!(v("litestream_sidecar_purged_rows_total"), 12345.0);
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_cleanup_holds_total",
+                Some(("reason", "no_subscribers"))
+            ),
+            7.0
+        );
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_cleanup_holds_total",
+                Some(("reason", "starting_up"))
+            ),
+            0.0
+        );
+        assert_eq!(v("litestream_sidecar_registered"), 1.0);
+        assert_eq!(v("litestream_sidecar_change_db_up"), 1.0);
+        assert_eq!(v("litestream_sidecar_litestream_scrape_errors_total"), 1.0);
+        assert!(
+            text.contains("litestream_sidecar_build_info{version=\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("litestream_sidecar_reservation_duration_seconds_count 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("litestream_sidecar_reservation_duration_seconds_sum 103.0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn unknown_state_is_left_out_rather_than_guessed() {
+        let text = render(&Instruments::default(), &Snapshot::default());
+        assert!(!text.contains("backup_age_seconds"), "{text}");
+        assert!(!text.contains("litestream_sidecar_registered"), "{text}");
+        assert!(!text.contains("watermark=\""), "{text}");
+    }
+}

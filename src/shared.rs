@@ -1,0 +1,29 @@
+//! A value one task writes and others read: the monitor's and discovery loop's state, read by `/keepalive`,
+//! `/metrics`, systemd's status line and tests.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Cheap to clone; readers get a copy, so the lock is held only for the copy and never across an `.await`.
+#[derive(Debug, Default)]
+pub struct Shared<T>(Arc<Mutex<T>>);
+
+impl<T> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T: Clone> Shared<T> {
+    pub fn get(&self) -> T {
+        self.lock().clone()
+    }
+
+    pub fn update(&self, f: impl FnOnce(&mut T)) {
+        f(&mut self.lock());
+    }
+
+    fn lock(&self) -> MutexGuard<'_, T> {
+        // A panic while holding this lock leaves plain data behind; keep serving with it.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

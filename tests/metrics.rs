@@ -1,0 +1,246 @@
+//! `GET /metrics`: the figures operators watch, driven by real reservations, purges and registration.
+
+mod common;
+
+use std::time::Duration;
+
+use common::pg::TestSchema;
+use common::*;
+use litestream_sidecar::subscribers::SubscriberInfo;
+
+async fn scrape(sidecar: &Sidecar) -> prometheus_parse::Scrape {
+    let (status, body) = http(sidecar.addr, "GET", "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("a metrics page")
+}
+
+fn value(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    label: Option<(&str, &str)>,
+) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Histogram(ref buckets) => {
+                buckets.last().map_or(0.0, |b| b.count)
+            }
+            ref other => panic!("{name}: {other:?}"),
+        })
+}
+
+#[tokio::test]
+async fn reservations_and_their_durations() {
+    let sidecar = start(config("")).await;
+    let mut a = connect(&sidecar.snapshot_url("a")).await;
+    next_text(&mut a).await;
+    let mut b = connect(&sidecar.snapshot_url("b")).await;
+    next_text(&mut b).await;
+    eventually("two reservations", || sidecar.registry.len() == 2).await;
+    let page = scrape(&sidecar).await;
+    assert_eq!(
+        value(&page, "litestream_sidecar_reservations_open", None),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(
+            &page,
+            "litestream_sidecar_reservation_duration_seconds_count",
+            None
+        ),
+        Some(0.0)
+    );
+
+    // One ends by its subscription after 45 s: the delay grows and the histogram counts it.
+    let started = sidecar.registry.open_reservations()[0].started;
+    sidecar
+        .registry
+        .end_by_subscription("a", started + Duration::from_secs(45));
+    drop(b);
+    eventually("both ended", || sidecar.registry.is_empty()).await;
+    let page = scrape(&sidecar).await;
+    assert_eq!(
+        value(&page, "litestream_sidecar_reservations_open", None),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(
+            &page,
+            "litestream_sidecar_reservation_duration_seconds_count",
+            None
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(&page, "litestream_sidecar_cleanup_delay_seconds", None),
+        Some(45.0)
+    );
+    // Discovery is off in this config: no registration gauge; the change DB does not exist.
+    assert_eq!(value(&page, "litestream_sidecar_registered", None), None);
+    assert_eq!(
+        value(&page, "litestream_sidecar_change_db_up", None),
+        Some(0.0)
+    );
+    drop(a);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn backups_purges_holds_and_registration() {
+    let db = TestSchema::create(Some(5), Some("127.0.0.1:4851")).await;
+    for w in ["0a", "0b", "0c"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let backed_up = epoch_now() - 100.0;
+    let litestream = MetricsServer::start(&progress_page(&[("0b", backed_up)])).await;
+    let config = config(&format!(
+        "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
+         [discovery]\nmode = \"verify\"\nadvertise_address = \"127.0.0.1:4851\"\ninterval = \"100ms\"\n",
+        db.config(),
+        litestream.url()
+    ));
+    let sidecar = start_aged(config, Duration::from_secs(120)).await;
+    // No subscriber yet: held, and the holds are counted by reason.
+    eventually("a hold", || sidecar.status.get().checks >= 2).await;
+    let page = scrape(&sidecar).await;
+    assert!(
+        value(
+            &page,
+            "litestream_sidecar_cleanup_holds_total",
+            Some(("reason", "no_subscribers"))
+        )
+        .unwrap()
+            >= 1.0
+    );
+    assert_eq!(
+        value(&page, "litestream_sidecar_registered", None),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&page, "litestream_sidecar_change_db_up", None),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &page,
+            "litestream_sidecar_backup_watermark",
+            Some(("watermark", "0b"))
+        ),
+        Some(1.0)
+    );
+    let age = value(&page, "litestream_sidecar_backup_age_seconds", None).unwrap();
+    assert!((100.0..200.0).contains(&age), "{age}");
+
+    let _sub = sidecar.subscribers.connect(SubscriberInfo {
+        id: "vs".into(),
+        task_id: None,
+        mode: "serving".into(),
+        replica_version: "01".into(),
+        watermark: "0c".into(),
+    });
+    eventually_async("purged", || async { db.watermarks().await == ["0b", "0c"] }).await;
+    eventually("purge counted", || sidecar.status.get().purges >= 1).await;
+    let page = scrape(&sidecar).await;
+    assert_eq!(
+        value(&page, "litestream_sidecar_purge_runs_total", None),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&page, "litestream_sidecar_purged_rows_total", None),
+        Some(4.0)
+    );
+    assert_eq!(
+        value(&page, "litestream_sidecar_relayed_subscribers", None),
+        Some(1.0)
+    );
+
+    // litestream goes away: scrape errors are counted.
+    litestream.stop();
+    eventually("scrape errors", || sidecar.status.get().scrape_errors >= 1).await;
+    let page = scrape(&sidecar).await;
+    assert!(
+        value(
+            &page,
+            "litestream_sidecar_litestream_scrape_errors_total",
+            None
+        )
+        .unwrap()
+            >= 1.0
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn relayed_frames_bytes_subscribers_and_connect_errors() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "vs", "0a", false);
+    let (mut client, _) = tokio_tungstenite::connect_async(sidecar.url(&path))
+        .await
+        .unwrap();
+    let mut conn = upstream.accept().await;
+    let status = conn.send_msg(1, r#"["status",{"tag":"status"}]"#).await;
+    assert_eq!(next_text(&mut client).await, status);
+    let commit = conn
+        .send_msg(2, r#"["commit",{"tag":"commit"},{"watermark":"0b"}]"#)
+        .await;
+    assert_eq!(next_text(&mut client).await, commit);
+    send_text(&mut client, r#"{"ack":1}"#).await;
+    send_text(&mut client, r#"{"ack":2}"#).await;
+    assert_eq!(conn.next_ack().await, 1);
+    assert_eq!(conn.next_ack().await, 2);
+
+    let page = scrape(&sidecar).await;
+    let count = |name: &str, direction: &str| value(&page, name, Some(("direction", direction)));
+    assert_eq!(
+        count("litestream_sidecar_relay_frames_total", "downstream"),
+        Some(2.0)
+    );
+    assert_eq!(
+        count("litestream_sidecar_relay_bytes_total", "downstream"),
+        Some((status.len() + commit.len()) as f64)
+    );
+    assert_eq!(
+        count("litestream_sidecar_relay_frames_total", "upstream"),
+        Some(2.0)
+    );
+    assert_eq!(
+        count("litestream_sidecar_relay_bytes_total", "upstream"),
+        Some(18.0)
+    );
+    assert_eq!(
+        value(&page, "litestream_sidecar_relayed_subscribers", None),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &page,
+            "litestream_sidecar_upstream_connect_errors_total",
+            None
+        ),
+        Some(0.0)
+    );
+
+    // The change-streamer goes away: the next subscription is refused and counted.
+    drop(conn);
+    drop(upstream);
+    let (status, _) = refused(&sidecar.url(&changes_path(3, "t2", "vs2", "0a", false))).await;
+    assert!(status == 502 || status == 503, "{status}");
+    let page = scrape(&sidecar).await;
+    assert_eq!(
+        value(
+            &page,
+            "litestream_sidecar_upstream_connect_errors_total",
+            None
+        ),
+        Some(1.0)
+    );
+    drop(client);
+    sidecar.stop().await;
+}
