@@ -23,19 +23,33 @@ pub enum Downstream {
 
 /// Classifies one complete text message sent by the change-streamer.
 pub fn inspect(frame: &[u8]) -> Downstream {
-    match head_tag(frame) {
-        Some(false) => Downstream::Other,
-        // A commit by its head, or a head of an unexpected shape: read the whole frame.
-        Some(true) | None => parse_full(frame),
+    match read_head(frame) {
+        Some(Head::Other) => Downstream::Other,
+        Some(Head::Commit { id, at }) => {
+            read_commit(frame, id, at).unwrap_or_else(|| parse_full(frame))
+        }
+        // A head of an unexpected shape: read the whole frame.
+        None => parse_full(frame),
     }
 }
 
-/// `Some(true)` if the head shows a commit, `Some(false)` if it shows another message, `None` if the head is not
-/// of the plain shape Zero writes (then the caller parses the frame in full).
-fn head_tag(frame: &[u8]) -> Option<bool> {
+/// What a frame's head shows.
+enum Head {
+    Other,
+    /// A commit: its id if it came before `msg`, and where the message continues after its tag.
+    Commit {
+        id: Option<u64>,
+        at: usize,
+    },
+}
+
+/// The message tag from the frame's head, or `None` if the head is not of the plain shape Zero writes (then the
+/// caller parses the frame in full).
+fn read_head(frame: &[u8]) -> Option<Head> {
     let mut s = Scanner { b: frame, i: 0 };
     s.ws();
     s.expect(b'{')?;
+    let mut id = None;
     // At most `id` then `msg`; any other key means an unusual frame.
     for _ in 0..2 {
         s.ws();
@@ -47,10 +61,15 @@ fn head_tag(frame: &[u8]) -> Option<bool> {
             b"msg" => {
                 s.expect(b'[')?;
                 s.ws();
-                return Some(s.plain_string()? == b"commit");
+                return Some(if s.plain_string()? == b"commit" {
+                    Head::Commit { id, at: s.i }
+                } else {
+                    Head::Other
+                });
             }
             b"id" => {
-                s.number()?;
+                // An id that is not a plain u64 is left to the full parse.
+                id = Some(s.id()?);
                 s.ws();
                 s.expect(b',')?;
             }
@@ -58,6 +77,50 @@ fn head_tag(frame: &[u8]) -> Option<bool> {
         }
     }
     None
+}
+
+/// Reads the rest of a commit in the exact shape Zero writes, `…,{…},{"watermark":"W"}]` then the id if it comes
+/// last, without a JSON parser; `None` for anything else (the caller then parses in full). The second element is
+/// skipped structurally, not validated: a subscriber never acknowledges a frame it cannot parse, so a malformed
+/// frame taken for a commit here never moves its acknowledged watermark.
+fn read_commit(frame: &[u8], id: Option<u64>, at: usize) -> Option<Downstream> {
+    let mut s = Scanner { b: frame, i: at };
+    s.ws();
+    s.expect(b',')?;
+    s.ws();
+    s.skip_value()?;
+    s.ws();
+    s.expect(b',')?;
+    s.ws();
+    s.expect(b'{')?;
+    s.ws();
+    (s.plain_string()? == b"watermark").then_some(())?;
+    s.ws();
+    s.expect(b':')?;
+    s.ws();
+    let watermark = std::str::from_utf8(s.plain_string()?).ok()?.to_string();
+    s.ws();
+    s.expect(b'}')?;
+    s.ws();
+    s.expect(b']')?;
+    s.ws();
+    let id = match id {
+        Some(id) => id,
+        None => {
+            s.expect(b',')?;
+            s.ws();
+            (s.plain_string()? == b"id").then_some(())?;
+            s.ws();
+            s.expect(b':')?;
+            s.ws();
+            let id = s.id()?;
+            s.ws();
+            id
+        }
+    };
+    s.expect(b'}')?;
+    s.ws();
+    (s.i == frame.len()).then_some(Downstream::Commit { id, watermark })
 }
 
 struct Scanner<'a> {
@@ -89,12 +152,80 @@ impl<'a> Scanner<'a> {
         Some(text)
     }
 
-    fn number(&mut self) -> Option<()> {
+    /// A message id as Zero writes it: a JSON integer that fits in a u64, followed by no other number character.
+    /// Leaves the position unchanged when it returns `None`.
+    fn id(&mut self) -> Option<u64> {
         let start = self.i;
-        while let Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') = self.b.get(self.i) {
-            self.i += 1;
+        let digits = self.b[start..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        let text = &self.b[start..start + digits];
+        let next = self.b.get(start + digits);
+        if digits == 0
+            || (digits > 1 && text[0] == b'0')
+            || matches!(next, Some(b'.' | b'e' | b'E' | b'-' | b'+'))
+        {
+            return None;
         }
-        (self.i > start).then_some(())
+        let id = text.iter().try_fold(0u64, |n, &d| {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        })?;
+        self.i = start + digits;
+        Some(id)
+    }
+
+    /// Skips one JSON value by its structure: strings (escapes included) and nesting are followed, nothing is
+    /// validated.
+    fn skip_value(&mut self) -> Option<()> {
+        match *self.b.get(self.i)? {
+            b'"' => self.skip_string(),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match *self.b.get(self.i)? {
+                        b'"' => {
+                            self.skip_string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.i += 1;
+                                return Some(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.i += 1;
+                }
+            }
+            _ => {
+                let start = self.i;
+                while let Some(&b) = self.b.get(self.i) {
+                    if matches!(b, b',' | b']' | b'}' | b' ' | b'\t' | b'\n' | b'\r') {
+                        break;
+                    }
+                    self.i += 1;
+                }
+                (self.i > start).then_some(())
+            }
+        }
+    }
+
+    fn skip_string(&mut self) -> Option<()> {
+        self.expect(b'"')?;
+        loop {
+            match *self.b.get(self.i)? {
+                b'"' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                b'\\' => self.i += 2,
+                _ => self.i += 1,
+            }
+        }
     }
 }
 
@@ -287,6 +418,61 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_fast_path_reads_what_a_parser_reads() {
+        let middles = [
+            r#"{}"#,
+            r#"{"tag":"commit","s":"a\"]}[{,","n":[1,[2,{"x":"}"}]],"big":18446744073709551617}"#,
+            r#"{"u":"\u0000\\"}"#,
+            r#"null"#,
+            r#"123.5e-3"#,
+            r#""text""#,
+        ];
+        for middle in middles {
+            for frame in [
+                format!(r#"{{"msg":["commit",{middle},{{"watermark":"0g"}}],"id":21}}"#),
+                format!(r#"{{"id":21,"msg":["commit",{middle},{{"watermark":"0g"}}]}}"#),
+                format!(" {{ \"id\" : 21 , \"msg\" : [ \"commit\" , {middle} , {{ \"watermark\" : \"0g\" }} ] }} "),
+            ] {
+                let head = read_head(frame.as_bytes());
+                let Some(Head::Commit { id, at }) = head else {
+                    panic!("{frame}");
+                };
+                assert_eq!(
+                    read_commit(frame.as_bytes(), id, at),
+                    Some(commit(21, "0g")),
+                    "{frame}"
+                );
+                assert_eq!(parse_full(frame.as_bytes()), commit(21, "0g"), "{frame}");
+            }
+        }
+        // Shapes the fast path leaves to the parser, which still reads them.
+        for frame in [
+            r#"{"msg":["commit",{},{"watermark":"0g","x":1}],"id":21}"#,
+            r#"{"msg":["commit",{},{"watermark":"0g"},{}],"id":21}"#,
+            r#"{"msg":["commit",{},{"watermark":"0g"}],"id":21,"x":1}"#,
+            r#"{"msg":["commit",{},{"watermark":"0g"}],"id":2.1e1}"#,
+        ] {
+            let Some(Head::Commit { id, at }) = read_head(frame.as_bytes()) else {
+                panic!("{frame}");
+            };
+            assert_eq!(read_commit(frame.as_bytes(), id, at), None, "{frame}");
+        }
+        assert_eq!(
+            inspect(br#"{"msg":["commit",{},{"watermark":"0g","x":1}],"id":21}"#),
+            commit(21, "0g")
+        );
+        // An id that is not a u64 is never a commit's.
+        assert_eq!(
+            inspect(br#"{"id":01,"msg":["commit",{},{"watermark":"0g"}]}"#),
+            Downstream::Unreadable
+        );
+        assert_eq!(
+            inspect(br#"{"id":18446744073709551616,"msg":["commit",{},{"watermark":"0g"}]}"#),
+            Downstream::Unreadable
+        );
+    }
+
     proptest::proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
@@ -296,6 +482,16 @@ mod tests {
         #[test]
         fn arbitrary_json_heads_never_panic(head in "[{}\\[\\]\":, a-z0-9]{0,40}") {
             let _ = inspect(head.as_bytes());
+        }
+
+        #[test]
+        fn arbitrary_commit_bodies_never_panic(body in "[{}\\[\\]\"\\\\:, a-z0-9]{0,40}") {
+            for frame in [
+                format!(r#"{{"msg":["commit",{body}"#),
+                format!(r#"{{"id":1,"msg":["commit",{body}"#),
+            ] {
+                let _ = inspect(frame.as_bytes());
+            }
         }
     }
 }

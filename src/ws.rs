@@ -289,8 +289,9 @@ pub fn parse_header(
     if is_control && (!fin || payload_len > 125) {
         return Err(protocol("invalid control frame"));
     }
+    // The bound on isize keeps `frame_len` and buffer reservations from overflowing whatever the limit is.
     let payload_len = match usize::try_from(payload_len) {
-        Ok(n) if n <= max_payload => n,
+        Ok(n) if n <= max_payload && n <= isize::MAX as usize - 14 => n,
         _ => return Err(CloseWith::new(close::MESSAGE_TOO_BIG, "message too big")),
     };
     let mask = if masked {
@@ -867,6 +868,7 @@ mod tests {
         let mut huge = vec![0x81, 127];
         huge.extend_from_slice(&u64::MAX.to_be_bytes());
         assert_eq!(code(server(&huge)), 1009);
+        assert_eq!(code(parse_header(&huge, false, usize::MAX)), 1009);
     }
 
     proptest::proptest! {
