@@ -15,7 +15,7 @@ run: build
 	./target/release/litestream-sidecar --config $(CONFIG)
 
 test:
-	scripts/with-postgres.sh $(CARGO) test --locked --all-targets
+	scripts/with-postgres.sh scripts/test.sh
 
 lint:
 	$(CARGO) fmt --all -- --check
