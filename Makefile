@@ -17,7 +17,7 @@ run: build
 # The cargo tests, then the end-to-end interop suite against real Zero processes (tests/interop), on one
 # throwaway PostgreSQL cluster.
 test:
-	scripts/with-postgres.sh sh -c '$(CARGO) test --locked --all-targets && CARGO="$(CARGO)" scripts/interop.sh'
+	scripts/with-postgres.sh sh -c 'scripts/test.sh && CARGO="$(CARGO)" scripts/interop.sh'
 
 # Only the interop suite (npm ci, the sidecar build, Zero, the litestream stand-in).
 interop:

@@ -99,10 +99,11 @@ impl Registry {
         let mut inner = self.lock();
         inner.next_id += 1;
         let id = inner.next_id;
+        let floor = inner.newest_backup.clone();
         let entry = Entry {
             id,
             started: now,
-            floor: inner.newest_backup.clone(),
+            floor: floor.clone(),
             end,
         };
         let previous = inner.open.insert(task_id.to_string(), entry);
@@ -115,6 +116,7 @@ impl Registry {
             registry: self.clone(),
             task_id: task_id.to_string(),
             id,
+            floor,
             ended,
         }
     }
@@ -202,10 +204,16 @@ pub struct Lease {
     registry: Registry,
     task_id: String,
     id: u64,
+    floor: Option<String>,
     ended: oneshot::Receiver<EndReason>,
 }
 
 impl Lease {
+    /// The watermark this reservation was pinned at (see [`Reservation::floor`]).
+    pub fn floor(&self) -> Option<&str> {
+        self.floor.as_deref()
+    }
+
     /// Resolves when the registry ends this reservation (replaced or subscribed).
     pub async fn ended(&mut self) -> EndReason {
         match (&mut self.ended).await {
@@ -291,13 +299,20 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let mut lease = ctx.registry.open(&task_id, Instant::now());
-    info!("reservation opened");
-    let (reader, mut writer) = ws::split(ws, ctx.max_message_bytes);
+    info!(floor = lease.floor().unwrap_or(""), "reservation opened");
+    // The socket is read with a buffer that exists only while bytes are pending: an open reservation mostly
+    // waits, and thousands may be open at once.
+    let (reader, mut writer) = tokio::io::split(ws.into_inner());
+    let mut reader = ws::FrameReader::new(reader, ctx.max_message_bytes);
     // v3's status needs nothing but config: it goes out at once. A v4+ status that cannot be built yet is
     // retried in the loop below. Boxed: the database read is a large future that idle reservations never need.
     let mut status_sent = false;
     if let Some(status) = Box::pin(status_frame(&ctx, version)).await {
-        if writer.write_frame(ws::text(status)).await.is_err() {
+        if ws::write_frame(&mut writer, ws::text(status))
+            .await
+            .is_err()
+        {
+            info!(outcome = ?Outcome::Gone, "reservation closed");
             return Outcome::Gone;
         }
         status_sent = true;
@@ -310,9 +325,8 @@ where
     let mut liveness = Liveness::new(ctx.ping_interval);
     let mut assembler = Assembler::new(ctx.max_message_bytes);
     let mut acked = false;
-    let read = ws::next_frame(reader);
-    tokio::pin!(read);
 
+    // `Some(close)`: send that close (a code, or none) and wait briefly for the peer's; `None`: just drop.
     let (outcome, close) = loop {
         tokio::select! {
             biased;
@@ -326,7 +340,7 @@ where
             }
             _ = status_retry.tick(), if !status_sent => {
                 if let Some(status) = Box::pin(status_frame(&ctx, version)).await {
-                    if writer.write_frame(ws::text(status)).await.is_err() {
+                    if ws::write_frame(&mut writer, ws::text(status)).await.is_err() {
                         break (Outcome::Gone, None);
                     }
                     status_sent = true;
@@ -337,48 +351,43 @@ where
                     // Like Zero's terminate(): no close handshake with a peer that stopped answering.
                     break (Outcome::Unresponsive, None);
                 }
-                if writer.write_frame(ws::ping()).await.is_err() {
+                if ws::write_frame(&mut writer, ws::ping()).await.is_err() {
                     break (Outcome::Gone, None);
                 }
             }
-            (reader, result) = &mut read => {
+            result = reader.read_frame() => {
                 let frame = match result {
                     Ok(frame) => frame,
-                    Err(err) => match ws::close_for_error(&err) {
-                        Some(with) => {
-                            debug!(error = %err, "bad frame");
-                            // The stream is unusable after a framing error: close and drop without lingering.
-                            let _ = writer.write_frame(ws::close_frame(&with)).await;
-                            break (Outcome::ProtocolError(with), None);
-                        }
-                        None => break (Outcome::Gone, None),
-                    },
+                    Err(ws::ReadError::Protocol(with)) => {
+                        debug!(reason = %with.reason, "bad frame");
+                        // The stream is unusable after a framing error: close and drop without lingering.
+                        let _ = ws::write_frame(&mut writer, ws::close_frame(&with)).await;
+                        break (Outcome::ProtocolError(with), None);
+                    }
+                    Err(ws::ReadError::Gone) => break (Outcome::Gone, None),
                 };
                 liveness.heard();
-                read.set(ws::next_frame(reader));
                 match assembler.push(frame) {
                     Err(with) => break (Outcome::ProtocolError(with.clone()), Some(Some(with))),
                     Ok(Assembled::Incomplete) => {}
                     Ok(Assembled::Control(frame)) => match frame.opcode {
                         OpCode::Ping => {
                             let pong = fastwebsockets::Frame::pong(fastwebsockets::Payload::Bytes(frame.payload));
-                            if writer.write_frame(pong).await.is_err() {
+                            if ws::write_frame(&mut writer, pong).await.is_err() {
                                 break (Outcome::Gone, None);
                             }
                         }
-                        OpCode::Close => {
-                            match ws::read_close(frame.payload) {
-                                PeerClose::Valid { payload, .. } => {
-                                    let echo = fastwebsockets::Frame::close_raw(fastwebsockets::Payload::Bytes(payload));
-                                    let _ = writer.write_frame(echo).await;
-                                    break (Outcome::ClosedByPeer, None);
-                                }
-                                PeerClose::Invalid(with) => {
-                                    let _ = writer.write_frame(ws::close_frame(&with)).await;
-                                    break (Outcome::ProtocolError(with), None);
-                                }
+                        OpCode::Close => match ws::read_close(frame.payload) {
+                            PeerClose::Valid { payload, .. } => {
+                                let echo = fastwebsockets::Frame::close_raw(fastwebsockets::Payload::Bytes(payload));
+                                let _ = ws::write_frame(&mut writer, echo).await;
+                                break (Outcome::ClosedByPeer, None);
                             }
-                        }
+                            PeerClose::Invalid(with) => {
+                                let _ = ws::write_frame(&mut writer, ws::close_frame(&with)).await;
+                                break (Outcome::ProtocolError(with), None);
+                            }
+                        },
                         _ => {}
                     },
                     Ok(Assembled::Message(OpCode::Text, payload)) => {
@@ -395,9 +404,22 @@ where
             }
         }
     };
-    // `Some(close)`: send that close (a code, or none) and wait briefly for the peer's; `None`: just drop.
     if let Some(with) = close {
-        ws::close_and_linger(&mut writer, read, with.as_ref()).await;
+        let frame = match &with {
+            Some(with) => ws::close_frame(with),
+            None => fastwebsockets::Frame::close_raw(fastwebsockets::Payload::Owned(Vec::new())),
+        };
+        if ws::write_frame(&mut writer, frame).await.is_ok() {
+            // Wait briefly for the peer's close so that ours is not lost to a reset.
+            let linger = async {
+                while let Ok(frame) = reader.read_frame().await {
+                    if frame.opcode == OpCode::Close {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(ws::CLOSE_LINGER, linger).await;
+        }
     }
     drop(lease);
     info!(outcome = ?outcome, "reservation closed");

@@ -1,11 +1,10 @@
-//! WebSocket plumbing shared by the snapshot and relay handlers: a cancel-safe way to read frames, message
-//! assembly under a size limit, ping liveness, the close code each protocol violation earns, a polite close, and
-//! an outgoing frame queue with a cancel-safe flush.
+//! WebSocket plumbing shared by the snapshot and relay handlers, after fastwebsockets has done the upgrade: frame
+//! headers, a cancel-safe frame reader, message assembly under a size limit, ping liveness, the close code each
+//! protocol violation earns, and an outgoing frame queue with a cancel-safe flush.
 //!
-//! fastwebsockets' `read_frame` is not cancel-safe: dropping it mid-frame loses header bytes. So a read is a future
-//! that owns the read half and hands it back with the frame ([`next_frame`]); a handler keeps that one future
-//! pinned across `select!` iterations instead of re-creating it, and needs no extra task or channel per socket.
-//! Writing a frame is not cancel-safe either; a handler that must keep reading while a peer is slow to read queues
+//! fastwebsockets' own `read_frame` is not cancel-safe (dropping it mid-frame loses header bytes) and keeps an
+//! 8 KiB buffer per socket for its lifetime. [`FrameReader`] is cancel-safe and holds a buffer only while bytes
+//! are pending, which matters for thousands of idle reservation sockets. Writing a frame is not cancel-safe either; a handler that must keep reading while a peer is slow to read queues
 //! frames in an [`Outbox`] and flushes it as one more `select!` branch. A relay, which passes frames on rather
 //! than decoding them, reads their headers in place with [`parse_header`].
 
@@ -16,19 +15,15 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use fastwebsockets::{
-    Frame, OpCode, Payload, Role, WebSocket, WebSocketError, WebSocketRead, WebSocketWrite,
-};
+use fastwebsockets::{Frame, OpCode, Payload, Role};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncWrite, ReadHalf, WriteHalf};
+use tokio::io::AsyncWrite;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::protocol::close;
 
 pub type Io = TokioIo<Upgraded>;
-pub type Reader<S = Io> = WebSocketRead<ReadHalf<S>>;
-pub type Writer<S = Io> = WebSocketWrite<WriteHalf<S>>;
 
 /// How long a closing side waits for the peer's close frame before dropping the connection.
 pub const CLOSE_LINGER: Duration = Duration::from_secs(2);
@@ -39,40 +34,6 @@ pub struct OwnedFrame {
     pub fin: bool,
     pub opcode: OpCode,
     pub payload: BytesMut,
-}
-
-/// Splits an upgraded socket; pings and closes are answered by the handler, not by the crate, because the
-/// handler owns the write half.
-pub fn split<S>(mut ws: WebSocket<S>, max_message_bytes: usize) -> (Reader<S>, Writer<S>)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    ws.set_auto_pong(false);
-    ws.set_auto_close(false);
-    // The crate refuses frames of `limit` bytes or more; the sidecar's limit is inclusive.
-    ws.set_max_message_size(max_message_bytes.saturating_add(1));
-    ws.split(tokio::io::split)
-}
-
-/// Reads one frame, returning the reader with it so the caller can start the next read.
-pub async fn next_frame<S>(mut reader: Reader<S>) -> (Reader<S>, Result<OwnedFrame, WebSocketError>)
-where
-    S: tokio::io::AsyncRead + Unpin,
-{
-    // With auto pong and auto close off the crate never has an obligated frame to send.
-    let mut no_send = |_: Frame<'_>| async { Ok::<(), std::convert::Infallible>(()) };
-    let result = reader
-        .read_frame(&mut no_send)
-        .await
-        .map(|frame| OwnedFrame {
-            fin: frame.fin,
-            opcode: frame.opcode,
-            payload: match frame.payload {
-                Payload::Bytes(bytes) => bytes,
-                other => BytesMut::from(&other[..]),
-            },
-        });
-    (reader, result)
 }
 
 /// Why a connection is being closed by this side.
@@ -88,21 +49,6 @@ impl CloseWith {
             code,
             reason: reason.into(),
         }
-    }
-}
-
-/// The close a read error earns, or `None` when the peer is simply gone and there is nobody to tell.
-pub fn close_for_error(err: &WebSocketError) -> Option<CloseWith> {
-    use WebSocketError as E;
-    match err {
-        E::FrameTooLarge => Some(CloseWith::new(close::MESSAGE_TOO_BIG, "message too big")),
-        E::InvalidUTF8 => Some(CloseWith::new(close::INVALID_PAYLOAD, "invalid UTF-8")),
-        E::UnexpectedEOF
-        | E::IoError(_)
-        | E::ConnectionClosed
-        | E::SendError(_)
-        | E::HTTPError(_) => None,
-        other => Some(CloseWith::new(close::PROTOCOL_ERROR, other.to_string())),
     }
 }
 
@@ -310,6 +256,77 @@ pub fn parse_header(
         len,
         payload_len,
     }))
+}
+
+/// Why [`FrameReader::read_frame`] stopped.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The connection ended or failed: nobody to tell.
+    Gone,
+    /// The peer broke the protocol: close with this.
+    Protocol(CloseWith),
+}
+
+/// Reads a client's frames with a buffer that exists only while bytes are pending, so that an idle socket (a
+/// snapshot reservation waiting hours for its restore) holds no read buffer at all. Cancel-safe: bytes are taken
+/// out of the buffer only as whole frames, and `read_buf` loses nothing when dropped, so `read_frame` may sit in a
+/// `select!` beside timers and signals.
+pub struct FrameReader<R> {
+    reader: R,
+    buf: BytesMut,
+    max_payload: usize,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(reader: R, max_payload: usize) -> Self {
+        Self {
+            reader,
+            buf: BytesMut::new(),
+            max_payload,
+        }
+    }
+
+    /// The next whole frame from a client (masked, as RFC 6455 requires), unmasked.
+    pub async fn read_frame(&mut self) -> Result<OwnedFrame, ReadError> {
+        loop {
+            if let Some(header) =
+                parse_header(&self.buf, true, self.max_payload).map_err(ReadError::Protocol)?
+            {
+                if self.buf.len() >= header.frame_len() {
+                    let mut frame = self.buf.split_to(header.frame_len());
+                    let mut payload = frame.split_off(header.len);
+                    if let Some(key) = header.mask {
+                        fastwebsockets::unmask(&mut payload, key);
+                    }
+                    if self.buf.is_empty() {
+                        // Give the allocation back: most sockets read a few small frames, then wait.
+                        self.buf = BytesMut::new();
+                    }
+                    return Ok(OwnedFrame {
+                        fin: header.fin,
+                        opcode: header.opcode,
+                        payload,
+                    });
+                }
+                self.buf.reserve(header.frame_len() - self.buf.len());
+            } else if self.buf.capacity() - self.buf.len() < 64 {
+                self.buf.reserve(256);
+            }
+            match tokio::io::AsyncReadExt::read_buf(&mut self.reader, &mut self.buf).await {
+                Ok(0) | Err(_) => return Err(ReadError::Gone),
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+/// Writes one server frame (unmasked).
+pub async fn write_frame<W: tokio::io::AsyncWrite + Unpin>(
+    writer: &mut W,
+    mut frame: Frame<'_>,
+) -> std::io::Result<()> {
+    frame.writev(writer).await?;
+    tokio::io::AsyncWriteExt::flush(writer).await
 }
 
 /// Payloads up to this size are copied next to their header so that many small frames leave in one write; larger
@@ -527,40 +544,59 @@ pub fn close_frame(with: &CloseWith) -> Frame<'static> {
     Frame::close(with.code, reason.as_bytes())
 }
 
-/// Sends a close frame (`None`: a close without a status code, which the peer reports as 1005), then waits briefly
-/// for the peer's close so that the frame is not lost to a reset, then drops the connection.
-pub async fn close_and_linger<S, F>(
-    writer: &mut Writer<S>,
-    pending_read: F,
-    with: Option<&CloseWith>,
-) where
-    S: tokio::io::AsyncWrite + tokio::io::AsyncRead + Unpin,
-    F: std::future::Future<Output = (Reader<S>, Result<OwnedFrame, WebSocketError>)>,
-{
-    let frame = match with {
-        Some(with) => close_frame(with),
-        None => Frame::close_raw(Payload::Owned(Vec::new())),
-    };
-    if writer.write_frame(frame).await.is_err() {
-        return;
-    }
-    let linger = async {
-        let (mut reader, mut result) = pending_read.await;
-        loop {
-            match result {
-                Ok(frame) if frame.opcode == OpCode::Close => return,
-                Ok(_) => {}
-                Err(_) => return,
-            }
-            (reader, result) = next_frame(reader).await;
-        }
-    };
-    let _ = tokio::time::timeout(CLOSE_LINGER, linger).await;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A masked client frame with an all-zero mask (the payload stays readable).
+    fn client_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mut frame = vec![
+            (if fin { 0x80 } else { 0 }) | opcode,
+            0x80 | payload.len() as u8,
+            0,
+            0,
+            0,
+            0,
+        ];
+        frame.extend_from_slice(payload);
+        frame
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_read_loses_nothing_and_an_idle_reader_holds_no_buffer() {
+        use tokio::io::AsyncWriteExt;
+        let (client, server) = tokio::io::duplex(1024);
+        let (mut client, server) = (client, server);
+        let mut reader = FrameReader::new(server, 1 << 20);
+        let frame = client_frame(true, 0x1, br#"{"ack":1}"#);
+        client.write_all(&frame[..4]).await.unwrap();
+        // The read is dropped half-way through the frame, as a `select!` does when a timer wins.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), reader.read_frame())
+                .await
+                .is_err()
+        );
+        client.write_all(&frame[4..]).await.unwrap();
+        let read = reader.read_frame().await.unwrap();
+        assert_eq!(
+            (read.opcode, &read.payload[..]),
+            (OpCode::Text, &br#"{"ack":1}"#[..])
+        );
+        assert_eq!(reader.buf.capacity(), 0, "an idle reader keeps no buffer");
+        // A frame over the limit is refused from its header alone; a server-style unmasked frame is refused.
+        let mut small = FrameReader::new(&b"\x81\xff\x00\x00\x00\x00\x10\x00\x00\x00"[..], 1024);
+        assert!(matches!(
+            small.read_frame().await,
+            Err(ReadError::Protocol(CloseWith { code: 1009, .. }))
+        ));
+        let mut unmasked = FrameReader::new(&b"\x81\x01x"[..], 1024);
+        assert!(matches!(
+            unmasked.read_frame().await,
+            Err(ReadError::Protocol(CloseWith { code: 1002, .. }))
+        ));
+        drop(client);
+        assert!(matches!(reader.read_frame().await, Err(ReadError::Gone)));
+    }
 
     fn frame(fin: bool, opcode: OpCode, payload: &[u8]) -> OwnedFrame {
         OwnedFrame {
@@ -880,26 +916,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn read_errors_map_to_close_codes() {
-        assert_eq!(
-            close_for_error(&WebSocketError::FrameTooLarge)
-                .unwrap()
-                .code,
-            1009
-        );
-        assert_eq!(
-            close_for_error(&WebSocketError::InvalidUTF8).unwrap().code,
-            1007
-        );
-        assert_eq!(
-            close_for_error(&WebSocketError::ReservedBitsNotZero)
-                .unwrap()
-                .code,
-            1002
-        );
-        assert!(close_for_error(&WebSocketError::UnexpectedEOF).is_none());
     }
 }

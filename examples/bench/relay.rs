@@ -37,7 +37,7 @@ pub async fn run(report: &mut Report) {
     let plain = plain_relay.addr;
     let daemon = Daemon::start(&format!(
         "[server]\nlisten = \"{{addr}}\"\n[litestream]\nbackup_url = \"s3://bench/replica\"\n\
-         [upstream]\naddress = \"{upstream_addr}\"\n"
+         proxy_listen = \"127.0.0.1:0\"\n[discovery]\nmode = \"off\"\n[upstream]\naddress = \"{upstream_addr}\"\n"
     ));
     let sidecar: SocketAddr = daemon.addr.parse().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -102,14 +102,29 @@ impl Daemon {
             .spawn()
             .expect("start the sidecar");
         let stderr = BufReader::new(child.stderr.take().unwrap());
-        // Keep draining the log so the sidecar never blocks on a full pipe.
-        std::thread::spawn(move || for _ in stderr.lines() {});
+        // Keep draining the log so the sidecar never blocks on a full pipe; keep the start for error reports.
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in stderr.lines().map_while(Result::ok) {
+                    let mut log = log.lock().unwrap();
+                    if log.len() < 50 {
+                        log.push(line);
+                    }
+                }
+            });
+        }
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "sidecar did not start listening"
-            );
+            let exited = child.try_wait().unwrap();
+            if exited.is_some() || std::time::Instant::now() > deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "sidecar did not start listening ({exited:?}):\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         Daemon {
