@@ -228,7 +228,13 @@ impl Monitor {
                 }
             }
 
-            let decision = self.decide(&tracker, now);
+            let (decision, reservations) = self.decide(&tracker, now);
+            debug!(
+                decision = ?decision,
+                reservations = %describe(&reservations),
+                lowest_floor = lowest_floor(&reservations),
+                "cleanup decision"
+            );
             self.status
                 .update(|s| s.last_decision = Some(decision.clone()));
             match decision {
@@ -258,9 +264,18 @@ impl Monitor {
                                     s.purges += 1;
                                     s.purged_rows += outcome.rows;
                                 });
+                                let lowest_floor = lowest_floor(&reservations);
+                                let reservations = describe(&reservations);
                                 match &outcome.stopped {
                                     None => {
-                                        info!(before = %before, rows = outcome.rows, batches = outcome.batches, "change log purged");
+                                        info!(
+                                            before = %before,
+                                            rows = outcome.rows,
+                                            batches = outcome.batches,
+                                            %reservations,
+                                            lowest_floor,
+                                            "change log purged"
+                                        );
                                         tracker.purged(&before);
                                         self.status.update(|s| s.last_purged = Some(before));
                                     }
@@ -268,6 +283,8 @@ impl Monitor {
                                         before = %before,
                                         rows = outcome.rows,
                                         stopped = ?stop,
+                                        %reservations,
+                                        lowest_floor,
                                         "change log purge stopped early; the next check continues"
                                     ),
                                 }
@@ -285,18 +302,19 @@ impl Monitor {
         }
     }
 
-    fn decide(&self, tracker: &Tracker, now: Instant) -> Decision {
+    /// The decision, and the reservations it was taken with (empty when it held before reading them).
+    fn decide(&self, tracker: &Tracker, now: Instant) -> (Decision, Vec<HeldReservation>) {
         let cleanup_delay = self.registry.cleanup_delay();
         if self.discovery_mode != crate::discovery::Mode::Off {
             let state = self.discovery.get();
             if state.registration != Some(crate::discovery::Registration::Registered) {
-                return Decision::Hold(HoldReason::NotRegistered);
+                return (Decision::Hold(HoldReason::NotRegistered), Vec::new());
             }
             if !state
                 .continuity
                 .held_for(self.reconnect_grace + cleanup_delay, now)
             {
-                return Decision::Hold(HoldReason::RecentlyRegistered);
+                return (Decision::Hold(HoldReason::RecentlyRegistered), Vec::new());
             }
         }
         let reservations: Vec<HeldReservation> = self
@@ -309,7 +327,7 @@ impl Monitor {
             })
             .collect();
         let subscribers = self.subscribers.for_policy(now, self.reconnect_grace);
-        cleanup::decide(&Inputs {
+        let decision = cleanup::decide(&Inputs {
             now,
             wall_now: SystemTime::now(),
             started: self.started,
@@ -320,8 +338,30 @@ impl Monitor {
             reservations: &reservations,
             subscribers: &subscribers,
             last_purged: tracker.last_purged(),
-        })
+        });
+        (decision, reservations)
     }
+}
+
+/// The lowest floor among `reservations`, for logs: `"none"` when one has no floor, `""` when there are none.
+fn lowest_floor(reservations: &[HeldReservation]) -> &str {
+    if reservations.iter().any(|r| r.floor.is_none()) {
+        return "none";
+    }
+    reservations
+        .iter()
+        .filter_map(|r| r.floor.as_deref())
+        .min()
+        .unwrap_or("")
+}
+
+/// `task=floor` for each reservation, comma-separated, for logs.
+fn describe(reservations: &[HeldReservation]) -> String {
+    reservations
+        .iter()
+        .map(|r| format!("{}={}", r.task_id, r.floor.as_deref().unwrap_or("none")))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -335,6 +375,22 @@ mod tests {
             db: "/replica.db".into(),
             name: "s3".into(),
         }
+    }
+
+    #[test]
+    fn reservations_are_described_for_logs() {
+        let held = |task: &str, floor: Option<&str>| HeldReservation {
+            task_id: task.into(),
+            floor: floor.map(Into::into),
+        };
+        assert_eq!(lowest_floor(&[]), "");
+        assert_eq!(describe(&[]), "");
+        let two = [held("a", Some("0c")), held("b", Some("0b"))];
+        assert_eq!(lowest_floor(&two), "0b");
+        assert_eq!(describe(&two), "a=0c,b=0b");
+        let floorless = [held("a", Some("0c")), held("b", None)];
+        assert_eq!(lowest_floor(&floorless), "none");
+        assert_eq!(describe(&floorless), "a=0c,b=none");
     }
 
     #[test]

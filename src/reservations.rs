@@ -141,6 +141,11 @@ impl Registry {
         if inner.open.get(task_id).is_some_and(|entry| entry.id == id) {
             if let Some(entry) = inner.open.remove(task_id) {
                 drop(inner);
+                debug!(
+                    task_id,
+                    floor = entry.floor.as_deref().unwrap_or(""),
+                    "reservation released"
+                );
                 self.observe(entry.started, Instant::now());
             }
         }
