@@ -366,7 +366,7 @@ filter = "warn,litestream_sidecar=debug"
   async close({keep = false} = {}) {
     await this.procs.stopAll();
     await Promise.all(this.sqls.map(s => s.end({timeout: 2}).catch(() => {})));
-    if (keep || !this.dbs) return;
+    if (keep || process.env.INTEROP_KEEP || !this.dbs) return;
     const admin = postgres(this.baseURL.toString(), {max: 1, onnotice: () => {}});
     try {
       for (const db of Object.values(this.dbs)) {
