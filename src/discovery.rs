@@ -158,17 +158,11 @@ impl Discovery {
     /// Reads the address table every `interval` until `shutdown`; in `adopt` mode puts the upstream's address
     /// back on the way out if the sidecar replaced it.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(self.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut every = crate::shared::Every::new(self.interval);
         let mut last_registration: Option<Registration> = None;
         let mut refused_logged = false;
         let mut adopted_from: Option<String> = None;
-        loop {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                _ = ticker.tick() => {}
-            }
+        while every.tick(&shutdown).await {
             let now = Instant::now();
             // `status` logs its own state changes (down, schema missing, up).
             let db_up = self.db.status().await == DbState::Up;

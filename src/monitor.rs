@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -179,14 +179,8 @@ impl Monitor {
         let mut scrape_problem = Throttle::default();
         let mut purge_problem = Throttle::default();
         let mut last_hold: Option<HoldReason> = None;
-        let mut ticker = tokio::time::interval(self.check_interval);
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                _ = ticker.tick() => {}
-            }
+        let mut every = crate::shared::Every::new(self.check_interval);
+        while every.tick(&shutdown).await {
             let now = Instant::now();
             match self.scraper.scrape(&self.filter).await {
                 Ok(parsed) => {

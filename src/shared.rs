@@ -27,3 +27,24 @@ impl<T: Clone> Shared<T> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// The rhythm of a periodic loop: the first tick at once, then every `period`; a tick that comes late (a slow
+/// check) delays the next rather than bunching them up.
+pub struct Every(tokio::time::Interval);
+
+impl Every {
+    pub fn new(period: std::time::Duration) -> Self {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self(interval)
+    }
+
+    /// Waits for the next tick; `false` once `shutdown` is cancelled (checked first).
+    pub async fn tick(&mut self, shutdown: &tokio_util::sync::CancellationToken) -> bool {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => false,
+            _ = self.0.tick() => true,
+        }
+    }
+}

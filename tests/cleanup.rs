@@ -128,7 +128,6 @@ async fn nothing_is_purged_without_a_subscriber_or_with_a_young_backup() {
     );
 
     // A backup younger than the 30 s delay does not count.
-    litestream.set_page(&progress_page(&[("0d", epoch_now() - 5.0)]));
     let db2 = seeded().await;
     let litestream2 = MetricsServer::start(&progress_page(&[("0d", epoch_now() - 5.0)])).await;
     let sidecar2 = start_aged(

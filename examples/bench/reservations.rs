@@ -26,29 +26,12 @@ pub async fn run(report: &mut Report) {
 
     let url = format!("ws://{}/replication/v3/snapshot?taskID=", daemon.addr);
     let started = Instant::now();
-    let mut latencies = Vec::with_capacity(CONNECTIONS);
     let mut sockets = Vec::with_capacity(CONNECTIONS);
     let mut pending = futures_util::stream::iter(0..CONNECTIONS)
-        .map(|i| {
-            let url = format!("{url}bench-{i}");
-            async move {
-                let begin = Instant::now();
-                let (mut ws, _) = tokio_tungstenite::connect_async(url)
-                    .await
-                    .expect("connect");
-                let upgraded = Instant::now();
-                match ws.next().await {
-                    Some(Ok(Message::Text(_))) => {}
-                    other => panic!("expected the status, got {other:?}"),
-                }
-                let now = Instant::now();
-                (ws, now - upgraded, now - begin)
-            }
-        })
+        .map(|i| reserve(format!("{url}bench-{i}")))
         .buffer_unordered(CONCURRENCY);
     let mut totals = Vec::with_capacity(CONNECTIONS);
-    while let Some((ws, to_status, total)) = pending.next().await {
-        latencies.push(to_status);
+    while let Some((ws, _, total)) = pending.next().await {
         totals.push(total);
         sockets.push(ws);
     }
@@ -75,25 +58,15 @@ pub async fn run(report: &mut Report) {
         "",
         None,
     );
-    drop(latencies);
 
     // Latency one at a time, with the 10,000 reservations still open: the client is idle between samples, so
     // the figure is the sidecar's, not the load generator's.
     let mut to_status = Vec::new();
     let mut handshake_and_status = Vec::new();
     for i in 0..1000 {
-        let begin = Instant::now();
-        let (mut ws, _) = tokio_tungstenite::connect_async(format!("{url}latency-{i}"))
-            .await
-            .expect("connect");
-        let upgraded = Instant::now();
-        match ws.next().await {
-            Some(Ok(Message::Text(_))) => {}
-            other => panic!("expected the status, got {other:?}"),
-        }
-        let now = Instant::now();
-        to_status.push(now - upgraded);
-        handshake_and_status.push(now - begin);
+        let (_ws, upgrade_to_status, total) = reserve(format!("{url}latency-{i}")).await;
+        to_status.push(upgrade_to_status);
+        handshake_and_status.push(total);
     }
     to_status.sort();
     handshake_and_status.sort();
@@ -123,4 +96,23 @@ pub async fn run(report: &mut Report) {
         None,
     );
     drop(sockets);
+}
+
+type Client =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens one reservation: the socket, the time from the completed upgrade to the status frame, and the time from
+/// connecting to the status frame.
+async fn reserve(url: String) -> (Client, Duration, Duration) {
+    let begin = Instant::now();
+    let (mut ws, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("connect");
+    let upgraded = Instant::now();
+    match ws.next().await {
+        Some(Ok(Message::Text(_))) => {}
+        other => panic!("expected the status, got {other:?}"),
+    }
+    let now = Instant::now();
+    (ws, now - upgraded, now - begin)
 }
