@@ -3,6 +3,8 @@
 
 CARGO ?= cargo
 CONFIG ?= ./sidecar.toml
+# PostgreSQL majors `make test` runs the whole suite against, each on its own throwaway cluster: `make test PG=18`.
+PG ?= 15 17
 
 .PHONY: all build run test interop lint bench clean
 
@@ -14,21 +16,22 @@ build:
 run: build
 	./target/release/litestream-sidecar --config $(CONFIG)
 
-# The cargo tests, then the end-to-end interop suite against real Zero processes (tests/interop), on one
-# throwaway PostgreSQL cluster.
+# The cargo tests, then the end-to-end interop suite against real Zero processes (tests/interop), once per major
+# in $(PG), each on a throwaway PostgreSQL cluster.
 test:
-	scripts/with-postgres.sh sh -c 'scripts/test.sh && CARGO="$(CARGO)" scripts/interop.sh'
+	CARGO="$(CARGO)" scripts/test.sh $(PG)
 
-# Only the interop suite (npm ci, the sidecar build, Zero, the litestream stand-in).
+# Only the interop suite (npm ci, the sidecar build, Zero, the litestream stand-in), on the first major in $(PG).
 interop:
-	scripts/with-postgres.sh env CARGO="$(CARGO)" scripts/interop.sh
+	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" scripts/interop.sh
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
+# The purge benchmark runs on every major in $(PG), side by side.
 bench:
-	scripts/with-postgres.sh $(CARGO) run --locked --release --example bench
+	scripts/with-postgres.sh --pg "$(PG)" $(CARGO) run --locked --release --example bench
 
 clean:
 	$(CARGO) clean

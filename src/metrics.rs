@@ -15,6 +15,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
+use crate::change_db::FailureClass;
 use crate::cleanup::HoldReason;
 
 /// Which way a relayed frame went.
@@ -43,6 +44,11 @@ pub struct DirectionLabel {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ClassLabel {
+    class: &'static str,
 }
 
 /// Instruments updated where things happen. Cheap to clone (every field shares its value).
@@ -88,6 +94,10 @@ pub struct Snapshot {
     pub cleanup_delay_seconds: f64,
     pub purge_runs: u64,
     pub purged_rows: u64,
+    pub purge_failures: u64,
+    pub purge_consecutive_failures: u64,
+    /// The class of the last purge's failure, while purges keep failing.
+    pub purge_failing: Option<FailureClass>,
     pub holds: HashMap<HoldReason, u64>,
     /// `None` when discovery is off.
     pub registered: Option<bool>,
@@ -177,6 +187,33 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "Change-log rows purged",
         counter(snapshot.purged_rows),
     );
+    registry.register(
+        "purge_failures",
+        "Change-log purges that ended in an error",
+        counter(snapshot.purge_failures),
+    );
+    registry.register(
+        "purge_consecutive_failures",
+        "Change-log purges in a row that ended in an error; 0 once one succeeds",
+        {
+            let g: Gauge = Gauge::default();
+            g.set(snapshot.purge_consecutive_failures as i64);
+            g
+        },
+    );
+    let failing = Family::<ClassLabel, Gauge>::default();
+    for class in FailureClass::ALL {
+        failing
+            .get_or_create(&ClassLabel {
+                class: class.as_str(),
+            })
+            .set((snapshot.purge_failing == Some(class)) as i64);
+    }
+    registry.register(
+        "purge_failing",
+        "1 for the class of the last purge's error while purges keep failing, else 0",
+        failing,
+    );
     let holds = Family::<ReasonLabel, Counter>::default();
     for reason in HoldReason::ALL {
         let count = snapshot.holds.get(&reason).copied().unwrap_or(0);
@@ -253,6 +290,9 @@ mod tests {
             cleanup_delay_seconds: 45.0,
             purge_runs: 4,
             purged_rows: 12345,
+            purge_failures: 9,
+            purge_consecutive_failures: 3,
+            purge_failing: Some(FailureClass::Permission),
             holds: [(HoldReason::NoSubscribers, 7)].into_iter().collect(),
             registered: Some(true),
             change_db_up: true,
@@ -300,6 +340,24 @@ mod tests {
         assert_eq!(v("litestream_sidecar_cleanup_delay_seconds"), 45.0);
         assert_eq!(v("litestream_sidecar_purge_runs_total"), 4.0);
         assert_eq!(v("litestream_sidecar_purged_rows_total"), 12345.0);
+        assert_eq!(v("litestream_sidecar_purge_failures_total"), 9.0);
+        assert_eq!(v("litestream_sidecar_purge_consecutive_failures"), 3.0);
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_purge_failing",
+                Some(("class", "permission"))
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_purge_failing",
+                Some(("class", "unavailable"))
+            ),
+            0.0
+        );
         assert_eq!(
             value(
                 &scrape,

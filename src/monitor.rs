@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::change_db::ChangeDb;
+use crate::change_db::{ChangeDb, DbError, FailureClass};
 use crate::cleanup::{self, Backup, Decision, HeldReservation, HoldReason, Inputs};
 use crate::config::Config;
 use crate::litestream::{Filter, Progress, Scraper};
@@ -81,6 +81,96 @@ pub struct Status {
     pub newest_backup: Option<(String, SystemTime)>,
     /// Checks that did not purge, by reason.
     pub holds: std::collections::HashMap<HoldReason, u64>,
+    pub purge_failures: PurgeFailures,
+}
+
+impl Status {
+    /// One line on why cleanup cannot do its job, for `/keepalive` and systemd's status; `None` while purges work.
+    pub fn cleanup_problem(&self) -> Option<String> {
+        let last = self.purge_failures.last.as_ref()?;
+        Some(format!(
+            "cleanup held: the last {} change log purge{} failed ({}{}): {}",
+            self.purge_failures.consecutive,
+            if self.purge_failures.consecutive == 1 {
+                ""
+            } else {
+                "s"
+            },
+            last.class,
+            last.sqlstate
+                .as_deref()
+                .map(|code| format!(", SQLSTATE {code}"))
+                .unwrap_or_default(),
+            last.message
+        ))
+    }
+}
+
+/// Failed purges, so that a change DB that keeps rejecting them is loud: counted, classified, and logged once per
+/// change of kind (at error when it will not heal by itself).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PurgeFailures {
+    /// Purges in a row that ended in an error; 0 after one that did not.
+    pub consecutive: u64,
+    /// Every purge that ended in an error.
+    pub total: u64,
+    /// The latest failure, while `consecutive > 0`.
+    pub last: Option<PurgeFailure>,
+}
+
+/// One failed purge, as an operator needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeFailure {
+    pub class: FailureClass,
+    pub sqlstate: Option<String>,
+    pub message: String,
+}
+
+impl PurgeFailure {
+    pub fn of(err: &DbError) -> Self {
+        Self {
+            class: err.class(),
+            sqlstate: err.sqlstate().map(str::to_string),
+            message: err.to_string(),
+        }
+    }
+}
+
+/// How loudly to log a failed purge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loudness {
+    /// A new kind of failure that will not heal by itself.
+    Error,
+    /// A new kind of failure that may heal.
+    Warn,
+    /// The same kind as the previous purge's failure: already said.
+    Quiet,
+}
+
+impl PurgeFailures {
+    /// Records a failed purge; the answer says how loudly to log it. A kind is its class and SQLSTATE, not its
+    /// message, which names the batch that failed.
+    pub fn failed(&mut self, failure: PurgeFailure) -> Loudness {
+        let same = self
+            .last
+            .as_ref()
+            .is_some_and(|l| l.class == failure.class && l.sqlstate == failure.sqlstate);
+        let loudness = match (same, failure.class.is_permanent()) {
+            (true, _) => Loudness::Quiet,
+            (false, true) => Loudness::Error,
+            (false, false) => Loudness::Warn,
+        };
+        self.consecutive += 1;
+        self.total += 1;
+        self.last = Some(failure);
+        loudness
+    }
+
+    /// Records a purge that did not fail; returns how many in a row had failed before it.
+    pub fn succeeded(&mut self) -> u64 {
+        self.last = None;
+        std::mem::take(&mut self.consecutive)
+    }
 }
 
 /// Shared view of [`Status`].
@@ -177,7 +267,6 @@ impl Monitor {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut tracker = Tracker::default();
         let mut scrape_problem = Throttle::default();
-        let mut purge_problem = Throttle::default();
         let mut last_hold: Option<HoldReason> = None;
         let mut every = crate::shared::Every::new(self.check_interval);
         while every.tick(&shutdown).await {
@@ -253,11 +342,18 @@ impl Monitor {
                             .await
                         {
                             Ok(outcome) => {
-                                purge_problem.succeeded("change log purges work again");
+                                let mut failed_before = 0;
                                 self.status.update(|s| {
+                                    failed_before = s.purge_failures.succeeded();
                                     s.purges += 1;
                                     s.purged_rows += outcome.rows;
                                 });
+                                if failed_before > 0 {
+                                    info!(
+                                        failed_before,
+                                        "change log purges work again; cleanup resumes"
+                                    );
+                                }
                                 let lowest_floor = lowest_floor(&reservations);
                                 let reservations = describe(&reservations);
                                 match &outcome.stopped {
@@ -283,16 +379,50 @@ impl Monitor {
                                     ),
                                 }
                             }
-                            Err(err) => purge_problem.failed(
-                                "change log purge failed",
-                                err.to_string(),
-                                now,
-                            ),
+                            Err(err) => self.purge_failed(&err),
                         }
                     }
                 }
             }
             self.status.update(|s| s.checks += 1);
+        }
+    }
+
+    /// Counts a failed purge and logs it once per kind: at error, with the SQLSTATE and what to do, when it will
+    /// not heal by itself; at warn otherwise.
+    fn purge_failed(&self, err: &DbError) {
+        let failure = PurgeFailure::of(err);
+        let mut loudness = Loudness::Quiet;
+        let mut consecutive = 0;
+        self.status.update(|s| {
+            loudness = s.purge_failures.failed(failure.clone());
+            consecutive = s.purge_failures.consecutive;
+        });
+        let class = failure.class.as_str();
+        let sqlstate = failure.sqlstate.as_deref().unwrap_or("none");
+        match loudness {
+            Loudness::Error => error!(
+                class,
+                sqlstate,
+                error = %err,
+                remedy = failure.class.remedy(),
+                consecutive,
+                "cleanup held: change log purge failed, and will until this is fixed"
+            ),
+            Loudness::Warn => warn!(
+                class,
+                sqlstate,
+                error = %err,
+                consecutive,
+                "cleanup held: change log purge failed; retrying at the next check"
+            ),
+            Loudness::Quiet => debug!(
+                class,
+                sqlstate,
+                error = %err,
+                consecutive,
+                "change log purge failed again"
+            ),
         }
     }
 
@@ -385,6 +515,70 @@ mod tests {
         let floorless = [held("a", Some("0c")), held("b", None)];
         assert_eq!(lowest_floor(&floorless), "none");
         assert_eq!(describe(&floorless), "a=0c,b=none");
+    }
+
+    fn failure(class: FailureClass, sqlstate: Option<&str>, message: &str) -> PurgeFailure {
+        PurgeFailure {
+            class,
+            sqlstate: sqlstate.map(Into::into),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn purge_failures_are_loud_once_per_kind_and_counted_until_one_succeeds() {
+        let mut failures = PurgeFailures::default();
+        let denied = |batch: u32| {
+            failure(
+                FailureClass::Permission,
+                Some("42501"),
+                &format!("permission denied (purge batch {batch})"),
+            )
+        };
+        assert_eq!(failures.failed(denied(1)), Loudness::Error);
+        // Same class and SQLSTATE, another batch: already said.
+        assert_eq!(failures.failed(denied(2)), Loudness::Quiet);
+        let timeout = failure(FailureClass::Transient, Some("55P03"), "lock timeout");
+        assert_eq!(failures.failed(timeout.clone()), Loudness::Warn);
+        assert_eq!(failures.failed(denied(3)), Loudness::Error);
+        assert_eq!((failures.consecutive, failures.total), (4, 4));
+        assert_eq!(failures.last, Some(denied(3)));
+
+        assert_eq!(failures.succeeded(), 4);
+        assert_eq!((failures.consecutive, failures.total), (0, 4));
+        assert_eq!(failures.last, None);
+        assert_eq!(failures.succeeded(), 0);
+        // After a success the same kind is news again.
+        assert_eq!(failures.failed(timeout), Loudness::Warn);
+    }
+
+    #[test]
+    fn the_cleanup_problem_names_count_class_and_sqlstate() {
+        let mut status = Status::default();
+        assert_eq!(status.cleanup_problem(), None);
+        status.purge_failures.failed(failure(
+            FailureClass::UnsupportedServer,
+            Some("42704"),
+            "unrecognized configuration parameter \"lc_collate\"",
+        ));
+        assert_eq!(
+            status.cleanup_problem().as_deref(),
+            Some(
+                "cleanup held: the last 1 change log purge failed (unsupported_server, SQLSTATE 42704): \
+                 unrecognized configuration parameter \"lc_collate\""
+            )
+        );
+        status.purge_failures.failed(failure(
+            FailureClass::Unavailable,
+            None,
+            "change DB unavailable: connecting",
+        ));
+        assert_eq!(
+            status.cleanup_problem().as_deref(),
+            Some(
+                "cleanup held: the last 2 change log purges failed (unavailable): change DB unavailable: connecting"
+            )
+        );
     }
 
     #[test]

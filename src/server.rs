@@ -107,6 +107,9 @@ impl MetricsSources {
             cleanup_delay_seconds: self.registry.cleanup_delay().as_secs_f64(),
             purge_runs: status.purges,
             purged_rows: status.purged_rows,
+            purge_failures: status.purge_failures.total,
+            purge_consecutive_failures: status.purge_failures.consecutive,
+            purge_failing: status.purge_failures.last.as_ref().map(|l| l.class),
             holds: status.holds,
             registered: (self.discovery_mode != crate::discovery::Mode::Off).then(|| {
                 discovery.registration == Some(crate::discovery::Registration::Registered)
@@ -196,7 +199,12 @@ async fn handle(
         Route::Keepalive => {
             let missing = shared.readiness.missing();
             if missing.is_empty() && !shared.shutdown.is_cancelled() {
-                plain(StatusCode::OK, "OK")
+                // Still ready while purges fail: reservations and subscriptions are served as before, and taking
+                // the sidecar out of rotation would cut view-syncers off. The body says what is wrong.
+                match shared.metrics.status.get().cleanup_problem() {
+                    None => plain(StatusCode::OK, "OK"),
+                    Some(problem) => plain(StatusCode::OK, format!("OK; {problem}\n")),
+                }
             } else if shared.shutdown.is_cancelled() {
                 plain(StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n")
             } else {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::pg::{self, expected_rows, lexi, TestSchema};
 use litestream_sidecar::change_db::{
-    ChangeDb, DbError, DbState, PurgeOutcome, PurgeStop, DEFAULT_PURGE_BATCH_ROWS,
+    ChangeDb, DbError, DbState, FailureClass, PurgeOutcome, PurgeStop, DEFAULT_PURGE_BATCH_ROWS,
 };
 use tokio::net::TcpListener;
 use tokio_postgres::error::SqlState;
@@ -476,7 +476,7 @@ async fn a_missing_schema_is_reported_until_zero_creates_it() {
     assert_eq!(db.status().await, DbState::SchemaMissing);
     let err = db.owner_address().await.unwrap_err();
     assert!(matches!(err, DbError::SchemaMissing { .. }), "{err}");
-    assert!(err.is_transient());
+    assert!(!err.class().is_permanent(), "{err}");
     assert!(err.to_string().contains(&schema.schema), "{err}");
     assert!(matches!(
         db.purge("zzzz", Some(SIDECAR), 3, &CancellationToken::new())
@@ -532,7 +532,7 @@ async fn reconnects_after_its_backend_is_terminated() {
     // The next call may still race the supervisor noticing; either way it fails as unavailable, never hangs.
     match db.owner_address().await {
         Ok(address) => assert_eq!(address.as_deref(), Some(RM)),
-        Err(err) => assert!(err.is_transient(), "{err}"),
+        Err(err) => assert!(!err.class().is_permanent(), "{err}"),
     }
     eventually("the sidecar reconnects", || async {
         db.status().await == DbState::Up
@@ -580,7 +580,7 @@ async fn unavailable_until_a_server_appears() {
 
     let err = db.owner_address().await.unwrap_err();
     assert!(matches!(err, DbError::Unavailable { .. }), "{err}");
-    assert!(err.is_transient());
+    assert!(!err.class().is_permanent(), "{err}");
     eventually("the status says why it is down", || async {
         matches!(db.status().await, DbState::Down(reason) if reason.contains("connect"))
     })
@@ -827,4 +827,138 @@ async fn a_collation_that_misorders_watermarks_falls_back_to_byte_order() {
     assert_eq!(schema.rows().await, expected_rows(&["2z00"], 3));
     shutdown.cancel();
     schema.drop().await;
+}
+
+/// `make test` runs the suite once per PostgreSQL major (scripts/test.sh): each run must be on the major it says,
+/// or a matrix that silently fell back to one server would pass for all of them.
+#[tokio::test]
+async fn the_server_is_the_major_the_test_run_names() {
+    let client = pg::connect().await;
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let Ok(major) = std::env::var("SIDECAR_TEST_PG_MAJOR") else {
+        eprintln!("SIDECAR_TEST_PG_MAJOR unset: server_version_num {version}");
+        return;
+    };
+    assert_eq!(version / 10_000, major.parse::<i32>().unwrap());
+    assert!(
+        (15..=18).contains(&(version / 10_000)),
+        "the sidecar supports PostgreSQL 15 to 18, the server is {version}"
+    );
+}
+
+/// A database whose default collation comes from ICU: the column's collation is `default`, which the sidecar
+/// names from `pg_database` (PostgreSQL 16 removed the `lc_collate` setting it once read) and probes for byte
+/// order like any other; ICU's root order agrees with bytes on LexiVersions, so the index serves the purge.
+#[tokio::test]
+async fn a_database_with_an_icu_default_collation_reads_and_purges() {
+    let admin = pg::connect().await;
+    let name = format!("icu_{}", pg::unique_app_id());
+    admin
+        .batch_execute(&format!(
+            "CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'UTF8' LOCALE_PROVIDER icu \
+             ICU_LOCALE 'und' LOCALE 'C.UTF-8'"
+        ))
+        .await
+        .expect("create a database with an ICU default collation");
+    let provider: String = admin
+        .query_one(
+            "SELECT datlocprovider::text FROM pg_database WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(provider, "i");
+    let mut config = pg::pg_config();
+    config.dbname(&name);
+    let app_id = pg::unique_app_id();
+    let schema = TestSchema {
+        schema: format!("{app_id}_0/cdc"),
+        app_id,
+        client: pg::connect_with(&config).await,
+    };
+    schema.create_tables(Some(5), Some(SIDECAR)).await;
+    let w = with_log(&schema).await;
+    let (db, shutdown) = schema.start(config);
+    tokio::time::timeout(Duration::from_secs(10), db.ready())
+        .await
+        .expect("connects");
+
+    assert_eq!(db.min_watermark().await.unwrap().as_deref(), Some("0u"));
+    let outcome = purge(&db, "110", Some(SIDECAR), 2).await;
+    assert_eq!((outcome.rows, outcome.stopped), (6, None));
+    assert_eq!(schema.rows().await, expected_rows(&refs(&w[2..]), 3));
+    assert_eq!(db.min_watermark().await.unwrap().as_deref(), Some("110"));
+
+    shutdown.cancel();
+    drop(schema);
+    // The sidecar's connection closes on shutdown; wait for it before dropping the database.
+    eventually("the database can be dropped", || async {
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\""))
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
+/// A role that may read Zero's tables but not delete from them: the purge fails as a permission problem, with its
+/// SQLSTATE, and deletes nothing.
+#[tokio::test]
+async fn a_purge_the_role_may_not_run_is_a_permanent_permission_failure() {
+    let schema = TestSchema::create(Some(5), Some(SIDECAR)).await;
+    let w = with_log(&schema).await;
+    let role = format!("reader_{}", schema.app_id);
+    schema
+        .client
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN; GRANT USAGE ON SCHEMA \"{s}\" TO \"{role}\"; \
+             GRANT SELECT ON ALL TABLES IN SCHEMA \"{s}\" TO \"{role}\";",
+            s = schema.schema
+        ))
+        .await
+        .unwrap();
+    let mut config = pg::pg_config();
+    config.user(&role);
+    let (db, shutdown) = schema.start(config);
+    tokio::time::timeout(Duration::from_secs(10), db.ready())
+        .await
+        .expect("connects");
+
+    assert_eq!(db.min_watermark().await.unwrap().as_deref(), Some("0u"));
+    let err = db
+        .purge("1zz", Some(SIDECAR), 2, &CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), FailureClass::Permission, "{err}");
+    assert!(err.class().is_permanent());
+    assert_eq!(
+        err.sqlstate(),
+        Some(SqlState::INSUFFICIENT_PRIVILEGE.code())
+    );
+    assert_eq!(schema.rows().await, expected_rows(&refs(&w), 3));
+
+    shutdown.cancel();
+    schema
+        .client
+        .batch_execute(&format!(
+            "REVOKE ALL ON ALL TABLES IN SCHEMA \"{s}\" FROM \"{role}\"; \
+             REVOKE ALL ON SCHEMA \"{s}\" FROM \"{role}\";",
+            s = schema.schema
+        ))
+        .await
+        .unwrap();
+    let client = pg::connect().await;
+    schema.drop().await;
+    eventually("the role can be dropped", || async {
+        client
+            .batch_execute(&format!("DROP ROLE IF EXISTS \"{role}\""))
+            .await
+            .is_ok()
+    })
+    .await;
 }

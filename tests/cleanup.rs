@@ -356,3 +356,118 @@ async fn cleanup_disabled_decides_but_never_deletes() {
     assert_eq!(db.rows().await.len(), 20);
     sidecar.stop().await;
 }
+
+/// A change DB that keeps rejecting purges is loud where an operator looks — consecutive failures and the error
+/// class in `/metrics`, the SQLSTATE in `/keepalive`'s text — deletes nothing meanwhile, and cleanup resumes by
+/// itself once the cause is fixed.
+#[tokio::test]
+async fn purges_the_role_may_not_run_are_reported_and_resume_once_granted() {
+    let db = seeded().await;
+    let role = format!("reader_{}", db.app_id);
+    let grant = |privileges: &str| {
+        format!(
+            "GRANT {privileges} ON ALL TABLES IN SCHEMA \"{}\" TO \"{role}\"",
+            db.schema
+        )
+    };
+    db.client
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN; GRANT USAGE ON SCHEMA \"{}\" TO \"{role}\"; {};",
+            db.schema,
+            grant("SELECT")
+        ))
+        .await
+        .unwrap();
+    let mut url = url::Url::parse(&common::pg::database_url()).unwrap();
+    url.set_username(&role).unwrap();
+    let litestream = MetricsServer::start(&progress_page(&[("0c", epoch_now() - 120.0)])).await;
+    // Zero's tables as before, reached as the reading role.
+    let config = config(&format!(
+        "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nreconnect_grace = \"2s\"\nbatch_rows = 3\n",
+        db.config().replace(&common::pg::database_url(), url.as_str()),
+        litestream.url()
+    ));
+    let sidecar = start_aged(config, Duration::from_secs(60)).await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs-1", "0d"));
+
+    eventually("two purges failed", || {
+        sidecar.status.get().purge_failures.consecutive >= 2
+    })
+    .await;
+    assert_eq!(db.rows().await.len(), 20, "nothing is deleted");
+    let (status, metrics) = http(sidecar.addr, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    let consecutive = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("litestream_sidecar_purge_consecutive_failures "))
+        .expect("the consecutive failures gauge")
+        .parse::<f64>()
+        .unwrap();
+    assert!(consecutive >= 2.0, "{metrics}");
+    assert!(
+        metrics.contains("litestream_sidecar_purge_failing{class=\"permission\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("litestream_sidecar_purge_failing{class=\"transient\"} 0"),
+        "{metrics}"
+    );
+    // Ready as soon as the change DB is seen, purge failures or not: they do not take the sidecar out of service.
+    eventually_async("ready", || async {
+        http(sidecar.addr, "GET", "/keepalive").await.0 == 200
+    })
+    .await;
+    let (status, body) = http(sidecar.addr, "GET", "/keepalive").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.starts_with("OK; cleanup held: the last ")
+            && body.contains("(permission, SQLSTATE 42501)")
+            && body.contains("permission denied"),
+        "{body}"
+    );
+
+    db.client
+        .batch_execute(&grant("UPDATE, DELETE"))
+        .await
+        .unwrap();
+    eventually_async("purge below 0c once granted", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
+    })
+    .await;
+    eventually("the failures are cleared", || {
+        sidecar.status.get().purge_failures.last.is_none()
+    })
+    .await;
+    assert_eq!(sidecar.status.get().purge_failures.consecutive, 0);
+    assert_eq!(
+        http(sidecar.addr, "GET", "/keepalive").await,
+        (200, "OK".to_string())
+    );
+    let (_, metrics) = http(sidecar.addr, "GET", "/metrics").await;
+    assert!(
+        metrics.contains("litestream_sidecar_purge_consecutive_failures 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("litestream_sidecar_purge_failing{class=\"permission\"} 0"),
+        "{metrics}"
+    );
+    sidecar.stop().await;
+
+    db.client
+        .batch_execute(&format!(
+            "REVOKE ALL ON ALL TABLES IN SCHEMA \"{s}\" FROM \"{role}\"; REVOKE ALL ON SCHEMA \"{s}\" FROM \"{role}\";",
+            s = db.schema
+        ))
+        .await
+        .unwrap();
+    let admin = common::pg::connect().await;
+    db.drop().await;
+    eventually_async("the role can be dropped", || async {
+        admin
+            .batch_execute(&format!("DROP ROLE IF EXISTS \"{role}\""))
+            .await
+            .is_ok()
+    })
+    .await;
+}

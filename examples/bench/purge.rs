@@ -1,6 +1,8 @@
 //! Change-log purge: 1,000,000 rows of realistic changes in a real PostgreSQL, purged down to the newest
-//! transaction through `ChangeDb::purge` in its default batches. The throwaway server runs with fsync off, so
-//! the figures leave out WAL flushes a production server pays at each batch's commit.
+//! transaction through `ChangeDb::purge` in its default batches, on every PostgreSQL major `make bench` started
+//! (`SIDECAR_TEST_DATABASE_URLS`, 15 and 17 by default), one after the other with the same rows, then compared.
+//! The throwaway servers run with fsync off, so the figures leave out WAL flushes a production server pays at each
+//! batch's commit.
 
 use std::time::{Duration, Instant};
 
@@ -16,9 +18,35 @@ const ROWS: i64 = 1_000_000;
 const ROWS_PER_TX: i64 = 10;
 const ADDRESS: &str = "127.0.0.1:4851";
 
+/// What one server's run measured.
+struct Figures {
+    major: String,
+    rate: f64,
+    slowest_batch: Duration,
+}
+
+/// `(major, url)` of every server to measure: `SIDECAR_TEST_DATABASE_URLS` ("15=postgres://…,17=postgres://…"),
+/// else the one `SIDECAR_TEST_DATABASE_URL`.
+fn servers() -> Vec<(String, String)> {
+    if let Ok(urls) = std::env::var("SIDECAR_TEST_DATABASE_URLS") {
+        let servers: Vec<(String, String)> = urls
+            .split(',')
+            .filter_map(|entry| entry.split_once('='))
+            .map(|(major, url)| (major.to_string(), url.to_string()))
+            .collect();
+        if !servers.is_empty() {
+            return servers;
+        }
+    }
+    std::env::var("SIDECAR_TEST_DATABASE_URL")
+        .map(|url| vec![("?".to_string(), url)])
+        .unwrap_or_default()
+}
+
 pub async fn run(report: &mut Report) {
     println!("change-log purge");
-    let Ok(url) = std::env::var("SIDECAR_TEST_DATABASE_URL") else {
+    let servers = servers();
+    if servers.is_empty() {
         report.add(
             "change-log purge",
             "skipped",
@@ -26,7 +54,31 @@ pub async fn run(report: &mut Report) {
             None,
         );
         return;
-    };
+    }
+    let mut figures = Vec::new();
+    for (major, url) in &servers {
+        figures.push(run_on(report, major, url).await);
+    }
+    if let [first, rest @ ..] = figures.as_slice() {
+        for other in rest {
+            report.add(
+                format!(
+                    "  PostgreSQL {} vs {}: purge rate, slowest batch",
+                    other.major, first.major
+                ),
+                format!(
+                    "x{:.2}, x{:.2}",
+                    other.rate / first.rate,
+                    other.slowest_batch.as_secs_f64() / first.slowest_batch.as_secs_f64()
+                ),
+                "",
+                None,
+            );
+        }
+    }
+}
+
+async fn run_on(report: &mut Report, major: &str, url: &str) -> Figures {
     let pg: tokio_postgres::Config = url.parse().expect("SIDECAR_TEST_DATABASE_URL");
     let (client, connection) = pg.connect(NoTls).await.expect("connect");
     tokio::spawn(connection);
@@ -109,7 +161,7 @@ pub async fn run(report: &mut Report) {
     let (newest, change_bytes, table_bytes): (String, f64, i64) =
         (row.get(0), row.get(1), row.get(2));
     report.add(
-        format!("fill {ROWS} changeLog rows (setup, server-side)"),
+        format!("PostgreSQL {major}: fill {ROWS} changeLog rows (setup, server-side)"),
         format!("{:.2} s", filled.as_secs_f64()),
         "",
         None,
@@ -153,7 +205,7 @@ pub async fn run(report: &mut Report) {
 
     let rate = outcome.rows as f64 / took.as_secs_f64();
     report.add(
-        format!("purge to the newest transaction: slowest batch ({DEFAULT_PURGE_BATCH_ROWS} rows)"),
+        format!("PostgreSQL {major}: purge, slowest batch ({DEFAULT_PURGE_BATCH_ROWS} rows)"),
         ms(outcome.slowest_batch),
         "<= 250 ms",
         Some(outcome.slowest_batch <= Duration::from_millis(250)),
@@ -165,13 +217,13 @@ pub async fn run(report: &mut Report) {
         None,
     );
     report.add(
-        format!("purge rate, {} rows", outcome.rows),
+        format!("PostgreSQL {major}: purge rate, {} rows", outcome.rows),
         format!("{rate:.0} rows/s"),
         ">= 100000 rows/s",
         Some(rate >= 100_000.0),
     );
     report.add(
-        "purge total",
+        format!("PostgreSQL {major}: purge total"),
         format!("{:.2} s", took.as_secs_f64()),
         "",
         None,
@@ -182,4 +234,9 @@ pub async fn run(report: &mut Report) {
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
         .expect("drop the bench schema");
+    Figures {
+        major: major.to_string(),
+        rate,
+        slowest_batch: outcome.slowest_batch,
+    }
 }
