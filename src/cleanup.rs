@@ -1,9 +1,10 @@
 //! Change-log cleanup policy: decides whether, and below which watermark, rows of Zero's `changeLog` may be purged now.
 //!
 //! Pure: [`decide`] reads plain data and returns a [`Decision`]; it reads no clock, does no I/O and logs nothing. The
-//! monitor loop gathers the inputs (litestream scrape, reservation registry, relay acks), calls it once per interval,
-//! logs the [`HoldReason`] and runs the purge. Not owned here: growing the cleanup delay (the reservation registry),
-//! and keeping the purge at or below the newest `changeLog` watermark (the purge itself, PROTOCOL.md W8a).
+//! monitor loop gathers the inputs (registration, litestream scrape, reservation registry, relay acks), calls it once
+//! per interval, logs the [`HoldReason`] or the [`Bound`] of the purge, and runs it. Every rule lives here, the
+//! registration checks included; not owned here: growing the cleanup delay (the reservation registry), and keeping
+//! the purge at or below the newest `changeLog` watermark (the purge itself, PROTOCOL.md W8a).
 //!
 //! Zero 0.20 pauses all cleanup while any reservation is open (W5), purges past a restore in progress through the
 //! legacy signal (W2), stalls for good after one check without subscribers (W1) and can stream a gap to a subscriber
@@ -39,18 +40,96 @@ pub struct Backup {
     pub backed_up_at: SystemTime,
 }
 
+/// Backed-up watermarks not yet purged, and the last purge: the policy's memory between checks. First sighting wins
+/// (a watermark keeps the backup time it was first reported with, as in Zero's BackupMonitor), and nothing at or
+/// below the last purge is tracked again.
+#[derive(Debug, Default)]
+pub struct Backlog {
+    backups: Vec<Backup>,
+    last_purged: Option<String>,
+}
+
+impl Backlog {
+    /// Records watermarks seen for the first time; returns how many were new.
+    pub fn record<'a>(&mut self, seen: impl IntoIterator<Item = (&'a str, SystemTime)>) -> usize {
+        let mut added = 0;
+        for (watermark, backed_up_at) in seen {
+            let purged = self
+                .last_purged
+                .as_deref()
+                .is_some_and(|last| watermark <= last);
+            if purged || self.backups.iter().any(|b| b.watermark == watermark) {
+                continue;
+            }
+            self.backups.push(Backup {
+                watermark: watermark.to_owned(),
+                backed_up_at,
+            });
+            added += 1;
+        }
+        added
+    }
+
+    /// After a successful purge below `before`: forget every backup below it. The one at `before` stays, so the
+    /// policy reports "nothing new" rather than "no backup" until a newer backup arrives.
+    pub fn purged(&mut self, before: &str) {
+        self.backups.retain(|b| b.watermark.as_str() >= before);
+        self.last_purged = Some(before.to_string());
+    }
+
+    pub fn backups(&self) -> &[Backup] {
+        &self.backups
+    }
+
+    pub fn last_purged(&self) -> Option<&str> {
+        self.last_purged.as_deref()
+    }
+
+    /// The newest backed-up watermark known (byte-wise maximum): the floor of a reservation opened now.
+    pub fn newest(&self) -> Option<&Backup> {
+        self.backups
+            .iter()
+            .max_by(|a, b| a.watermark.cmp(&b.watermark))
+    }
+}
+
 /// An open snapshot reservation as the cleanup policy sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldReservation {
     pub task_id: String,
-    /// The newest watermark known backed up when the reservation opened ([`newest_backup`] at that moment); the
-    /// restore it protects starts at or after it. `None`: no backup was known then, so it protects every row.
+    /// The newest watermark known backed up when the reservation opened; the restore it protects starts at or
+    /// after it. `None`: no backup was known then, so it protects every row.
     pub floor: Option<String>,
+}
+
+/// `task=floor`, as logs show it.
+impl fmt::Display for HeldReservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}={}",
+            self.task_id,
+            self.floor.as_deref().unwrap_or("none")
+        )
+    }
+}
+
+/// Whether the sidecar may speak for the shard's change log: it purges only for the change-streamer it fronts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership {
+    /// `discovery.mode = "off"`: not checked.
+    Unchecked,
+    /// `ownerAddress` does not name the sidecar, or could not be read.
+    NotRegistered,
+    /// `ownerAddress` has named the sidecar without interruption since this instant.
+    RegisteredSince(Instant),
 }
 
 /// A `/changes` subscriber seen by the relay, connected now or departed earlier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscriber {
+    /// Zero's subscriber `id`, for logs.
+    pub id: String,
     /// Acknowledged watermark (PROTOCOL.md §6.8): the subscriber resumes at or after it.
     pub acked: String,
     /// The `replicaVersion` the subscriber asked for.
@@ -82,6 +161,7 @@ pub struct Inputs<'a> {
     pub wall_now: SystemTime,
     /// When the sidecar started.
     pub started: Instant,
+    pub ownership: Ownership,
     /// Already `max(30 s, configured initial delay, longest reservation observed)`.
     pub cleanup_delay: Duration,
     /// How long a departed subscriber's ack still bounds the purge (default 30 s, Zero's `CLEANUP_DELAY_MS`).
@@ -102,8 +182,33 @@ pub enum Decision {
     /// Delete change-log rows with `watermark < before`; rows at `before` stay.
     Purge {
         before: String,
+        bound: Bound,
     },
     Hold(HoldReason),
+}
+
+/// What set a purge's watermark: the newest aged backup itself, or the constraint that lowered it to an older one.
+/// When both a reservation and a subscriber lowered it, the subscriber (applied last) is the one that bound it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bound {
+    /// The newest aged backup newer than the last purge; nothing lowered it.
+    Backup,
+    /// Kept at or below this reservation's floor (the lowest open one).
+    Reservation { task_id: String, floor: String },
+    /// Kept at or below this subscriber's acknowledged watermark (the lowest tracked one).
+    Subscriber { id: String, acked: String },
+}
+
+impl fmt::Display for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bound::Backup => f.write_str("the newest aged backup"),
+            Bound::Reservation { task_id, floor } => {
+                write!(f, "reservation {task_id} at floor {floor}")
+            }
+            Bound::Subscriber { id, acked } => write!(f, "subscriber {id} acked at {acked}"),
+        }
+    }
 }
 
 /// Why [`decide`] did not purge. Variants are listed in the order [`decide`] checks them: the first that applies is
@@ -111,10 +216,10 @@ pub enum Decision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HoldReason {
     /// `ownerAddress` does not name the sidecar (or cannot be read): it does not front the change-streamer that
-    /// owns the shard, so purging is not its call. Checked by the monitor before [`decide`].
+    /// owns the shard, so purging is not its call.
     NotRegistered,
     /// Registered, but not yet for `reconnect_grace` plus the cleanup delay: subscribers that were connected to the
-    /// change-streamer directly may not have come through the sidecar yet. Checked by the monitor before [`decide`].
+    /// change-streamer directly may not have come through the sidecar yet.
     RecentlyRegistered,
     /// The sidecar has been up for less than the cleanup delay: a restore that began before it started may still
     /// be running unseen.
@@ -209,31 +314,45 @@ impl fmt::Display for HoldReason {
 /// reservation only lowers it.
 ///
 /// Otherwise it holds with the first reason that applies, checked in this fixed order (that of [`HoldReason::ALL`]):
-/// 1. `StartingUp`: uptime `< cleanup_delay`.
-/// 2. `ReservationsOpen`: mode `pause` and a reservation is open.
-/// 3. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
-/// 4. `NoBackup`: no backup is tracked.
-/// 5. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count).
-/// 6. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
-/// 7. `NothingNew`: no backup is newer than `last_purged`.
-/// 8. `BackupTooRecent`: none of those is old enough.
-/// 9. `ReservationFloor`: all of those are above some reservation's floor.
-/// 10. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+/// 1. `NotRegistered`: ownership is checked and `ownerAddress` does not name the sidecar.
+/// 2. `RecentlyRegistered`: it has named the sidecar for less than `reconnect_grace + cleanup_delay`.
+/// 3. `StartingUp`: uptime `< cleanup_delay`.
+/// 4. `ReservationsOpen`: mode `pause` and a reservation is open.
+/// 5. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
+/// 6. `NoBackup`: no backup is tracked.
+/// 7. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count).
+/// 8. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
+/// 9. `NothingNew`: no backup is newer than `last_purged`.
+/// 10. `BackupTooRecent`: none of those is old enough.
+/// 11. `ReservationFloor`: all of those are above some reservation's floor.
+/// 12. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
 pub fn decide(inputs: &Inputs) -> Decision {
     match choose(inputs) {
-        Ok(before) => Decision::Purge {
+        Ok((before, bound)) => Decision::Purge {
             before: before.to_owned(),
+            bound,
         },
         Err(reason) => Decision::Hold(reason),
     }
 }
 
-fn choose<'a>(inputs: &Inputs<'a>) -> Result<&'a str, HoldReason> {
+fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
+    match inputs.ownership {
+        Ownership::Unchecked => {}
+        Ownership::NotRegistered => return Err(HoldReason::NotRegistered),
+        Ownership::RegisteredSince(since) => {
+            if inputs.now.saturating_duration_since(since)
+                < inputs.reconnect_grace + inputs.cleanup_delay
+            {
+                return Err(HoldReason::RecentlyRegistered);
+            }
+        }
+    }
     if inputs.now.saturating_duration_since(inputs.started) < inputs.cleanup_delay {
         return Err(HoldReason::StartingUp);
     }
 
-    let mut lowest_floor: Option<&str> = None;
+    let mut lowest_floor: Option<&'a HeldReservation> = None;
     match inputs.mode {
         ReservationMode::Pause if !inputs.reservations.is_empty() => {
             return Err(HoldReason::ReservationsOpen)
@@ -244,7 +363,9 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<&'a str, HoldReason> {
                 let Some(floor) = reservation.floor.as_deref() else {
                     return Err(HoldReason::ReservationWithoutFloor);
                 };
-                lowest_floor = Some(lowest_floor.map_or(floor, |lowest| lowest.min(floor)));
+                if lowest_floor.is_none_or(|lowest| Some(floor) < lowest.floor.as_deref()) {
+                    lowest_floor = Some(reservation);
+                }
             }
         }
     }
@@ -266,7 +387,7 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<&'a str, HoldReason> {
         return Err(HoldReason::SubscriberAtReplicaVersion);
     }
     // Always `Some`: a connected subscriber is tracked.
-    let lowest_ack = tracked().map(|s| s.acked.as_str()).min();
+    let lowest_ack = tracked().min_by(|a, b| a.acked.cmp(&b.acked));
 
     // Backups at or below the last purge could only repeat it. Leaving them out before the other filters keeps a
     // stale one from hiding the constraint that actually stops the next purge.
@@ -289,19 +410,39 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<&'a str, HoldReason> {
         return Err(HoldReason::BackupTooRecent);
     }
 
-    if let Some(floor) = lowest_floor {
+    // Each constraint in turn; the last one that lowered the newest candidate is what bound the purge.
+    let mut bound = Bound::Backup;
+    let newest = |candidates: &[&'a str]| candidates.iter().copied().max();
+    if let Some(reservation) = lowest_floor {
+        let floor = reservation.floor.as_deref().unwrap_or_default();
+        let before = newest(&candidates);
         candidates.retain(|&w| w <= floor);
         if candidates.is_empty() {
             return Err(HoldReason::ReservationFloor);
         }
+        if newest(&candidates) != before {
+            bound = Bound::Reservation {
+                task_id: reservation.task_id.clone(),
+                floor: floor.to_owned(),
+            };
+        }
     }
 
-    if let Some(ack) = lowest_ack {
-        candidates.retain(|&w| w <= ack);
+    if let Some(subscriber) = lowest_ack {
+        let before = newest(&candidates);
+        candidates.retain(|&w| w <= subscriber.acked.as_str());
+        if candidates.is_empty() {
+            return Err(HoldReason::SubscriberBehind);
+        }
+        if newest(&candidates) != before {
+            bound = Bound::Subscriber {
+                id: subscriber.id.clone(),
+                acked: subscriber.acked.clone(),
+            };
+        }
     }
-    candidates
-        .into_iter()
-        .max()
+    newest(&candidates)
+        .map(|before| (before, bound))
         .ok_or(HoldReason::SubscriberBehind)
 }
 
@@ -312,11 +453,6 @@ fn is_aged(backup: &Backup, inputs: &Inputs) -> bool {
         .wall_now
         .checked_sub(inputs.cleanup_delay)
         .is_some_and(|cutoff| backup.backed_up_at <= cutoff)
-}
-
-/// The newest tracked backed-up watermark: the floor a reservation opened now gets.
-pub fn newest_backup(backups: &[Backup]) -> Option<&str> {
-    backups.iter().map(|b| b.watermark.as_str()).max()
 }
 
 #[cfg(test)]
@@ -365,6 +501,7 @@ mod tests {
 
     fn sub(acked: &str) -> Subscriber {
         Subscriber {
+            id: format!("vs-{acked}"),
             acked: wm(acked),
             replica_version: wm(RV),
             departed: None,
@@ -383,6 +520,7 @@ mod tests {
     struct Case {
         now: u64,
         started: u64,
+        ownership: Ownership,
         delay: u64,
         grace: u64,
         mode: ReservationMode,
@@ -396,6 +534,7 @@ mod tests {
         Case {
             now: NOW,
             started: 0,
+            ownership: Ownership::Unchecked,
             delay: 60,
             grace: 30,
             mode: ReservationMode::Pin,
@@ -412,6 +551,7 @@ mod tests {
                 now: at(self.now),
                 wall_now: wall(self.now),
                 started: at(self.started),
+                ownership: self.ownership,
                 cleanup_delay: Duration::from_secs(self.delay),
                 reconnect_grace: Duration::from_secs(self.grace),
                 mode: self.mode,
@@ -423,8 +563,34 @@ mod tests {
         }
     }
 
+    /// A purge below the newest aged backup, which nothing lowered.
     fn purge(before: &str) -> Decision {
-        Decision::Purge { before: wm(before) }
+        Decision::Purge {
+            before: wm(before),
+            bound: Bound::Backup,
+        }
+    }
+
+    /// A purge lowered to `before` by reservation `task_id`'s floor.
+    fn purge_at_floor(before: &str, task_id: &str, floor: &str) -> Decision {
+        Decision::Purge {
+            before: wm(before),
+            bound: Bound::Reservation {
+                task_id: wm(task_id),
+                floor: wm(floor),
+            },
+        }
+    }
+
+    /// A purge lowered to `before` by the subscriber that acked `acked` (ids are `vs-{acked}`).
+    fn purge_at_ack(before: &str, acked: &str) -> Decision {
+        Decision::Purge {
+            before: wm(before),
+            bound: Bound::Subscriber {
+                id: format!("vs-{acked}"),
+                acked: wm(acked),
+            },
+        }
     }
 
     /// One aged backup at "0a" and a caught-up subscriber: purges unless the test adds an obstacle.
@@ -439,6 +605,52 @@ mod tests {
     #[test]
     fn ready_case_purges_below_the_backup() {
         assert_eq!(ready().decide(), purge("0a"));
+    }
+
+    // Ownership: only for the change-streamer the sidecar fronts, and only once its subscribers had time to arrive.
+
+    #[test]
+    fn holds_unless_registered_for_the_grace_plus_the_delay() {
+        let not = Case {
+            ownership: Ownership::NotRegistered,
+            ..ready()
+        };
+        assert_eq!(not.decide(), Decision::Hold(NotRegistered));
+        // 30 s grace + 60 s delay.
+        let recent = Case {
+            ownership: Ownership::RegisteredSince(at(NOW - 89)),
+            ..ready()
+        };
+        assert_eq!(recent.decide(), Decision::Hold(RecentlyRegistered));
+        let long_enough = Case {
+            ownership: Ownership::RegisteredSince(at(NOW - 90)),
+            ..ready()
+        };
+        assert_eq!(long_enough.decide(), purge("0a"));
+        assert_eq!(
+            Case {
+                ownership: Ownership::Unchecked,
+                ..ready()
+            }
+            .decide(),
+            purge("0a")
+        );
+    }
+
+    #[test]
+    fn registration_comes_before_every_other_reason() {
+        for (ownership, reason) in [
+            (Ownership::NotRegistered, NotRegistered),
+            (Ownership::RegisteredSince(at(NOW)), RecentlyRegistered),
+        ] {
+            let d = Case {
+                started: NOW,
+                ownership,
+                ..case()
+            }
+            .decide();
+            assert_eq!(d, Decision::Hold(reason));
+        }
     }
 
     // Rule d: uptime.
@@ -509,7 +721,7 @@ mod tests {
             ..case()
         }
         .decide();
-        assert_eq!(d, purge("0b"));
+        assert_eq!(d, purge_at_floor("0b", "t2", "0b"));
     }
 
     #[test]
@@ -531,7 +743,7 @@ mod tests {
             reservations: vec![reservation("a", Some("0a")), reservation("b", Some("0c"))],
             ..case()
         };
-        assert_eq!(overlapping.decide(), purge("0a"));
+        assert_eq!(overlapping.decide(), purge_at_floor("0a", "a", "0a"));
         let paused = Case {
             mode: ReservationMode::Pause,
             ..overlapping
@@ -624,7 +836,7 @@ mod tests {
             ..case()
         }
         .decide();
-        assert_eq!(d, purge("0c"));
+        assert_eq!(d, purge_at_ack("0c", "0d"));
     }
 
     #[test]
@@ -635,7 +847,7 @@ mod tests {
             ..case()
         }
         .decide();
-        assert_eq!(d, purge("0a"));
+        assert_eq!(d, purge_at_ack("0a", "0b"));
     }
 
     #[test]
@@ -739,7 +951,7 @@ mod tests {
             ..case()
         }
         .decide();
-        assert_eq!(d, purge("0z"));
+        assert_eq!(d, purge_at_ack("0z", "0z"));
         let caught_up = Case {
             backups: vec![backup("110", 100), backup("0z", 200)],
             subscribers: vec![sub("110")],
@@ -749,11 +961,57 @@ mod tests {
         assert_eq!(caught_up.decide(), purge("110"));
     }
 
+    fn seen(backups: &[Backup]) -> Vec<(&str, SystemTime)> {
+        backups
+            .iter()
+            .map(|b| (b.watermark.as_str(), b.backed_up_at))
+            .collect()
+    }
+
     #[test]
     fn newest_backup_is_the_byte_wise_maximum() {
-        assert_eq!(newest_backup(&[]), None);
-        let backups = [backup("0z", 3), backup("110", 2), backup("09", 1)];
-        assert_eq!(newest_backup(&backups), Some("110"));
+        let mut backlog = Backlog::default();
+        assert_eq!(backlog.newest(), None);
+        backlog.record(seen(&[backup("0z", 3), backup("110", 2), backup("09", 1)]));
+        assert_eq!(backlog.newest(), Some(&backup("110", 2)));
+    }
+
+    #[test]
+    fn first_sighting_of_a_watermark_wins() {
+        let mut backlog = Backlog::default();
+        assert_eq!(backlog.record(seen(&[backup("0a", 300)])), 1);
+        assert_eq!(
+            backlog.record(seen(&[backup("0a", 200), backup("0b", 100)])),
+            1
+        );
+        assert_eq!(backlog.backups(), [backup("0a", 300), backup("0b", 100)]);
+    }
+
+    #[test]
+    fn nothing_at_or_below_the_last_purge_is_tracked_again() {
+        let mut backlog = Backlog::default();
+        backlog.record(seen(&[backup("0a", 3), backup("0b", 2), backup("0c", 1)]));
+        backlog.purged("0b");
+        assert_eq!(backlog.last_purged(), Some("0b"));
+        let left: Vec<_> = backlog
+            .backups()
+            .iter()
+            .map(|b| b.watermark.as_str())
+            .collect();
+        assert_eq!(left, ["0b", "0c"]);
+        assert_eq!(
+            backlog.record(seen(&[backup("0a", 9), backup("0b", 9), backup("0d", 9)])),
+            1
+        );
+        // Byte-wise order: "110" (36) is after "0z" (35).
+        backlog.purged("0z");
+        assert_eq!(backlog.record(seen(&[backup("110", 10)])), 1);
+    }
+
+    #[test]
+    fn reservations_show_as_task_and_floor() {
+        assert_eq!(reservation("a", Some("0c")).to_string(), "a=0c");
+        assert_eq!(reservation("b", None).to_string(), "b=none");
     }
 
     // PROTOCOL.md §9.3, adapted: the sidecar starts with the RM restore at 00:00 with a 4 min delay; litestream
@@ -957,7 +1215,11 @@ mod tests {
                         self.positions.push(lexi(self.head));
                     }
                     let watermark = lexi(self.head);
-                    if newest_backup(&self.backups)
+                    if self
+                        .backups
+                        .iter()
+                        .map(|b| b.watermark.as_str())
+                        .max()
                         .is_some_and(|newest| newest >= watermark.as_str())
                     {
                         return;
@@ -974,7 +1236,7 @@ mod tests {
                 }
                 Event::Open => {
                     self.next_task += 1;
-                    let floor = newest_backup(&self.backups).map(str::to_owned);
+                    let floor = self.backups.iter().map(|b| b.watermark.clone()).max();
                     self.reservations.push(HeldReservation {
                         task_id: format!("t{}", self.next_task),
                         floor,
@@ -988,6 +1250,7 @@ mod tests {
                     let acked = self.positions[p % self.positions.len()].clone();
                     let replica_version = self.replica_version().to_owned();
                     self.subscribers.push(Subscriber {
+                        id: format!("vs-{}", self.subscribers.len()),
                         acked,
                         replica_version,
                         departed: None,
@@ -1016,6 +1279,7 @@ mod tests {
                 now: at(self.clock),
                 wall_now: wall(self.clock),
                 started: at(0),
+                ownership: Ownership::Unchecked,
                 cleanup_delay: self.delay,
                 reconnect_grace: self.grace,
                 mode: self.mode,
@@ -1080,6 +1344,42 @@ mod tests {
             broken
         }
 
+        /// The bound names a constraint that really lowered the purge, and nothing else did after it.
+        fn check_bound(&self, before: &str, bound: &Bound) -> Result<(), TestCaseError> {
+            let newest_candidate = self
+                .backups
+                .iter()
+                .filter(|b| self.is_aged(b))
+                .filter(|b| {
+                    self.last_purged
+                        .as_deref()
+                        .is_none_or(|l| b.watermark.as_str() > l)
+                })
+                .map(|b| b.watermark.as_str())
+                .max();
+            match bound {
+                Bound::Backup => {
+                    prop_assert_eq!(Some(before), newest_candidate, "bound by the backup alone")
+                }
+                Bound::Reservation { task_id, floor } => {
+                    prop_assert!(
+                        before <= floor.as_str() && newest_candidate > Some(floor.as_str())
+                    );
+                    prop_assert!(self
+                        .reservations
+                        .iter()
+                        .any(|r| &r.task_id == task_id && r.floor.as_ref() == Some(floor)));
+                }
+                Bound::Subscriber { acked, .. } => {
+                    prop_assert!(
+                        before <= acked.as_str() && newest_candidate > Some(acked.as_str())
+                    );
+                    prop_assert!(self.tracked().any(|s| &s.acked == acked));
+                }
+            }
+            Ok(())
+        }
+
         fn check(&mut self) -> Result<(), TestCaseError> {
             let decision = decide(&self.inputs());
             // The largest backup that every rule allows, if any.
@@ -1091,8 +1391,9 @@ mod tests {
                 .max()
                 .map(str::to_owned);
             match decision {
-                Decision::Purge { before } => {
+                Decision::Purge { before, bound } => {
                     let broken = self.violations(&before);
+                    self.check_bound(&before, &bound)?;
                     prop_assert!(broken.is_empty(), "Purge({}) breaks {:?}", before, broken);
                     prop_assert_eq!(Some(&before), best.as_ref(), "not the largest safe backup");
                     self.last_purged = Some(before);
@@ -1157,6 +1458,7 @@ mod tests {
                 .map(|(b, _)| b.watermark.clone())
                 .unwrap();
             let subscribers = [Subscriber {
+                id: "vs".into(),
                 acked: lexi(head),
                 replica_version: lexi(start),
                 departed: None,
@@ -1172,8 +1474,9 @@ mod tests {
                 reservations: &[],
                 subscribers: &subscribers,
                 last_purged: None,
+                ownership: Ownership::Unchecked,
             });
-            prop_assert_eq!(d, Decision::Purge { before: newest_aged });
+            prop_assert_eq!(d, Decision::Purge { before: newest_aged, bound: Bound::Backup });
         }
     }
 }

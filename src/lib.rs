@@ -62,8 +62,8 @@ fn status_line(missing: &[&str], status: &monitor::Status) -> String {
     match status.last_decision.as_ref() {
         None => "ready; first cleanup check pending".to_string(),
         Some(cleanup::Decision::Hold(reason)) => format!("ready; cleanup held: {reason}"),
-        Some(cleanup::Decision::Purge { before }) => {
-            format!("ready; last cleanup decision: purge below {before}")
+        Some(cleanup::Decision::Purge { before, bound }) => {
+            format!("ready; last cleanup decision: purge below {before} (bound by {bound})")
         }
     }
 }

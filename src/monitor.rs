@@ -1,6 +1,7 @@
-//! The cleanup loop, the one place where I/O and the policy meet: every `check_interval` it scrapes litestream,
-//! records newly backed-up watermarks, gathers reservations and subscriber acks, asks [`cleanup::decide`], and
-//! purges the change log when the answer is yes. One purge at a time: the loop awaits each before the next tick.
+//! The cleanup loop, the one place where I/O and the policy meet. Every `check_interval` it observes (scrapes
+//! litestream into the [`Backlog`], reads the registration, reservations and subscriber acks), asks
+//! [`cleanup::decide`], and acts: purges the change log when the answer is yes, and records and logs what happened.
+//! One purge at a time: the loop awaits each before the next tick.
 //!
 //! Failures never purge: a scrape that fails keeps what is known and tries again next interval; a purge that
 //! fails leaves the last purged watermark where it was.
@@ -9,63 +10,19 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info, warn, Level};
 
 use crate::change_db::{ChangeDb, DbError, FailureClass};
-use crate::cleanup::{self, Backup, Decision, HeldReservation, HoldReason, Inputs};
+use crate::cleanup::{
+    self, Backlog, Decision, HeldReservation, HoldReason, Inputs, Ownership, Subscriber,
+};
 use crate::config::Config;
-use crate::litestream::{Filter, Progress, Scraper};
+use crate::litestream::{Filter, Scraper};
 use crate::reservations::Registry;
 use crate::subscribers::Subscribers;
 
 /// A warning repeated at most this often while the same problem persists.
 const WARN_EVERY: Duration = Duration::from_secs(300);
-
-/// Backed-up watermarks not yet purged, and the last purge. Pure bookkeeping, separate from the loop so that the
-/// rules (first sighting wins, nothing at or below the last purge) are tested alone.
-#[derive(Debug, Default)]
-pub struct Tracker {
-    backups: Vec<Backup>,
-    last_purged: Option<String>,
-}
-
-impl Tracker {
-    /// Records watermarks seen for the first time; a watermark already known keeps its first backup time, as in
-    /// Zero's BackupMonitor. Returns how many were new.
-    pub fn record(&mut self, progress: &[Progress]) -> usize {
-        let mut added = 0;
-        for p in progress {
-            let purged = self
-                .last_purged
-                .as_deref()
-                .is_some_and(|last| p.watermark.as_str() <= last);
-            if purged || self.backups.iter().any(|b| b.watermark == p.watermark) {
-                continue;
-            }
-            self.backups.push(Backup {
-                watermark: p.watermark.clone(),
-                backed_up_at: p.backed_up_at,
-            });
-            added += 1;
-        }
-        added
-    }
-
-    /// After a successful purge below `before`: forget every backup below it. The one at `before` stays, so the
-    /// policy reports "nothing new" rather than "no backup" until a newer backup arrives.
-    pub fn purged(&mut self, before: &str) {
-        self.backups.retain(|b| b.watermark.as_str() >= before);
-        self.last_purged = Some(before.to_string());
-    }
-
-    pub fn backups(&self) -> &[Backup] {
-        &self.backups
-    }
-
-    pub fn last_purged(&self) -> Option<&str> {
-        self.last_purged.as_deref()
-    }
-}
 
 /// What the loop last did, for `/keepalive`, metrics and tests.
 #[derive(Debug, Clone, Default)]
@@ -185,13 +142,17 @@ struct Throttle {
 }
 
 impl Throttle {
-    fn failed(&mut self, what: &str, problem: String, now: Instant) {
+    fn failed(&mut self, what: &str, problem: String, level: Level, now: Instant) {
         let changed = self.current.as_deref() != Some(problem.as_str());
         let due = self
             .last_warned
             .is_none_or(|at| now.saturating_duration_since(at) >= WARN_EVERY);
         if changed || due {
-            warn!(error = %problem, "{what}");
+            if level == Level::ERROR {
+                error!(error = %problem, "{what}");
+            } else {
+                warn!(error = %problem, "{what}");
+            }
             self.last_warned = Some(now);
         } else {
             debug!(error = %problem, "{what}");
@@ -225,6 +186,29 @@ pub struct Monitor {
     discovery: crate::discovery::StateHandle,
     /// The address purges check `ownerAddress` against, unless discovery is off.
     advertise_address: String,
+}
+
+/// What one check saw besides the backlog, in the policy's own types.
+struct Observed {
+    ownership: Ownership,
+    cleanup_delay: Duration,
+    reservations: Vec<HeldReservation>,
+    subscribers: Vec<Subscriber>,
+}
+
+impl Observed {
+    /// `task=floor` for each reservation, for logs.
+    fn reservation_list(&self) -> String {
+        let list: Vec<String> = self.reservations.iter().map(ToString::to_string).collect();
+        list.join(",")
+    }
+}
+
+/// What the loop remembers between checks to log each change once.
+#[derive(Default)]
+struct Said {
+    scrape_problem: Throttle,
+    last_hold: Option<HoldReason>,
 }
 
 impl Monitor {
@@ -263,128 +247,187 @@ impl Monitor {
         }
     }
 
-    /// Checks every `check_interval` until `shutdown`; a purge in progress finishes its current batch first.
+    /// Checks every `check_interval` until `shutdown`: observe, decide, act. A purge in progress finishes its
+    /// current batch first.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut tracker = Tracker::default();
-        let mut scrape_problem = Throttle::default();
-        let mut last_hold: Option<HoldReason> = None;
+        let mut backlog = Backlog::default();
+        let mut said = Said::default();
         let mut every = crate::shared::Every::new(self.check_interval);
         while every.tick(&shutdown).await {
             let now = Instant::now();
-            match self.scraper.scrape(&self.filter).await {
-                Ok(parsed) => {
-                    scrape_problem.succeeded("litestream metrics readable again");
-                    for warning in &parsed.warnings {
-                        debug!(%warning, "metrics page");
-                    }
-                    if !parsed.warnings.is_empty() {
-                        scrape_problem.failed(
-                            "litestream metrics page has samples that were ignored",
-                            parsed.warnings.join("; "),
-                            now,
-                        );
-                    }
-                    for p in &parsed.progress {
-                        self.registry.saw_backup(&p.watermark);
-                    }
-                    let added = tracker.record(&parsed.progress);
-                    if added > 0 {
-                        debug!(
-                            added,
-                            tracked = tracker.backups().len(),
-                            "backed-up watermarks"
-                        );
-                    }
-                    let newest = tracker
-                        .backups()
-                        .iter()
-                        .max_by(|a, b| a.watermark.cmp(&b.watermark))
-                        .map(|b| (b.watermark.clone(), b.backed_up_at));
-                    if newest.is_some() {
-                        self.status.update(|s| s.newest_backup = newest);
-                    }
-                }
-                Err(err) => {
-                    self.status.update(|s| s.scrape_errors += 1);
-                    // Keep what is known; the decision below still runs on it (Zero does the same).
-                    scrape_problem.failed("cannot read litestream metrics", err.to_string(), now);
-                }
-            }
-
-            let (decision, reservations) = self.decide(&tracker, now);
+            self.scrape(&mut backlog, &mut said, now).await;
+            let observed = self.observe(now);
+            let decision = cleanup::decide(&Inputs {
+                now,
+                wall_now: SystemTime::now(),
+                started: self.started,
+                ownership: observed.ownership,
+                cleanup_delay: observed.cleanup_delay,
+                reconnect_grace: self.reconnect_grace,
+                mode: self.mode,
+                backups: backlog.backups(),
+                reservations: &observed.reservations,
+                subscribers: &observed.subscribers,
+                last_purged: backlog.last_purged(),
+            });
             debug!(
-                decision = ?decision,
-                reservations = %describe(&reservations),
-                lowest_floor = lowest_floor(&reservations),
+                ?decision,
+                reservations = %observed.reservation_list(),
                 "cleanup decision"
             );
-            self.status
-                .update(|s| s.last_decision = Some(decision.clone()));
-            match decision {
-                Decision::Hold(reason) => {
-                    self.status
-                        .update(|s| *s.holds.entry(reason).or_default() += 1);
-                    if last_hold != Some(reason) {
-                        info!(%reason, "cleanup held");
-                        last_hold = Some(reason);
-                    }
+            self.act(decision, &observed, &mut backlog, &mut said, &shutdown)
+                .await;
+            self.status.update(|s| s.checks += 1);
+        }
+    }
+
+    /// Reads litestream's page into the backlog; a failed scrape keeps what is known (Zero does the same).
+    async fn scrape(&self, backlog: &mut Backlog, said: &mut Said, now: Instant) {
+        match self.scraper.scrape(&self.filter).await {
+            Ok(parsed) => {
+                said.scrape_problem
+                    .succeeded("litestream metrics readable again");
+                for warning in &parsed.warnings {
+                    debug!(%warning, "metrics page");
                 }
-                Decision::Purge { before } => {
-                    last_hold = None;
-                    if !self.enabled {
-                        info!(before = %before, "cleanup would purge (cleanup.enabled = false)");
-                    } else {
-                        let expected = (self.discovery_mode != crate::discovery::Mode::Off)
-                            .then_some(self.advertise_address.as_str());
-                        match self
-                            .change_db
-                            .purge(&before, expected, self.batch_rows, &shutdown)
-                            .await
-                        {
-                            Ok(outcome) => {
-                                let mut failed_before = 0;
-                                self.status.update(|s| {
-                                    failed_before = s.purge_failures.succeeded();
-                                    s.purges += 1;
-                                    s.purged_rows += outcome.rows;
-                                });
-                                if failed_before > 0 {
-                                    info!(
-                                        failed_before,
-                                        "change log purges work again; cleanup resumes"
-                                    );
-                                }
-                                let lowest_floor = lowest_floor(&reservations);
-                                let reservations = describe(&reservations);
-                                match &outcome.stopped {
-                                    None => {
-                                        info!(
-                                            before = %before,
-                                            rows = outcome.rows,
-                                            batches = outcome.batches,
-                                            %reservations,
-                                            lowest_floor,
-                                            "change log purged"
-                                        );
-                                        tracker.purged(&before);
-                                        self.status.update(|s| s.last_purged = Some(before));
-                                    }
-                                    Some(stop) => info!(
-                                        before = %before,
-                                        rows = outcome.rows,
-                                        stopped = ?stop,
-                                        %reservations,
-                                        lowest_floor,
-                                        "change log purge stopped early; the next check continues"
-                                    ),
-                                }
-                            }
-                            Err(err) => self.purge_failed(&err),
-                        }
-                    }
+                if !parsed.warnings.is_empty() {
+                    said.scrape_problem.failed(
+                        "litestream metrics page has samples that were ignored",
+                        parsed.warnings.join("; "),
+                        Level::WARN,
+                        now,
+                    );
+                }
+                let added = backlog.record(
+                    parsed
+                        .progress
+                        .iter()
+                        .map(|p| (p.watermark.as_str(), p.backed_up_at)),
+                );
+                if added > 0 {
+                    debug!(
+                        added,
+                        tracked = backlog.backups().len(),
+                        "backed-up watermarks"
+                    );
+                }
+                if let Some(newest) = backlog.newest() {
+                    self.registry.saw_backup(&newest.watermark);
+                    let newest = (newest.watermark.clone(), newest.backed_up_at);
+                    self.status.update(|s| s.newest_backup = Some(newest));
                 }
             }
-            self.status.update(|s| s.checks += 1);
+            Err(err) => {
+                self.status.update(|s| s.scrape_errors += 1);
+                // A bad URL, a 404 or a foreign page will not fix itself; litestream restarting will.
+                let level = if err.is_transient() {
+                    Level::WARN
+                } else {
+                    Level::ERROR
+                };
+                said.scrape_problem.failed(
+                    "cannot read litestream metrics",
+                    err.to_string(),
+                    level,
+                    now,
+                );
+            }
+        }
+    }
+
+    /// Everything else the policy reads, at one instant.
+    fn observe(&self, now: Instant) -> Observed {
+        Observed {
+            ownership: self.ownership(now),
+            cleanup_delay: self.registry.cleanup_delay(),
+            reservations: self.registry.for_policy(),
+            subscribers: self.subscribers.for_policy(now, self.reconnect_grace),
+        }
+    }
+
+    fn ownership(&self, now: Instant) -> Ownership {
+        if self.discovery_mode == crate::discovery::Mode::Off {
+            return Ownership::Unchecked;
+        }
+        let state = self.discovery.get();
+        if state.registration != Some(crate::discovery::Registration::Registered) {
+            return Ownership::NotRegistered;
+        }
+        // Registered but not yet stamped: counts as registered just now.
+        Ownership::RegisteredSince(state.continuity.since().unwrap_or(now))
+    }
+
+    async fn act(
+        &self,
+        decision: Decision,
+        observed: &Observed,
+        backlog: &mut Backlog,
+        said: &mut Said,
+        shutdown: &CancellationToken,
+    ) {
+        self.status
+            .update(|s| s.last_decision = Some(decision.clone()));
+        let (before, bound) = match decision {
+            Decision::Hold(reason) => {
+                self.status
+                    .update(|s| *s.holds.entry(reason).or_default() += 1);
+                if said.last_hold != Some(reason) {
+                    info!(%reason, "cleanup held");
+                    said.last_hold = Some(reason);
+                }
+                return;
+            }
+            Decision::Purge { before, bound } => (before, bound),
+        };
+        said.last_hold = None;
+        if !self.enabled {
+            info!(before = %before, %bound, "cleanup would purge (cleanup.enabled = false)");
+            return;
+        }
+        let expected = (self.discovery_mode != crate::discovery::Mode::Off)
+            .then_some(self.advertise_address.as_str());
+        let outcome = match self
+            .change_db
+            .purge(&before, expected, self.batch_rows, shutdown)
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(err) => return self.purge_failed(&err),
+        };
+        let mut failed_before = 0;
+        self.status.update(|s| {
+            failed_before = s.purge_failures.succeeded();
+            s.purges += 1;
+            s.purged_rows += outcome.rows;
+        });
+        if failed_before > 0 {
+            info!(
+                failed_before,
+                "change log purges work again; cleanup resumes"
+            );
+        }
+        let reservations = observed.reservation_list();
+        match &outcome.stopped {
+            None => {
+                info!(
+                    before = %before,
+                    %bound,
+                    rows = outcome.rows,
+                    batches = outcome.batches,
+                    %reservations,
+                    "change log purged"
+                );
+                backlog.purged(&before);
+                self.status.update(|s| s.last_purged = Some(before));
+            }
+            Some(stop) => info!(
+                before = %before,
+                %bound,
+                rows = outcome.rows,
+                stopped = ?stop,
+                %reservations,
+                "change log purge stopped early; the next check continues"
+            ),
         }
     }
 
@@ -425,97 +468,11 @@ impl Monitor {
             ),
         }
     }
-
-    /// The decision, and the reservations it was taken with (empty when it held before reading them).
-    fn decide(&self, tracker: &Tracker, now: Instant) -> (Decision, Vec<HeldReservation>) {
-        let cleanup_delay = self.registry.cleanup_delay();
-        if self.discovery_mode != crate::discovery::Mode::Off {
-            let state = self.discovery.get();
-            if state.registration != Some(crate::discovery::Registration::Registered) {
-                return (Decision::Hold(HoldReason::NotRegistered), Vec::new());
-            }
-            if !state
-                .continuity
-                .held_for(self.reconnect_grace + cleanup_delay, now)
-            {
-                return (Decision::Hold(HoldReason::RecentlyRegistered), Vec::new());
-            }
-        }
-        let reservations: Vec<HeldReservation> = self
-            .registry
-            .open_reservations()
-            .into_iter()
-            .map(|r| HeldReservation {
-                task_id: r.task_id,
-                floor: r.floor,
-            })
-            .collect();
-        let subscribers = self.subscribers.for_policy(now, self.reconnect_grace);
-        let decision = cleanup::decide(&Inputs {
-            now,
-            wall_now: SystemTime::now(),
-            started: self.started,
-            cleanup_delay,
-            reconnect_grace: self.reconnect_grace,
-            mode: self.mode,
-            backups: tracker.backups(),
-            reservations: &reservations,
-            subscribers: &subscribers,
-            last_purged: tracker.last_purged(),
-        });
-        (decision, reservations)
-    }
-}
-
-/// The lowest floor among `reservations`, for logs: `"none"` when one has no floor, `""` when there are none.
-fn lowest_floor(reservations: &[HeldReservation]) -> &str {
-    if reservations.iter().any(|r| r.floor.is_none()) {
-        return "none";
-    }
-    reservations
-        .iter()
-        .filter_map(|r| r.floor.as_deref())
-        .min()
-        .unwrap_or("")
-}
-
-/// `task=floor` for each reservation, comma-separated, for logs.
-fn describe(reservations: &[HeldReservation]) -> String {
-    reservations
-        .iter()
-        .map(|r| format!("{}={}", r.task_id, r.floor.as_deref().unwrap_or("none")))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn progress(watermark: &str, secs: u64) -> Progress {
-        Progress {
-            watermark: watermark.into(),
-            backed_up_at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
-            db: "/replica.db".into(),
-            name: "s3".into(),
-        }
-    }
-
-    #[test]
-    fn reservations_are_described_for_logs() {
-        let held = |task: &str, floor: Option<&str>| HeldReservation {
-            task_id: task.into(),
-            floor: floor.map(Into::into),
-        };
-        assert_eq!(lowest_floor(&[]), "");
-        assert_eq!(describe(&[]), "");
-        let two = [held("a", Some("0c")), held("b", Some("0b"))];
-        assert_eq!(lowest_floor(&two), "0b");
-        assert_eq!(describe(&two), "a=0c,b=0b");
-        let floorless = [held("a", Some("0c")), held("b", None)];
-        assert_eq!(lowest_floor(&floorless), "none");
-        assert_eq!(describe(&floorless), "a=0c,b=none");
-    }
 
     fn failure(class: FailureClass, sqlstate: Option<&str>, message: &str) -> PurgeFailure {
         PurgeFailure {
@@ -579,48 +536,5 @@ mod tests {
                 "cleanup held: the last 2 change log purges failed (unavailable): change DB unavailable: connecting"
             )
         );
-    }
-
-    #[test]
-    fn first_sighting_of_a_watermark_wins() {
-        let mut tracker = Tracker::default();
-        assert_eq!(tracker.record(&[progress("0a", 100)]), 1);
-        assert_eq!(
-            tracker.record(&[progress("0a", 200), progress("0b", 300)]),
-            1
-        );
-        let times: Vec<_> = tracker
-            .backups()
-            .iter()
-            .map(|b| (b.watermark.as_str(), b.backed_up_at))
-            .collect();
-        assert_eq!(
-            times,
-            [
-                ("0a", SystemTime::UNIX_EPOCH + Duration::from_secs(100)),
-                ("0b", SystemTime::UNIX_EPOCH + Duration::from_secs(300)),
-            ]
-        );
-    }
-
-    #[test]
-    fn nothing_at_or_below_the_last_purge_is_tracked_again() {
-        let mut tracker = Tracker::default();
-        tracker.record(&[progress("0a", 1), progress("0b", 2), progress("0c", 3)]);
-        tracker.purged("0b");
-        assert_eq!(tracker.last_purged(), Some("0b"));
-        let left: Vec<_> = tracker
-            .backups()
-            .iter()
-            .map(|b| b.watermark.as_str())
-            .collect();
-        assert_eq!(left, ["0b", "0c"]);
-        assert_eq!(
-            tracker.record(&[progress("0a", 9), progress("0b", 9), progress("0d", 9)]),
-            1
-        );
-        // Byte-wise order: "110" (36) is after "0z" (35).
-        tracker.purged("0z");
-        assert_eq!(tracker.record(&[progress("110", 10)]), 1);
     }
 }

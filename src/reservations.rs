@@ -184,6 +184,18 @@ impl Registry {
         list
     }
 
+    /// The open reservations in the cleanup policy's terms.
+    pub fn for_policy(&self) -> Vec<crate::cleanup::HeldReservation> {
+        self.lock()
+            .open
+            .iter()
+            .map(|(task_id, entry)| crate::cleanup::HeldReservation {
+                task_id: task_id.clone(),
+                floor: entry.floor.clone(),
+            })
+            .collect()
+    }
+
     /// Records a backed-up watermark seen in litestream's metrics; reservations opened from now on are pinned at
     /// the newest one (watermarks compare as bytes).
     pub fn saw_backup(&self, watermark: &str) {

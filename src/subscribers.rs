@@ -90,6 +90,7 @@ impl Subscribers {
             .entries
             .values()
             .map(|e| cleanup::Subscriber {
+                id: e.info.id.clone(),
                 acked: e.acked.clone(),
                 replica_version: e.info.replica_version.clone(),
                 departed: e.departed,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::pg::TestSchema;
 use common::*;
-use litestream_sidecar::cleanup::{Decision, HoldReason};
+use litestream_sidecar::cleanup::{Bound, Decision, HoldReason};
 use litestream_sidecar::subscribers::SubscriberInfo;
 
 /// Fast checks; the 30 s minimum delay is satisfied by backup times in the past and a start time moved back.
@@ -350,7 +350,8 @@ async fn cleanup_disabled_decides_but_never_deletes() {
     assert_eq!(
         decisions(&sidecar, 2).await,
         Decision::Purge {
-            before: "0d".into()
+            before: "0d".into(),
+            bound: Bound::Backup,
         }
     );
     assert_eq!(db.rows().await.len(), 20);
