@@ -32,6 +32,20 @@ pub enum ReservationMode {
     Pause,
 }
 
+/// What cleanup does while no subscriber is relayed (config `cleanup.without_subscribers`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WithoutSubscribers {
+    /// Hold (Zero's own rule, W1): with Zero 0.20 the replication-manager's backup replicator is relayed too, so no
+    /// relayed subscriber means nothing shows that the replication-manager is past the backup.
+    #[default]
+    Hold,
+    /// Purge below aged backups once `reconnect_grace` has passed since the last relayed subscriber left (and since
+    /// the sidecar started). For Zero 0.22 and later, whose backup replicator connects to the change-streamer
+    /// directly: a backed-up watermark then proves the replication-manager's replica passed it.
+    AfterGrace,
+}
+
 /// A watermark litestream reported as backed up, with the time it reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backup {
@@ -167,6 +181,7 @@ pub struct Inputs<'a> {
     /// How long a departed subscriber's ack still bounds the purge (default 30 s, Zero's `CLEANUP_DELAY_MS`).
     pub reconnect_grace: Duration,
     pub mode: ReservationMode,
+    pub without_subscribers: WithoutSubscribers,
     /// Tracked backed-up watermarks, in any order.
     pub backups: &'a [Backup],
     /// Every open reservation, whoever will end it.
@@ -320,7 +335,8 @@ impl fmt::Display for HoldReason {
 /// 4. `ReservationsOpen`: mode `pause` and a reservation is open.
 /// 5. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
 /// 6. `NoBackup`: no backup is tracked.
-/// 7. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count).
+/// 7. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
+///    [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or uptime `< reconnect_grace`.
 /// 8. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
 /// 9. `NothingNew`: no backup is newer than `last_purged`.
 /// 10. `BackupTooRecent`: none of those is old enough.
@@ -374,19 +390,26 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
         return Err(HoldReason::NoBackup);
     }
 
-    if !inputs.subscribers.iter().any(Subscriber::is_connected) {
-        return Err(HoldReason::NoSubscribers);
-    }
     let tracked = || {
         inputs
             .subscribers
             .iter()
             .filter(|s| s.is_tracked(inputs.now, inputs.reconnect_grace))
     };
+    if !inputs.subscribers.iter().any(Subscriber::is_connected) {
+        // With the change-streamer's own backup replicator connected directly (Zero >= 0.22), the backup proves the
+        // replication-manager's replica passed it; view-syncers that left get the grace to come back first, and a
+        // sidecar that just started waits as long for those of a previous run.
+        let quiet = tracked().next().is_none()
+            && inputs.now.saturating_duration_since(inputs.started) >= inputs.reconnect_grace;
+        if inputs.without_subscribers == WithoutSubscribers::Hold || !quiet {
+            return Err(HoldReason::NoSubscribers);
+        }
+    }
     if tracked().any(|s| s.acked == s.replica_version) {
         return Err(HoldReason::SubscriberAtReplicaVersion);
     }
-    // Always `Some`: a connected subscriber is tracked.
+    // `None` only when no subscriber is tracked and that is allowed above.
     let lowest_ack = tracked().min_by(|a, b| a.acked.cmp(&b.acked));
 
     // Backups at or below the last purge could only repeat it. Leaving them out before the other filters keeps a
@@ -524,6 +547,7 @@ mod tests {
         delay: u64,
         grace: u64,
         mode: ReservationMode,
+        without_subscribers: WithoutSubscribers,
         backups: Vec<Backup>,
         reservations: Vec<HeldReservation>,
         subscribers: Vec<Subscriber>,
@@ -538,6 +562,7 @@ mod tests {
             delay: 60,
             grace: 30,
             mode: ReservationMode::Pin,
+            without_subscribers: WithoutSubscribers::Hold,
             backups: vec![],
             reservations: vec![],
             subscribers: vec![],
@@ -555,6 +580,7 @@ mod tests {
                 cleanup_delay: Duration::from_secs(self.delay),
                 reconnect_grace: Duration::from_secs(self.grace),
                 mode: self.mode,
+                without_subscribers: self.without_subscribers,
                 backups: &self.backups,
                 reservations: &self.reservations,
                 subscribers: &self.subscribers,
@@ -803,6 +829,38 @@ mod tests {
     }
 
     // Rule e: subscribers.
+
+    #[test]
+    fn without_subscribers_after_grace_purges_once_the_last_one_had_its_grace() {
+        let after_grace = |subscribers: Vec<Subscriber>| Case {
+            without_subscribers: WithoutSubscribers::AfterGrace,
+            subscribers,
+            ..ready()
+        };
+        // Nobody ever relayed: the backup alone vouches for the replication-manager.
+        assert_eq!(after_grace(vec![]).decide(), purge("0a"));
+        // One left 5 s ago (grace 30 s): it may come back from its ack.
+        assert_eq!(
+            after_grace(vec![departed("0a", 5)]).decide(),
+            Decision::Hold(NoSubscribers)
+        );
+        // Gone for longer than the grace: forgotten.
+        assert_eq!(after_grace(vec![departed("09", 31)]).decide(), purge("0a"));
+        // A sidecar up for less than the grace waits for the subscribers of its previous run.
+        let young = Case {
+            started: NOW - 29,
+            delay: 20,
+            backups: vec![backup("0a", 120)],
+            ..after_grace(vec![])
+        };
+        assert_eq!(young.decide(), Decision::Hold(NoSubscribers));
+        // Connected subscribers still bound the purge as always.
+        let behind = Case {
+            backups: vec![backup("0a", 300), backup("0c", 200)],
+            ..after_grace(vec![sub("0b")])
+        };
+        assert_eq!(behind.decide(), purge_at_ack("0a", "0b"));
+    }
 
     #[test]
     fn no_connected_subscriber_holds_even_with_a_departed_one_in_its_grace() {
@@ -1166,6 +1224,7 @@ mod tests {
 
     struct Model {
         mode: ReservationMode,
+        without_subscribers: WithoutSubscribers,
         delay: Duration,
         grace: Duration,
         clock: u64,
@@ -1179,9 +1238,16 @@ mod tests {
     }
 
     impl Model {
-        fn new(mode: ReservationMode, delay: u64, grace: u64, head: u64) -> Self {
+        fn new(
+            mode: ReservationMode,
+            without_subscribers: WithoutSubscribers,
+            delay: u64,
+            grace: u64,
+            head: u64,
+        ) -> Self {
             Model {
                 mode,
+                without_subscribers,
                 delay: Duration::from_secs(delay),
                 grace: Duration::from_secs(grace),
                 clock: 0,
@@ -1283,6 +1349,7 @@ mod tests {
                 cleanup_delay: self.delay,
                 reconnect_grace: self.grace,
                 mode: self.mode,
+                without_subscribers: self.without_subscribers,
                 backups: &self.backups,
                 reservations: &self.reservations,
                 subscribers: &self.subscribers,
@@ -1321,7 +1388,17 @@ mod tests {
                 }
             }
             if !self.subscribers.iter().any(Subscriber::is_connected) {
-                broken.push("purge without a connected subscriber");
+                match self.without_subscribers {
+                    WithoutSubscribers::Hold => broken.push("purge without a connected subscriber"),
+                    WithoutSubscribers::AfterGrace => {
+                        if self.tracked().next().is_some() {
+                            broken.push("purge while a departed subscriber may still come back");
+                        }
+                        if Duration::from_secs(self.clock) < self.grace {
+                            broken.push("purge without subscribers before the grace since start");
+                        }
+                    }
+                }
             }
             for s in self.tracked() {
                 if w > s.acked.as_str() {
@@ -1410,16 +1487,24 @@ mod tests {
         prop_oneof![Just(ReservationMode::Pin), Just(ReservationMode::Pause)]
     }
 
+    fn without_subscribers() -> impl Strategy<Value = WithoutSubscribers> {
+        prop_oneof![
+            Just(WithoutSubscribers::Hold),
+            Just(WithoutSubscribers::AfterGrace)
+        ]
+    }
+
     proptest! {
         #[test]
         fn decisions_over_random_histories_are_safe_and_maximal(
             mode in mode(),
+            without in without_subscribers(),
             delay in 30..150u64,
             grace in 0..60u64,
             start in 1..1400u64,
             events in prop::collection::vec(event(), 1..100),
         ) {
-            let mut model = Model::new(mode, delay, grace, start);
+            let mut model = Model::new(mode, without, delay, grace, start);
             model.check()?;
             for event in &events {
                 model.apply(event);
@@ -1470,6 +1555,7 @@ mod tests {
                 cleanup_delay: Duration::from_secs(delay),
                 reconnect_grace: Duration::from_secs(30),
                 mode,
+                without_subscribers: WithoutSubscribers::Hold,
                 backups: &backups,
                 reservations: &[],
                 subscribers: &subscribers,

@@ -84,6 +84,7 @@ pub struct RawCleanup {
     pub initial_delay: String,
     pub reservations: crate::cleanup::ReservationMode,
     pub reconnect_grace: String,
+    pub without_subscribers: crate::cleanup::WithoutSubscribers,
     pub batch_rows: i64,
 }
 
@@ -169,6 +170,7 @@ impl Default for RawCleanup {
             initial_delay: "30s".into(),
             reservations: crate::cleanup::ReservationMode::Pin,
             reconnect_grace: "30s".into(),
+            without_subscribers: crate::cleanup::WithoutSubscribers::Hold,
             batch_rows: 10_000,
         }
     }
@@ -293,6 +295,7 @@ pub struct CleanupConfig {
     pub reservations: crate::cleanup::ReservationMode,
     /// How long a departed subscriber's ack still holds cleanup back: Zero's clients reconnect within 10 s.
     pub reconnect_grace: Duration,
+    pub without_subscribers: crate::cleanup::WithoutSubscribers,
     /// Rows per DELETE statement, so no statement holds locks or writes WAL without bound.
     pub batch_rows: i64,
 }
@@ -704,6 +707,7 @@ impl RawConfig {
                 initial_delay: initial_delay.unwrap(),
                 reservations: self.cleanup.reservations,
                 reconnect_grace: reconnect_grace.unwrap(),
+                without_subscribers: self.cleanup.without_subscribers,
                 batch_rows: self.cleanup.batch_rows,
             },
             discovery: DiscoveryConfig {
@@ -1164,6 +1168,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("stop"), "{err}");
+    }
+
+    #[test]
+    fn without_subscribers_holds_unless_told_otherwise() {
+        let parse = |extra: &str| {
+            from_toml_str(&format!("{MINIMAL}{extra}"), Some(Default::default()))
+                .map(|raw| raw.validate().unwrap().cleanup.without_subscribers)
+        };
+        assert_eq!(parse("").unwrap(), crate::cleanup::WithoutSubscribers::Hold);
+        assert_eq!(
+            parse("[cleanup]\nwithout_subscribers = \"after_grace\"\n").unwrap(),
+            crate::cleanup::WithoutSubscribers::AfterGrace
+        );
+        let err = parse("[cleanup]\nwithout_subscribers = \"always\"\n").unwrap_err();
+        assert!(err.to_string().contains("always"), "{err}");
     }
 
     #[test]

@@ -178,6 +178,7 @@ pub struct Monitor {
     check_interval: Duration,
     reconnect_grace: Duration,
     mode: cleanup::ReservationMode,
+    without_subscribers: cleanup::WithoutSubscribers,
     enabled: bool,
     batch_rows: i64,
     /// When the sidecar started: restores that began before a restart are covered by waiting the cleanup delay.
@@ -238,6 +239,7 @@ impl Monitor {
             check_interval: litestream.check_interval,
             reconnect_grace: config.cleanup.reconnect_grace,
             mode: config.cleanup.reservations,
+            without_subscribers: config.cleanup.without_subscribers,
             enabled: config.cleanup.enabled,
             batch_rows: config.cleanup.batch_rows,
             started,
@@ -265,6 +267,7 @@ impl Monitor {
                 cleanup_delay: observed.cleanup_delay,
                 reconnect_grace: self.reconnect_grace,
                 mode: self.mode,
+                without_subscribers: self.without_subscribers,
                 backups: backlog.backups(),
                 reservations: &observed.reservations,
                 subscribers: &observed.subscribers,

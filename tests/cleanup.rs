@@ -472,3 +472,35 @@ async fn purges_the_role_may_not_run_are_reported_and_resume_once_granted() {
     })
     .await;
 }
+
+/// Zero 0.22 and later: the replication-manager's backup replicator never comes through the sidecar, so with
+/// `without_subscribers = "after_grace"` an aged backup alone allows the purge once no relayed subscriber can come
+/// back (the grace rules are unit-tested in the policy).
+#[tokio::test]
+async fn without_subscribers_after_grace_purges_below_the_aged_backup() {
+    let db = seeded().await;
+    let litestream = MetricsServer::start(&progress_page(&[("0c", epoch_now() - 120.0)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, "without_subscribers = \"after_grace\"\n"),
+        Duration::from_secs(60),
+    )
+    .await;
+    eventually_async("purge below 0c without subscribers", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
+    })
+    .await;
+
+    // A connected subscriber still bounds the purge at its ack.
+    let _sub = sidecar.subscribers.connect(subscriber("vs-1", "0d"));
+    let old = epoch_now() - 120.0;
+    litestream.set_page(&progress_page(&[("0d", old), ("0e", old)]));
+    eventually_async("purge below 0d, where the subscriber is", || async {
+        db.watermarks().await == ["0d", "0e"]
+    })
+    .await;
+    assert_eq!(
+        decisions(&sidecar, 1).await,
+        Decision::Hold(HoldReason::SubscriberBehind)
+    );
+    sidecar.stop().await;
+}
