@@ -552,6 +552,63 @@ pub fn strip_progress_family(page: &[u8]) -> Cow<'_, [u8]> {
     }
 }
 
+/// `page` with the progress family replaced by one sample that says `through` was backed up at its backup time:
+/// the watermark the sidecar has already purged below. Labels come from the first progress sample that `filter`
+/// takes; the rest of the page is kept byte for byte, as [`strip_progress_family`] keeps it. Without a purge yet,
+/// or without such a sample, the family is removed as in `hide` mode.
+///
+/// Zero's own cleanup then sees a live, advancing backup — its upload verification, its one-hour check, its
+/// backup-lag metric and a readiness gate waiting for the first backed-up watermark all work — while the purge it
+/// may schedule can only delete rows the sidecar has already deleted.
+pub fn clamp_progress_family<'a>(
+    page: &'a [u8],
+    filter: &Filter,
+    through: Option<(&str, SystemTime)>,
+) -> Cow<'a, [u8]> {
+    let stripped = strip_progress_family(page);
+    let Some((watermark, backed_up_at)) = through else {
+        return stripped;
+    };
+    let Some(mut labels) = first_progress_labels(page, filter) else {
+        return stripped;
+    };
+    labels.insert("watermark".into(), watermark.to_owned());
+    let secs = backed_up_at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let family = format!(
+        "# HELP {PROGRESS_FAMILY} The last replicated watermark and time of replication\n\
+         # TYPE {PROGRESS_FAMILY} gauge\n{} {secs}\n",
+        render_series(&labels)
+    );
+    let mut out = stripped.into_owned();
+    if !out.is_empty() && !out.ends_with(b"\n") {
+        out.push(b'\n');
+    }
+    // An OpenMetrics page ends with `# EOF`: the family goes before it.
+    let at = if out.ends_with(b"# EOF\n") {
+        out.len() - b"# EOF\n".len()
+    } else {
+        out.len()
+    };
+    out.splice(at..at, family.into_bytes());
+    Cow::Owned(out)
+}
+
+/// The labels of the first progress sample on `page` that `filter` takes.
+fn first_progress_labels(page: &[u8], filter: &Filter) -> Option<BTreeMap<String, String>> {
+    page.split(|&b| b == b'\n').find_map(|line| {
+        let (LineKind::Sample, end) = classify(line)? else {
+            return None;
+        };
+        let rest = std::str::from_utf8(&line[end..]).ok()?;
+        let (labels, _) = parse_sample(rest.trim_end_matches('\r')).ok()?;
+        let label = |key: &str| labels.get(key).map_or("", String::as_str);
+        filter.matches(label("db"), label("name")).then_some(labels)
+    })
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Errors
 
@@ -1323,6 +1380,64 @@ mod tests {
                 .sum::<usize>()
         );
         assert_eq!(parse(&expected), Parsed::default());
+    }
+
+    // --- clamp_progress_family
+
+    fn clamp(page: &str, filter: &Filter, through: Option<(&str, SystemTime)>) -> String {
+        String::from_utf8(clamp_progress_family(page.as_bytes(), filter, through).into_owned())
+            .unwrap()
+    }
+
+    #[test]
+    fn clamp_shows_one_sample_at_the_purged_watermark_with_its_backup_time() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_764_700_000_250);
+        let page = clamp(FORK, &Filter::default(), Some(("0b", at)));
+        // Everything else is kept byte for byte; the family is appended after it.
+        assert!(page.starts_with(&strip(FORK)), "{page}");
+        let parsed = parse(&page);
+        assert_eq!(parsed.warnings, Vec::<String>::new());
+        assert_eq!(parsed.progress.len(), 1, "{page}");
+        let progress = &parsed.progress[0];
+        assert_eq!(progress.watermark, "0b");
+        assert_eq!(progress.backed_up_at, at);
+        // The real sample's other labels stay, so Zero reads it as the same replica.
+        let real = parse(FORK).progress.remove(0);
+        assert_eq!((&progress.db, &progress.name), (&real.db, &real.name));
+        assert_eq!(page.matches(PROGRESS_FAMILY).count(), 3, "{page}");
+    }
+
+    #[test]
+    fn clamp_hides_the_family_until_something_is_purged_or_when_no_sample_matches() {
+        assert_eq!(clamp(FORK, &Filter::default(), None), strip(FORK));
+        let other = Filter {
+            db: Some("/elsewhere.db".into()),
+            name: None,
+        };
+        assert_eq!(
+            clamp(
+                FORK,
+                &other,
+                Some(("0b", UNIX_EPOCH + Duration::from_secs(1_764_700_000)))
+            ),
+            strip(FORK)
+        );
+        // An upstream litestream 0.5 page has no family to clamp: nothing is invented.
+        assert_eq!(
+            clamp(UPSTREAM, &Filter::default(), Some(("0b", UNIX_EPOCH))),
+            UPSTREAM
+        );
+    }
+
+    #[test]
+    fn clamp_goes_before_an_openmetrics_eof() {
+        let page = format!("{FORK}# EOF\n");
+        let clamped = clamp(
+            &page,
+            &Filter::default(),
+            Some(("0b", UNIX_EPOCH + Duration::from_secs(1_764_700_000))),
+        );
+        assert!(clamped.ends_with("1764700000\n# EOF\n"), "{clamped}");
     }
 
     #[test]

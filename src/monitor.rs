@@ -31,6 +31,8 @@ pub struct Status {
     pub checks: u64,
     pub last_decision: Option<Decision>,
     pub last_purged: Option<String>,
+    /// The backup the last complete purge went up to, and when it was backed up.
+    pub purged_through: Option<(String, SystemTime)>,
     pub purges: u64,
     pub purged_rows: u64,
     pub scrape_errors: u64,
@@ -421,7 +423,16 @@ impl Monitor {
                     "change log purged"
                 );
                 backlog.purged(&before);
-                self.status.update(|s| s.last_purged = Some(before));
+                // The backup at `before` stays in the backlog: the clamped proxy page shows it with its real time.
+                let through = backlog
+                    .backups()
+                    .iter()
+                    .find(|b| b.watermark == before)
+                    .map(|b| (b.watermark.clone(), b.backed_up_at));
+                self.status.update(|s| {
+                    s.last_purged = Some(before);
+                    s.purged_through = through;
+                });
             }
             Some(stop) => info!(
                 before = %before,
