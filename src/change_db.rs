@@ -46,6 +46,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::address::same_address;
 use crate::config::ZeroConfig;
 
 /// Rows deleted per purge statement unless the caller asks otherwise; keeps each batch transaction short.
@@ -674,10 +675,7 @@ impl ChangeDb {
             let found = read_owner_address(&tx, &self.shared.sql)
                 .await
                 .map_err(|e| self.classify("reading ownerAddress", e))?;
-            if !found
-                .as_deref()
-                .is_some_and(|f| crate::discovery::same_address(f, expected))
-            {
+            if !found.as_deref().is_some_and(|f| same_address(f, expected)) {
                 let _ = tx.rollback().await;
                 return Ok(Batch::Stopped(PurgeStop::OwnershipMoved { found }));
             }

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::address::{parse_host_port, validate_host_port};
+
 /// Prefix of the environment variables that override file keys: `LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL`
 /// overrides `[litestream] backup_url`.
 pub const ENV_PREFIX: &str = "LITESTREAM_SIDECAR";
@@ -769,15 +771,6 @@ fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
-/// Accepts `127.0.0.1:4849`, `[::1]:4849` or `change-streamer.internal:4849`, port 0 excluded: what the relay
-/// connects to and sends as the `Host` header.
-pub fn validate_host_port(text: &str) -> Result<String, String> {
-    match parse_host_port(text)? {
-        (_, 0) => Err(format!("{:?} needs a port other than 0", text.trim())),
-        _ => Ok(text.trim().to_string()),
-    }
-}
-
 fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     text.trim().parse().map_err(|_| {
         format!("{text:?} is not a socket address like \"0.0.0.0:4851\" or \"[::1]:4851\"")
@@ -815,34 +808,6 @@ fn parse_http_url(text: &str) -> Result<hyper::Uri, String> {
         ));
     }
     Ok(uri)
-}
-
-/// `host:port`: an IP literal (IPv6 in brackets) or a DNS name, resolved when binding or connecting.
-pub fn parse_host_port(text: &str) -> Result<(String, u16), String> {
-    let text = text.trim();
-    let bad = || {
-        format!("{text:?} is not host:port, e.g. \"127.0.0.1:4849\", \"[::1]:4850\" or \"localhost:4850\"")
-    };
-    if let Ok(addr) = text.parse::<SocketAddr>() {
-        return Ok((addr.ip().to_string(), addr.port()));
-    }
-    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
-    let port: u16 = port.parse().map_err(|_| bad())?;
-    let is_dns_name = !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
-    if !is_dns_name {
-        return Err(bad());
-    }
-    Ok((host.to_string(), port))
 }
 
 /// Hides the password of a `postgres://` URL or a `password=` pair of a key-value connection string.
@@ -1095,54 +1060,6 @@ mod tests {
                 "discovery.advertise_address"
             ]
         );
-    }
-
-    #[test]
-    fn host_port_forms() {
-        assert_eq!(
-            parse_host_port("localhost:4850"),
-            Ok(("localhost".into(), 4850))
-        );
-        assert_eq!(parse_host_port("[::1]:4850"), Ok(("::1".into(), 4850)));
-        assert_eq!(parse_host_port("127.0.0.1:0"), Ok(("127.0.0.1".into(), 0)));
-        for bad in [
-            "4850",
-            "localhost",
-            ":4850",
-            "::1:4850",
-            "host:99999",
-            "a b:1",
-        ] {
-            assert!(parse_host_port(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn upstream_addresses_are_host_and_port() {
-        for good in [
-            "127.0.0.1:4849",
-            "[::1]:4849",
-            "localhost:4849",
-            "change-streamer.zero.internal:4849",
-        ] {
-            assert_eq!(validate_host_port(good).as_deref(), Ok(good), "{good}");
-        }
-        for bad in [
-            "",
-            "localhost",
-            "127.0.0.1",
-            ":4849",
-            "host:0",
-            "host:65536",
-            "http://host:4849",
-            "host/path:4849",
-            "-bad:4849",
-            "a..b:4849",
-            "::1:4849",
-            "host name:4849",
-        ] {
-            assert!(validate_host_port(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

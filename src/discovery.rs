@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::address::same_address;
 use crate::change_db::{ChangeDb, DbState};
 
 /// `versionHistory.dataVersion` from which the change-streamer stores under row locks (PROTOCOL.md §12).
@@ -29,21 +30,6 @@ pub enum Mode {
     Adopt,
     /// No discovery: nothing is read, and cleanup does not depend on registration.
     Off,
-}
-
-/// `host:port` of an address as Zero writes it: bare, or with a `ws://`/`wss://` prefix from Zero 0.22 on.
-pub fn host_port(address: &str) -> &str {
-    let address = address.trim();
-    let address = address
-        .strip_prefix("ws://")
-        .or_else(|| address.strip_prefix("wss://"))
-        .unwrap_or(address);
-    address.trim_end_matches('/')
-}
-
-/// Whether two addresses name the same endpoint (host compared case-insensitively).
-pub fn same_address(a: &str, b: &str) -> bool {
-    host_port(a).eq_ignore_ascii_case(host_port(b))
 }
 
 /// What the address table says, as read from the change DB.
@@ -261,20 +247,6 @@ mod tests {
 
     fn addr(s: &str) -> Observed {
         Observed::Address(s.into())
-    }
-
-    #[test]
-    fn addresses_compare_by_host_and_port() {
-        assert!(same_address("10.0.0.5:4851", "10.0.0.5:4851"));
-        assert!(same_address(
-            "wss://Sidecar.example:4851",
-            "sidecar.example:4851"
-        ));
-        assert!(same_address("ws://[::1]:4851/", "[::1]:4851"));
-        assert!(!same_address("10.0.0.5:4851", "10.0.0.5:4849"));
-        assert!(!same_address("10.0.0.5:4851", "10.0.0.6:4851"));
-        // Zero writes bare or ws/wss addresses only.
-        assert!(!same_address("http://10.0.0.5:4851", "10.0.0.5:4851"));
     }
 
     #[test]
