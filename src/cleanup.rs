@@ -16,20 +16,9 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-/// How open snapshot reservations constrain cleanup (config `cleanup.reservations`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReservationMode {
-    /// Each reservation pins the newest watermark known backed up when it opened: purges stay at or below every
-    /// open reservation's floor, so a restore never loses the rows after the backup it restores.
-    #[default]
-    Pin,
-    /// Zero's own rule: any open reservation pauses all cleanup (PROTOCOL.md §5.3 3, W5).
-    Pause,
-}
+pub use crate::config::ReservationMode;
 
 /// A watermark litestream reported as backed up, with the time it reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -823,25 +812,6 @@ mod tests {
         assert_eq!(HoldReason::ALL[0], NotRegistered);
         assert_eq!(HoldReason::ALL[2], StartingUp);
         assert_eq!(HoldReason::ALL[11], SubscriberBehind);
-    }
-
-    #[test]
-    fn reservation_mode_parses_lowercase_and_defaults_to_pin() {
-        #[derive(Deserialize)]
-        struct Cfg {
-            reservations: ReservationMode,
-        }
-        let parse = |s: &str| toml::from_str::<Cfg>(s).map(|c| c.reservations);
-        assert_eq!(
-            parse(r#"reservations = "pin""#).unwrap(),
-            ReservationMode::Pin
-        );
-        assert_eq!(
-            parse(r#"reservations = "pause""#).unwrap(),
-            ReservationMode::Pause
-        );
-        assert!(parse(r#"reservations = "Pause""#).is_err());
-        assert_eq!(ReservationMode::default(), ReservationMode::Pin);
     }
 
     // Property tests: a model of the monitor's view over random event sequences.

@@ -84,7 +84,7 @@ pub struct RawChangeDb {
 pub struct RawCleanup {
     pub enabled: bool,
     pub initial_delay: String,
-    pub reservations: crate::cleanup::ReservationMode,
+    pub reservations: ReservationMode,
     pub reconnect_grace: String,
     pub batch_rows: i64,
 }
@@ -92,7 +92,7 @@ pub struct RawCleanup {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawDiscovery {
-    pub mode: crate::discovery::Mode,
+    pub mode: Mode,
     pub advertise_address: String,
     pub interval: String,
 }
@@ -119,6 +119,31 @@ pub struct RawRelay {
 pub struct RawLog {
     pub format: String,
     pub filter: String,
+}
+
+/// `cleanup.reservations`: how open snapshot reservations constrain cleanup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationMode {
+    /// Each reservation pins the newest watermark known backed up when it opened: purges stay at or below every
+    /// open reservation's floor, so a restore never loses the rows after the backup it restores.
+    #[default]
+    Pin,
+    /// Zero's own rule: any open reservation pauses all cleanup (PROTOCOL.md §5.3 3, W5).
+    Pause,
+}
+
+/// `discovery.mode`: whether the sidecar only reads `ownerAddress` or may replace it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Read `ownerAddress` and report; the operator points `ZERO_CHANGE_STREAMER_ADDRESS` at the sidecar.
+    #[default]
+    Verify,
+    /// Replace the co-located change-streamer's address with the sidecar's (row-lock schemas only).
+    Adopt,
+    /// No discovery: nothing is read, and cleanup does not depend on registration.
+    Off,
 }
 
 impl Default for RawServer {
@@ -169,7 +194,7 @@ impl Default for RawCleanup {
         Self {
             enabled: true,
             initial_delay: "30s".into(),
-            reservations: crate::cleanup::ReservationMode::Pin,
+            reservations: ReservationMode::Pin,
             reconnect_grace: "30s".into(),
             batch_rows: 10_000,
         }
@@ -179,7 +204,7 @@ impl Default for RawCleanup {
 impl Default for RawDiscovery {
     fn default() -> Self {
         Self {
-            mode: crate::discovery::Mode::Verify,
+            mode: Mode::Verify,
             advertise_address: String::new(),
             interval: "5s".into(),
         }
@@ -254,9 +279,27 @@ pub struct LitestreamConfig {
     /// A larger metrics page is refused rather than buffered.
     pub max_page_bytes: usize,
     /// Only samples with these `db` / `name` labels count (PROTOCOL.md W13: with several replicas, pick one).
-    pub filter: crate::litestream::Filter,
+    pub filter: Filter,
     /// `host:port` where Zero's BackupMonitor fetches `/metrics`; every address the host resolves to is bound.
     pub proxy_listen: String,
+}
+
+/// `litestream.db` / `litestream.name`: which samples count. With several databases or replicas on one litestream,
+/// only the configured one may drive cleanup. `None` accepts any value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Required value of label `db`.
+    pub db: Option<String>,
+    /// Required value of label `name`.
+    pub name: Option<String>,
+}
+
+impl Filter {
+    /// Whether a sample with these `db` and `name` labels (empty when absent) is taken.
+    pub fn matches(&self, db: &str, name: &str) -> bool {
+        self.db.as_deref().is_none_or(|want| want == db)
+            && self.name.as_deref().is_none_or(|want| want == name)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -292,7 +335,7 @@ pub struct CleanupConfig {
     pub enabled: bool,
     /// Lower bound of the cleanup delay, raised by long reservations (PROTOCOL.md §9.1); never below 30 s.
     pub initial_delay: Duration,
-    pub reservations: crate::cleanup::ReservationMode,
+    pub reservations: ReservationMode,
     /// How long a departed subscriber's ack still holds cleanup back: Zero's clients reconnect within 10 s.
     pub reconnect_grace: Duration,
     /// Rows per DELETE statement, so no statement holds locks or writes WAL without bound.
@@ -301,7 +344,7 @@ pub struct CleanupConfig {
 
 #[derive(Debug, Clone)]
 pub struct DiscoveryConfig {
-    pub mode: crate::discovery::Mode,
+    pub mode: Mode,
     /// `host:port` view-syncers use to reach the sidecar: what `ownerAddress` must say.
     pub advertise_address: String,
     /// How often the address table is read.
@@ -599,7 +642,7 @@ impl RawConfig {
         check(
             "discovery.advertise_address",
             match (self.discovery.mode, advertise) {
-                (crate::discovery::Mode::Off, "") => Ok(()),
+                (Mode::Off, "") => Ok(()),
                 (_, "") => Err("must be set (the host:port view-syncers reach the sidecar at) unless mode = \"off\"".into()),
                 (_, address) => match parse_host_port(address) {
                     Ok((host, _)) if matches!(host.as_str(), "0.0.0.0" | "::") => {
@@ -690,7 +733,7 @@ impl RawConfig {
                 check_interval: check_interval.unwrap(),
                 scrape_timeout: scrape_timeout.unwrap(),
                 max_page_bytes: max_page_bytes.unwrap(),
-                filter: crate::litestream::Filter {
+                filter: Filter {
                     db: Some(self.litestream.db.clone()).filter(|s| !s.is_empty()),
                     name: Some(self.litestream.name.clone()).filter(|s| !s.is_empty()),
                 },
@@ -1071,16 +1114,32 @@ mod tests {
         .unwrap()
         .validate()
         .unwrap();
-        assert_eq!(
-            config.cleanup.reservations,
-            crate::cleanup::ReservationMode::Pause
-        );
+        assert_eq!(config.cleanup.reservations, ReservationMode::Pause);
         let err = from_toml_str(
             &format!("{MINIMAL}[cleanup]\nreservations = \"stop\"\n"),
             Some(Default::default()),
         )
         .unwrap_err();
         assert!(err.to_string().contains("stop"), "{err}");
+    }
+
+    #[test]
+    fn reservation_mode_parses_lowercase_and_defaults_to_pin() {
+        #[derive(Deserialize)]
+        struct Cfg {
+            reservations: ReservationMode,
+        }
+        let parse = |s: &str| toml::from_str::<Cfg>(s).map(|c| c.reservations);
+        assert_eq!(
+            parse(r#"reservations = "pin""#).unwrap(),
+            ReservationMode::Pin
+        );
+        assert_eq!(
+            parse(r#"reservations = "pause""#).unwrap(),
+            ReservationMode::Pause
+        );
+        assert!(parse(r#"reservations = "Pause""#).is_err());
+        assert_eq!(ReservationMode::default(), ReservationMode::Pin);
     }
 
     #[test]

@@ -8,29 +8,16 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::address::same_address;
 use crate::change_db::{ChangeDb, DbState};
+pub use crate::config::Mode;
 
 /// `versionHistory.dataVersion` from which the change-streamer stores under row locks (PROTOCOL.md §12).
 pub const ROW_LOCK_DATA_VERSION: i32 = 6;
-
-/// Config `discovery.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Read `ownerAddress` and report; the operator points `ZERO_CHANGE_STREAMER_ADDRESS` at the sidecar.
-    #[default]
-    Verify,
-    /// Replace the co-located change-streamer's address with the sidecar's (row-lock schemas only).
-    Adopt,
-    /// No discovery: nothing is read, and cleanup does not depend on registration.
-    Off,
-}
 
 /// What the address table says, as read from the change DB.
 #[derive(Debug, Clone, PartialEq, Eq)]
