@@ -420,6 +420,28 @@ fn list(errors: &[KeyError]) -> String {
         .join("\n")
 }
 
+/// The problems [`RawConfig::validate`] finds, one per key, in the order the keys are checked.
+#[derive(Default)]
+struct Problems(Vec<KeyError>);
+
+impl Problems {
+    /// The checked value of `key`, or `None` with its problem recorded.
+    fn field<T>(&mut self, key: &'static str, checked: Result<T, String>) -> Option<T> {
+        checked
+            .map_err(|problem| self.0.push(KeyError { key, problem }))
+            .ok()
+    }
+
+    /// The config `build` assembles from the checked values when no key had a problem, else every problem. `build`
+    /// returns `None` only when a value is missing, and a value is missing only when its problem was recorded.
+    fn finish(self, build: impl FnOnce() -> Option<Config>) -> Result<Config, ConfigError> {
+        match build() {
+            Some(config) if self.0.is_empty() => Ok(config),
+            _ => Err(ConfigError::Invalid(self.0)),
+        }
+    }
+}
+
 /// Which file to read: the explicit one (must exist), else the first default that exists, else none (environment
 /// and defaults only, as in a container).
 pub fn resolve_path(explicit: Option<&Path>) -> Option<PathBuf> {
@@ -481,144 +503,124 @@ fn environment(source: Option<std::collections::HashMap<String, String>>) -> con
 impl RawConfig {
     /// Checks every key and converts it; returns all problems, not just the first.
     pub fn validate(&self) -> Result<Config, ConfigError> {
-        let mut errors = Vec::new();
-        let mut check = |key: &'static str, result: Result<(), String>| {
-            if let Err(problem) = result {
-                errors.push(KeyError { key, problem });
-            }
-        };
+        let mut problems = Problems::default();
 
-        let listen = parse_addr(&self.server.listen);
-        check(
-            "server.listen",
-            listen.as_ref().map(drop).map_err(Clone::clone),
+        let listen = problems.field("server.listen", parse_addr(&self.server.listen));
+        let ping_interval = problems.field(
+            "server.ping_interval",
+            parse_duration(&self.server.ping_interval).and_then(|d| {
+                if d < Duration::from_millis(10) || d > MAX_PING_INTERVAL {
+                    Err(format!(
+                        "{:?} is outside 10ms..=30s (Zero's client drops a socket silent for 33 s)",
+                        self.server.ping_interval
+                    ))
+                } else {
+                    Ok(d)
+                }
+            }),
         );
-        let ping_interval = parse_duration(&self.server.ping_interval).and_then(|d| {
-            if d < Duration::from_millis(10) || d > MAX_PING_INTERVAL {
+        let max_message_bytes = problems.field(
+            "server.max_message_bytes",
+            if self.server.max_message_bytes < MIN_MESSAGE_BYTES {
                 Err(format!(
-                    "{:?} is outside 10ms..=30s (Zero's client drops a socket silent for 33 s)",
-                    self.server.ping_interval
+                    "{} is below {MIN_MESSAGE_BYTES} (Zero sends messages up to 100 MiB)",
+                    self.server.max_message_bytes
                 ))
             } else {
-                Ok(d)
-            }
-        });
-        check(
-            "server.ping_interval",
-            ping_interval.as_ref().map(drop).map_err(Clone::clone),
-        );
-        let max_message_bytes = if self.server.max_message_bytes < MIN_MESSAGE_BYTES {
-            Err(format!(
-                "{} is below {MIN_MESSAGE_BYTES} (Zero sends messages up to 100 MiB)",
-                self.server.max_message_bytes
-            ))
-        } else {
-            usize::try_from(self.server.max_message_bytes).map_err(|e| e.to_string())
-        };
-        check(
-            "server.max_message_bytes",
-            max_message_bytes.as_ref().map(drop).map_err(Clone::clone),
-        );
-        let shutdown_grace = parse_duration(&self.server.shutdown_grace);
-        check(
-            "server.shutdown_grace",
-            shutdown_grace.as_ref().map(drop).map_err(Clone::clone),
-        );
-
-        let backup_url = self.litestream.backup_url.trim();
-        check(
-            "litestream.backup_url",
-            if backup_url.is_empty() {
-                Err("must not be empty: it is the backupURL every view-syncer restores from".into())
-            } else if backup_url.chars().any(char::is_control) {
-                Err("must not contain control characters".into())
-            } else {
-                Ok(())
+                usize::try_from(self.server.max_message_bytes).map_err(|e| e.to_string())
             },
         );
+        let shutdown_grace = problems.field(
+            "server.shutdown_grace",
+            parse_duration(&self.server.shutdown_grace),
+        );
 
-        let metrics_url = parse_http_url(&self.litestream.metrics_url);
-        check(
+        let backup_url = problems.field("litestream.backup_url", {
+            let url = self.litestream.backup_url.trim();
+            if url.is_empty() {
+                Err("must not be empty: it is the backupURL every view-syncer restores from".into())
+            } else if url.chars().any(char::is_control) {
+                Err("must not contain control characters".into())
+            } else {
+                Ok(url.to_string())
+            }
+        });
+        let metrics_url = problems.field(
             "litestream.metrics_url",
-            metrics_url.as_ref().map(drop).map_err(Clone::clone),
+            parse_http_url(&self.litestream.metrics_url),
         );
-        let check_interval = parse_duration(&self.litestream.check_interval).and_then(|d| {
-            if d < Duration::from_secs(1) {
-                Err(format!("{:?} is below 1s", self.litestream.check_interval))
-            } else {
-                Ok(d)
-            }
-        });
-        check(
+        let check_interval = problems.field(
             "litestream.check_interval",
-            check_interval.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.litestream.check_interval).and_then(|d| {
+                if d < Duration::from_secs(1) {
+                    Err(format!("{:?} is below 1s", self.litestream.check_interval))
+                } else {
+                    Ok(d)
+                }
+            }),
         );
-        let scrape_timeout = parse_duration(&self.litestream.scrape_timeout).and_then(|d| {
-            if d.is_zero() {
-                Err("must be above 0".to_string())
-            } else {
-                Ok(d)
-            }
-        });
-        check(
+        let scrape_timeout = problems.field(
             "litestream.scrape_timeout",
-            scrape_timeout.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.litestream.scrape_timeout).and_then(|d| {
+                if d.is_zero() {
+                    Err("must be above 0".to_string())
+                } else {
+                    Ok(d)
+                }
+            }),
         );
-        let max_page_bytes = match usize::try_from(self.litestream.max_page_bytes) {
-            Ok(n) if n >= 1024 => Ok(n),
-            _ => Err(format!(
-                "{} is not a size of at least 1024 bytes",
-                self.litestream.max_page_bytes
-            )),
-        };
-        check(
+        let max_page_bytes = problems.field(
             "litestream.max_page_bytes",
-            max_page_bytes.as_ref().map(drop).map_err(Clone::clone),
+            match usize::try_from(self.litestream.max_page_bytes) {
+                Ok(n) if n >= 1024 => Ok(n),
+                _ => Err(format!(
+                    "{} is not a size of at least 1024 bytes",
+                    self.litestream.max_page_bytes
+                )),
+            },
         );
-        check(
+        let proxy_listen = problems.field(
             "litestream.proxy_listen",
-            parse_host_port(&self.litestream.proxy_listen).map(drop),
+            parse_host_port(&self.litestream.proxy_listen),
         );
-        if let (Ok(url), Ok((host, port))) =
-            (&metrics_url, parse_host_port(&self.litestream.proxy_listen))
-        {
-            check("litestream.metrics_url", not_the_proxy(url, &host, port));
+        if let (Some(url), Some((host, port))) = (&metrics_url, &proxy_listen) {
+            problems.field("litestream.metrics_url", not_the_proxy(url, host, *port));
         }
 
-        check("zero.app_id", validate_app_id(&self.zero.app_id));
-        let shard_num = u32::try_from(self.zero.shard_num).map_err(|_| {
-            format!(
-                "{} is not a shard number (0..=4294967295)",
-                self.zero.shard_num
-            )
-        });
-        check(
+        let app_id = problems.field(
+            "zero.app_id",
+            validate_app_id(&self.zero.app_id).map(|()| self.zero.app_id.clone()),
+        );
+        let shard_num = problems.field(
             "zero.shard_num",
-            shard_num.as_ref().map(drop).map_err(Clone::clone),
+            u32::try_from(self.zero.shard_num).map_err(|_| {
+                format!(
+                    "{} is not a shard number (0..=4294967295)",
+                    self.zero.shard_num
+                )
+            }),
         );
 
-        let pg = self
-            .change_db
-            .url
-            .parse::<tokio_postgres::Config>()
-            .map_err(|e| format!("not a PostgreSQL connection string: {e}"));
-        check("change_db.url", pg.as_ref().map(drop).map_err(Clone::clone));
+        let pg = problems.field(
+            "change_db.url",
+            self.change_db
+                .url
+                .parse::<tokio_postgres::Config>()
+                .map_err(|e| format!("not a PostgreSQL connection string: {e}")),
+        );
 
-        let initial_delay = parse_duration(&self.cleanup.initial_delay);
-        check(
+        let initial_delay = problems.field(
             "cleanup.initial_delay",
-            initial_delay.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.cleanup.initial_delay),
         );
-
-        let reconnect_grace = parse_duration(&self.cleanup.reconnect_grace);
-        check(
+        let reconnect_grace = problems.field(
             "cleanup.reconnect_grace",
-            reconnect_grace.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.cleanup.reconnect_grace),
         );
-        check(
+        let batch_rows = problems.field(
             "cleanup.batch_rows",
             if (1..=1_000_000).contains(&self.cleanup.batch_rows) {
-                Ok(())
+                Ok(self.cleanup.batch_rows)
             } else {
                 Err(format!(
                     "{} is outside 1..=1000000",
@@ -627,150 +629,141 @@ impl RawConfig {
             },
         );
 
-        let discovery_interval = parse_duration(&self.discovery.interval).and_then(|d| {
-            if d < Duration::from_millis(100) {
-                Err(format!("{:?} is below 100ms", self.discovery.interval))
-            } else {
-                Ok(d)
-            }
-        });
-        check(
+        let discovery_interval = problems.field(
             "discovery.interval",
-            discovery_interval.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.discovery.interval).and_then(|d| {
+                if d < Duration::from_millis(100) {
+                    Err(format!("{:?} is below 100ms", self.discovery.interval))
+                } else {
+                    Ok(d)
+                }
+            }),
         );
         let advertise = self.discovery.advertise_address.trim();
-        check(
+        let advertise_address = problems.field(
             "discovery.advertise_address",
             match (self.discovery.mode, advertise) {
-                (Mode::Off, "") => Ok(()),
+                (Mode::Off, "") => Ok(String::new()),
                 (_, "") => Err("must be set (the host:port view-syncers reach the sidecar at) unless mode = \"off\"".into()),
                 (_, address) => match parse_host_port(address) {
                     Ok((host, _)) if matches!(host.as_str(), "0.0.0.0" | "::") => {
                         Err(format!("{address:?} is not an address other hosts can connect to"))
                     }
-                    Ok(_) => Ok(()),
+                    Ok(_) => Ok(address.to_string()),
                     Err(problem) => Err(problem),
                 },
             },
         );
 
-        let address = validate_host_port(&self.upstream.address);
-        check(
+        let address = problems.field(
             "upstream.address",
-            address.as_ref().map(drop).map_err(Clone::clone),
+            validate_host_port(&self.upstream.address),
         );
-        let advertised_address = match self.upstream.advertised_address.trim() {
-            // Defaults to the address; a bad address is reported once, under its own key.
-            "" => Ok(address.clone().unwrap_or_default()),
-            other => validate_host_port(other),
-        };
-        check(
+        let advertised_address = problems.field(
             "upstream.advertised_address",
-            advertised_address.as_ref().map(drop).map_err(Clone::clone),
+            match self.upstream.advertised_address.trim() {
+                // Defaults to the address; a bad address is reported once, under its own key.
+                "" => Ok(address.clone().unwrap_or_default()),
+                other => validate_host_port(other),
+            },
         );
-        let connect_timeout = parse_positive_duration(&self.upstream.connect_timeout);
-        check(
+        let connect_timeout = problems.field(
             "upstream.connect_timeout",
-            connect_timeout.as_ref().map(drop).map_err(Clone::clone),
+            parse_positive_duration(&self.upstream.connect_timeout),
         );
-        let silence_timeout = parse_positive_duration(&self.upstream.silence_timeout);
-        check(
+        let silence_timeout = problems.field(
             "upstream.silence_timeout",
-            silence_timeout.as_ref().map(drop).map_err(Clone::clone),
+            parse_positive_duration(&self.upstream.silence_timeout),
         );
-        let max_buffered_bytes = if self.relay.max_buffered_bytes < MIN_BUFFERED_BYTES {
-            Err(format!(
-                "{} is below {MIN_BUFFERED_BYTES}",
-                self.relay.max_buffered_bytes
-            ))
-        } else {
-            usize::try_from(self.relay.max_buffered_bytes).map_err(|e| e.to_string())
-        };
-        check(
+        let max_buffered_bytes = problems.field(
             "relay.max_buffered_bytes",
-            max_buffered_bytes.as_ref().map(drop).map_err(Clone::clone),
+            if self.relay.max_buffered_bytes < MIN_BUFFERED_BYTES {
+                Err(format!(
+                    "{} is below {MIN_BUFFERED_BYTES}",
+                    self.relay.max_buffered_bytes
+                ))
+            } else {
+                usize::try_from(self.relay.max_buffered_bytes).map_err(|e| e.to_string())
+            },
         );
-        let max_pending_commits = if self.relay.max_pending_commits < 2 {
-            Err(format!("{} is below 2", self.relay.max_pending_commits))
-        } else {
-            usize::try_from(self.relay.max_pending_commits).map_err(|e| e.to_string())
-        };
-        check(
+        let max_pending_commits = problems.field(
             "relay.max_pending_commits",
-            max_pending_commits.as_ref().map(drop).map_err(Clone::clone),
+            if self.relay.max_pending_commits < 2 {
+                Err(format!("{} is below 2", self.relay.max_pending_commits))
+            } else {
+                usize::try_from(self.relay.max_pending_commits).map_err(|e| e.to_string())
+            },
         );
 
-        let format = match self.log.format.as_str() {
-            "text" => Ok(LogFormat::Text),
-            "json" => Ok(LogFormat::Json),
-            other => Err(format!("{other:?} is neither \"text\" nor \"json\"")),
-        };
-        check(
+        let format = problems.field(
             "log.format",
-            format.as_ref().map(drop).map_err(Clone::clone),
+            match self.log.format.as_str() {
+                "text" => Ok(LogFormat::Text),
+                "json" => Ok(LogFormat::Json),
+                other => Err(format!("{other:?} is neither \"text\" nor \"json\"")),
+            },
         );
-        check(
+        let filter = problems.field(
             "log.filter",
             tracing_subscriber::EnvFilter::try_new(&self.log.filter)
-                .map(drop)
+                .map(|_| self.log.filter.clone())
                 .map_err(|e| e.to_string()),
         );
 
-        if !errors.is_empty() {
-            return Err(ConfigError::Invalid(errors));
-        }
-        // Every `unwrap` below is on a value checked just above.
-        Ok(Config {
-            server: ServerConfig {
-                listen: listen.unwrap(),
-                ping_interval: ping_interval.unwrap(),
-                max_message_bytes: max_message_bytes.unwrap(),
-                shutdown_grace: shutdown_grace.unwrap(),
-            },
-            litestream: LitestreamConfig {
-                backup_url: backup_url.to_string(),
-                metrics_url: metrics_url.unwrap(),
-                check_interval: check_interval.unwrap(),
-                scrape_timeout: scrape_timeout.unwrap(),
-                max_page_bytes: max_page_bytes.unwrap(),
-                filter: Filter {
-                    db: Some(self.litestream.db.clone()).filter(|s| !s.is_empty()),
-                    name: Some(self.litestream.name.clone()).filter(|s| !s.is_empty()),
+        problems.finish(|| {
+            Some(Config {
+                server: ServerConfig {
+                    listen: listen?,
+                    ping_interval: ping_interval?,
+                    max_message_bytes: max_message_bytes?,
+                    shutdown_grace: shutdown_grace?,
                 },
-                proxy_listen: self.litestream.proxy_listen.trim().to_string(),
-            },
-            zero: ZeroConfig {
-                app_id: self.zero.app_id.clone(),
-                shard_num: shard_num.unwrap(),
-            },
-            change_db: ChangeDbConfig { pg: pg.unwrap() },
-            cleanup: CleanupConfig {
-                enabled: self.cleanup.enabled,
-                initial_delay: initial_delay.unwrap(),
-                reservations: self.cleanup.reservations,
-                reconnect_grace: reconnect_grace.unwrap(),
-                batch_rows: self.cleanup.batch_rows,
-            },
-            discovery: DiscoveryConfig {
-                mode: self.discovery.mode,
-                advertise_address: advertise.to_string(),
-                interval: discovery_interval.unwrap(),
-            },
-            upstream: UpstreamConfig {
-                address: address.unwrap(),
-                advertised_address: advertised_address.unwrap(),
-                connect_timeout: connect_timeout.unwrap(),
-                silence_timeout: silence_timeout.unwrap(),
-            },
-            relay: RelayConfig {
-                suppress_upstream_cleanup: self.relay.suppress_upstream_cleanup,
-                max_buffered_bytes: max_buffered_bytes.unwrap(),
-                max_pending_commits: max_pending_commits.unwrap(),
-            },
-            log: LogConfig {
-                format: format.unwrap(),
-                filter: self.log.filter.clone(),
-            },
+                litestream: LitestreamConfig {
+                    backup_url: backup_url?,
+                    metrics_url: metrics_url?,
+                    check_interval: check_interval?,
+                    scrape_timeout: scrape_timeout?,
+                    max_page_bytes: max_page_bytes?,
+                    filter: Filter {
+                        db: Some(self.litestream.db.clone()).filter(|s| !s.is_empty()),
+                        name: Some(self.litestream.name.clone()).filter(|s| !s.is_empty()),
+                    },
+                    proxy_listen: proxy_listen
+                        .map(|_| self.litestream.proxy_listen.trim().to_string())?,
+                },
+                zero: ZeroConfig {
+                    app_id: app_id?,
+                    shard_num: shard_num?,
+                },
+                change_db: ChangeDbConfig { pg: pg? },
+                cleanup: CleanupConfig {
+                    enabled: self.cleanup.enabled,
+                    initial_delay: initial_delay?,
+                    reservations: self.cleanup.reservations,
+                    reconnect_grace: reconnect_grace?,
+                    batch_rows: batch_rows?,
+                },
+                discovery: DiscoveryConfig {
+                    mode: self.discovery.mode,
+                    advertise_address: advertise_address?,
+                    interval: discovery_interval?,
+                },
+                upstream: UpstreamConfig {
+                    address: address?,
+                    advertised_address: advertised_address?,
+                    connect_timeout: connect_timeout?,
+                    silence_timeout: silence_timeout?,
+                },
+                relay: RelayConfig {
+                    suppress_upstream_cleanup: self.relay.suppress_upstream_cleanup,
+                    max_buffered_bytes: max_buffered_bytes?,
+                    max_pending_commits: max_pending_commits?,
+                },
+                log: LogConfig {
+                    format: format?,
+                    filter: filter?,
+                },
+            })
         })
     }
 
