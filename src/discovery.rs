@@ -96,10 +96,6 @@ impl Continuity {
         self.since
             .is_some_and(|since| now.saturating_duration_since(since) >= needed)
     }
-
-    pub fn since(&self) -> Option<Instant> {
-        self.since
-    }
 }
 
 /// What the discovery loop knows, shared with `/keepalive`, the monitor and the snapshot handler.
@@ -297,7 +293,12 @@ mod tests {
         assert!(!c.held_for(Duration::from_secs(60), t0 + Duration::from_secs(59)));
         assert!(c.held_for(Duration::from_secs(60), t0 + Duration::from_secs(60)));
         c.observe(true, t0 + Duration::from_secs(70));
-        assert_eq!(c.since(), Some(t0));
+        // Still counted from t0: held for 60 s exactly at t0 + 60 s, not a moment before.
+        assert!(c.held_for(Duration::from_secs(60), t0 + Duration::from_secs(60)));
+        assert!(!c.held_for(
+            Duration::from_secs(60),
+            t0 + Duration::from_secs(60) - Duration::from_millis(1)
+        ));
         c.observe(false, t0 + Duration::from_secs(80));
         c.observe(true, t0 + Duration::from_secs(90));
         assert!(!c.held_for(Duration::from_secs(60), t0 + Duration::from_secs(100)));

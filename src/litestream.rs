@@ -643,11 +643,6 @@ impl Scraper {
         })
     }
 
-    /// The URL as configured, for logs.
-    pub fn url(&self) -> &Uri {
-        &self.url
-    }
-
     /// The page's raw bytes, for the proxy to forward untouched. Any 2xx counts; the body is read whole.
     pub async fn fetch(&self) -> Result<Bytes, ScrapeError> {
         match tokio::time::timeout(self.timeout, self.fetch_unbounded()).await {

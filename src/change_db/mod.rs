@@ -354,11 +354,6 @@ impl ChangeDb {
         ChangeDb { inner }
     }
 
-    /// The change DB schema, unquoted (`zero_0/cdc`).
-    pub fn schema(&self) -> &str {
-        &self.inner.schema
-    }
-
     /// Waits until a connection is up (the schema may still be missing). Returns at once if it is; never returns
     /// after shutdown, so wrap it in a timeout.
     pub async fn ready(&self) {
