@@ -17,34 +17,9 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-/// How open snapshot reservations constrain cleanup (config `cleanup.reservations`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReservationMode {
-    /// Each reservation pins the newest watermark known backed up when it opened: purges stay at or below every
-    /// open reservation's floor, so a restore never loses the rows after the backup it restores.
-    #[default]
-    Pin,
-    /// Zero's own rule: any open reservation pauses all cleanup (PROTOCOL.md §5.3 3, W5).
-    Pause,
-}
-
-/// What cleanup does while no subscriber is relayed (config `cleanup.without_subscribers`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WithoutSubscribers {
-    /// Hold (Zero's own rule, W1): with Zero 0.20 the replication-manager's backup replicator is relayed too, so no
-    /// relayed subscriber means nothing shows that the replication-manager is past the backup.
-    #[default]
-    Hold,
-    /// Purge below aged backups once `reconnect_grace` has passed since the last relayed subscriber left (and since
-    /// the sidecar started). For Zero 0.22 and later, whose backup replicator connects to the change-streamer
-    /// directly: a backed-up watermark then proves the replication-manager's replica passed it.
-    AfterGrace,
-}
+pub use crate::config::{ReservationMode, WithoutSubscribers};
 
 /// A watermark litestream reported as backed up, with the time it reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1139,25 +1114,6 @@ mod tests {
         assert_eq!(HoldReason::ALL[0], NotRegistered);
         assert_eq!(HoldReason::ALL[2], StartingUp);
         assert_eq!(HoldReason::ALL[11], SubscriberBehind);
-    }
-
-    #[test]
-    fn reservation_mode_parses_lowercase_and_defaults_to_pin() {
-        #[derive(Deserialize)]
-        struct Cfg {
-            reservations: ReservationMode,
-        }
-        let parse = |s: &str| toml::from_str::<Cfg>(s).map(|c| c.reservations);
-        assert_eq!(
-            parse(r#"reservations = "pin""#).unwrap(),
-            ReservationMode::Pin
-        );
-        assert_eq!(
-            parse(r#"reservations = "pause""#).unwrap(),
-            ReservationMode::Pause
-        );
-        assert!(parse(r#"reservations = "Pause""#).is_err());
-        assert_eq!(ReservationMode::default(), ReservationMode::Pin);
     }
 
     // Property tests: a model of the monitor's view over random event sequences.

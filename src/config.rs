@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::address::{parse_host_port, validate_host_port};
+
 /// Prefix of the environment variables that override file keys: `LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL`
 /// overrides `[litestream] backup_url`.
 pub const ENV_PREFIX: &str = "LITESTREAM_SIDECAR";
@@ -82,16 +84,16 @@ pub struct RawChangeDb {
 pub struct RawCleanup {
     pub enabled: bool,
     pub initial_delay: String,
-    pub reservations: crate::cleanup::ReservationMode,
+    pub reservations: ReservationMode,
     pub reconnect_grace: String,
-    pub without_subscribers: crate::cleanup::WithoutSubscribers,
+    pub without_subscribers: WithoutSubscribers,
     pub batch_rows: i64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawDiscovery {
-    pub mode: crate::discovery::Mode,
+    pub mode: Mode,
     pub advertise_address: String,
     pub interval: String,
 }
@@ -118,6 +120,45 @@ pub struct RawRelay {
 pub struct RawLog {
     pub format: String,
     pub filter: String,
+}
+
+/// `cleanup.without_subscribers`: what cleanup does while no subscriber is relayed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WithoutSubscribers {
+    /// Hold (Zero's own rule, W1): with Zero 0.20 the replication-manager's backup replicator is relayed too, so no
+    /// relayed subscriber means nothing shows that the replication-manager is past the backup.
+    #[default]
+    Hold,
+    /// Purge below aged backups once `reconnect_grace` has passed since the last relayed subscriber left (and since
+    /// the sidecar started). For Zero 0.22 and later, whose backup replicator connects to the change-streamer
+    /// directly: a backed-up watermark then proves the replication-manager's replica passed it.
+    AfterGrace,
+}
+
+/// `cleanup.reservations`: how open snapshot reservations constrain cleanup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationMode {
+    /// Each reservation pins the newest watermark known backed up when it opened: purges stay at or below every
+    /// open reservation's floor, so a restore never loses the rows after the backup it restores.
+    #[default]
+    Pin,
+    /// Zero's own rule: any open reservation pauses all cleanup (PROTOCOL.md §5.3 3, W5).
+    Pause,
+}
+
+/// `discovery.mode`: whether the sidecar only reads `ownerAddress` or may replace it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Read `ownerAddress` and report; the operator points `ZERO_CHANGE_STREAMER_ADDRESS` at the sidecar.
+    #[default]
+    Verify,
+    /// Replace the co-located change-streamer's address with the sidecar's (row-lock schemas only).
+    Adopt,
+    /// No discovery: nothing is read, and cleanup does not depend on registration.
+    Off,
 }
 
 impl Default for RawServer {
@@ -168,9 +209,9 @@ impl Default for RawCleanup {
         Self {
             enabled: true,
             initial_delay: "30s".into(),
-            reservations: crate::cleanup::ReservationMode::Pin,
+            reservations: ReservationMode::Pin,
             reconnect_grace: "30s".into(),
-            without_subscribers: crate::cleanup::WithoutSubscribers::Hold,
+            without_subscribers: WithoutSubscribers::Hold,
             batch_rows: 10_000,
         }
     }
@@ -179,7 +220,7 @@ impl Default for RawCleanup {
 impl Default for RawDiscovery {
     fn default() -> Self {
         Self {
-            mode: crate::discovery::Mode::Verify,
+            mode: Mode::Verify,
             advertise_address: String::new(),
             interval: "5s".into(),
         }
@@ -254,9 +295,27 @@ pub struct LitestreamConfig {
     /// A larger metrics page is refused rather than buffered.
     pub max_page_bytes: usize,
     /// Only samples with these `db` / `name` labels count (PROTOCOL.md W13: with several replicas, pick one).
-    pub filter: crate::litestream::Filter,
+    pub filter: Filter,
     /// `host:port` where Zero's BackupMonitor fetches `/metrics`; every address the host resolves to is bound.
     pub proxy_listen: String,
+}
+
+/// `litestream.db` / `litestream.name`: which samples count. With several databases or replicas on one litestream,
+/// only the configured one may drive cleanup. `None` accepts any value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Required value of label `db`.
+    pub db: Option<String>,
+    /// Required value of label `name`.
+    pub name: Option<String>,
+}
+
+impl Filter {
+    /// Whether a sample with these `db` and `name` labels (empty when absent) is taken.
+    pub fn matches(&self, db: &str, name: &str) -> bool {
+        self.db.as_deref().is_none_or(|want| want == db)
+            && self.name.as_deref().is_none_or(|want| want == name)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -292,17 +351,17 @@ pub struct CleanupConfig {
     pub enabled: bool,
     /// Lower bound of the cleanup delay, raised by long reservations (PROTOCOL.md §9.1); never below 30 s.
     pub initial_delay: Duration,
-    pub reservations: crate::cleanup::ReservationMode,
+    pub reservations: ReservationMode,
     /// How long a departed subscriber's ack still holds cleanup back: Zero's clients reconnect within 10 s.
     pub reconnect_grace: Duration,
-    pub without_subscribers: crate::cleanup::WithoutSubscribers,
+    pub without_subscribers: WithoutSubscribers,
     /// Rows per DELETE statement, so no statement holds locks or writes WAL without bound.
     pub batch_rows: i64,
 }
 
 #[derive(Debug, Clone)]
 pub struct DiscoveryConfig {
-    pub mode: crate::discovery::Mode,
+    pub mode: Mode,
     /// `host:port` view-syncers use to reach the sidecar: what `ownerAddress` must say.
     pub advertise_address: String,
     /// How often the address table is read.
@@ -378,6 +437,28 @@ fn list(errors: &[KeyError]) -> String {
         .join("\n")
 }
 
+/// The problems [`RawConfig::validate`] finds, one per key, in the order the keys are checked.
+#[derive(Default)]
+struct Problems(Vec<KeyError>);
+
+impl Problems {
+    /// The checked value of `key`, or `None` with its problem recorded.
+    fn field<T>(&mut self, key: &'static str, checked: Result<T, String>) -> Option<T> {
+        checked
+            .map_err(|problem| self.0.push(KeyError { key, problem }))
+            .ok()
+    }
+
+    /// The config `build` assembles from the checked values when no key had a problem, else every problem. `build`
+    /// returns `None` only when a value is missing, and a value is missing only when its problem was recorded.
+    fn finish(self, build: impl FnOnce() -> Option<Config>) -> Result<Config, ConfigError> {
+        match build() {
+            Some(config) if self.0.is_empty() => Ok(config),
+            _ => Err(ConfigError::Invalid(self.0)),
+        }
+    }
+}
+
 /// Which file to read: the explicit one (must exist), else the first default that exists, else none (environment
 /// and defaults only, as in a container).
 pub fn resolve_path(explicit: Option<&Path>) -> Option<PathBuf> {
@@ -439,144 +520,124 @@ fn environment(source: Option<std::collections::HashMap<String, String>>) -> con
 impl RawConfig {
     /// Checks every key and converts it; returns all problems, not just the first.
     pub fn validate(&self) -> Result<Config, ConfigError> {
-        let mut errors = Vec::new();
-        let mut check = |key: &'static str, result: Result<(), String>| {
-            if let Err(problem) = result {
-                errors.push(KeyError { key, problem });
-            }
-        };
+        let mut problems = Problems::default();
 
-        let listen = parse_addr(&self.server.listen);
-        check(
-            "server.listen",
-            listen.as_ref().map(drop).map_err(Clone::clone),
+        let listen = problems.field("server.listen", parse_addr(&self.server.listen));
+        let ping_interval = problems.field(
+            "server.ping_interval",
+            parse_duration(&self.server.ping_interval).and_then(|d| {
+                if d < Duration::from_millis(10) || d > MAX_PING_INTERVAL {
+                    Err(format!(
+                        "{:?} is outside 10ms..=30s (Zero's client drops a socket silent for 33 s)",
+                        self.server.ping_interval
+                    ))
+                } else {
+                    Ok(d)
+                }
+            }),
         );
-        let ping_interval = parse_duration(&self.server.ping_interval).and_then(|d| {
-            if d < Duration::from_millis(10) || d > MAX_PING_INTERVAL {
+        let max_message_bytes = problems.field(
+            "server.max_message_bytes",
+            if self.server.max_message_bytes < MIN_MESSAGE_BYTES {
                 Err(format!(
-                    "{:?} is outside 10ms..=30s (Zero's client drops a socket silent for 33 s)",
-                    self.server.ping_interval
+                    "{} is below {MIN_MESSAGE_BYTES} (Zero sends messages up to 100 MiB)",
+                    self.server.max_message_bytes
                 ))
             } else {
-                Ok(d)
-            }
-        });
-        check(
-            "server.ping_interval",
-            ping_interval.as_ref().map(drop).map_err(Clone::clone),
-        );
-        let max_message_bytes = if self.server.max_message_bytes < MIN_MESSAGE_BYTES {
-            Err(format!(
-                "{} is below {MIN_MESSAGE_BYTES} (Zero sends messages up to 100 MiB)",
-                self.server.max_message_bytes
-            ))
-        } else {
-            usize::try_from(self.server.max_message_bytes).map_err(|e| e.to_string())
-        };
-        check(
-            "server.max_message_bytes",
-            max_message_bytes.as_ref().map(drop).map_err(Clone::clone),
-        );
-        let shutdown_grace = parse_duration(&self.server.shutdown_grace);
-        check(
-            "server.shutdown_grace",
-            shutdown_grace.as_ref().map(drop).map_err(Clone::clone),
-        );
-
-        let backup_url = self.litestream.backup_url.trim();
-        check(
-            "litestream.backup_url",
-            if backup_url.is_empty() {
-                Err("must not be empty: it is the backupURL every view-syncer restores from".into())
-            } else if backup_url.chars().any(char::is_control) {
-                Err("must not contain control characters".into())
-            } else {
-                Ok(())
+                usize::try_from(self.server.max_message_bytes).map_err(|e| e.to_string())
             },
         );
+        let shutdown_grace = problems.field(
+            "server.shutdown_grace",
+            parse_duration(&self.server.shutdown_grace),
+        );
 
-        let metrics_url = parse_http_url(&self.litestream.metrics_url);
-        check(
+        let backup_url = problems.field("litestream.backup_url", {
+            let url = self.litestream.backup_url.trim();
+            if url.is_empty() {
+                Err("must not be empty: it is the backupURL every view-syncer restores from".into())
+            } else if url.chars().any(char::is_control) {
+                Err("must not contain control characters".into())
+            } else {
+                Ok(url.to_string())
+            }
+        });
+        let metrics_url = problems.field(
             "litestream.metrics_url",
-            metrics_url.as_ref().map(drop).map_err(Clone::clone),
+            parse_http_url(&self.litestream.metrics_url),
         );
-        let check_interval = parse_duration(&self.litestream.check_interval).and_then(|d| {
-            if d < Duration::from_secs(1) {
-                Err(format!("{:?} is below 1s", self.litestream.check_interval))
-            } else {
-                Ok(d)
-            }
-        });
-        check(
+        let check_interval = problems.field(
             "litestream.check_interval",
-            check_interval.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.litestream.check_interval).and_then(|d| {
+                if d < Duration::from_secs(1) {
+                    Err(format!("{:?} is below 1s", self.litestream.check_interval))
+                } else {
+                    Ok(d)
+                }
+            }),
         );
-        let scrape_timeout = parse_duration(&self.litestream.scrape_timeout).and_then(|d| {
-            if d.is_zero() {
-                Err("must be above 0".to_string())
-            } else {
-                Ok(d)
-            }
-        });
-        check(
+        let scrape_timeout = problems.field(
             "litestream.scrape_timeout",
-            scrape_timeout.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.litestream.scrape_timeout).and_then(|d| {
+                if d.is_zero() {
+                    Err("must be above 0".to_string())
+                } else {
+                    Ok(d)
+                }
+            }),
         );
-        let max_page_bytes = match usize::try_from(self.litestream.max_page_bytes) {
-            Ok(n) if n >= 1024 => Ok(n),
-            _ => Err(format!(
-                "{} is not a size of at least 1024 bytes",
-                self.litestream.max_page_bytes
-            )),
-        };
-        check(
+        let max_page_bytes = problems.field(
             "litestream.max_page_bytes",
-            max_page_bytes.as_ref().map(drop).map_err(Clone::clone),
+            match usize::try_from(self.litestream.max_page_bytes) {
+                Ok(n) if n >= 1024 => Ok(n),
+                _ => Err(format!(
+                    "{} is not a size of at least 1024 bytes",
+                    self.litestream.max_page_bytes
+                )),
+            },
         );
-        check(
+        let proxy_listen = problems.field(
             "litestream.proxy_listen",
-            parse_host_port(&self.litestream.proxy_listen).map(drop),
+            parse_host_port(&self.litestream.proxy_listen),
         );
-        if let (Ok(url), Ok((host, port))) =
-            (&metrics_url, parse_host_port(&self.litestream.proxy_listen))
-        {
-            check("litestream.metrics_url", not_the_proxy(url, &host, port));
+        if let (Some(url), Some((host, port))) = (&metrics_url, &proxy_listen) {
+            problems.field("litestream.metrics_url", not_the_proxy(url, host, *port));
         }
 
-        check("zero.app_id", validate_app_id(&self.zero.app_id));
-        let shard_num = u32::try_from(self.zero.shard_num).map_err(|_| {
-            format!(
-                "{} is not a shard number (0..=4294967295)",
-                self.zero.shard_num
-            )
-        });
-        check(
+        let app_id = problems.field(
+            "zero.app_id",
+            validate_app_id(&self.zero.app_id).map(|()| self.zero.app_id.clone()),
+        );
+        let shard_num = problems.field(
             "zero.shard_num",
-            shard_num.as_ref().map(drop).map_err(Clone::clone),
+            u32::try_from(self.zero.shard_num).map_err(|_| {
+                format!(
+                    "{} is not a shard number (0..=4294967295)",
+                    self.zero.shard_num
+                )
+            }),
         );
 
-        let pg = self
-            .change_db
-            .url
-            .parse::<tokio_postgres::Config>()
-            .map_err(|e| format!("not a PostgreSQL connection string: {e}"));
-        check("change_db.url", pg.as_ref().map(drop).map_err(Clone::clone));
+        let pg = problems.field(
+            "change_db.url",
+            self.change_db
+                .url
+                .parse::<tokio_postgres::Config>()
+                .map_err(|e| format!("not a PostgreSQL connection string: {e}")),
+        );
 
-        let initial_delay = parse_duration(&self.cleanup.initial_delay);
-        check(
+        let initial_delay = problems.field(
             "cleanup.initial_delay",
-            initial_delay.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.cleanup.initial_delay),
         );
-
-        let reconnect_grace = parse_duration(&self.cleanup.reconnect_grace);
-        check(
+        let reconnect_grace = problems.field(
             "cleanup.reconnect_grace",
-            reconnect_grace.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.cleanup.reconnect_grace),
         );
-        check(
+        let batch_rows = problems.field(
             "cleanup.batch_rows",
             if (1..=1_000_000).contains(&self.cleanup.batch_rows) {
-                Ok(())
+                Ok(self.cleanup.batch_rows)
             } else {
                 Err(format!(
                     "{} is outside 1..=1000000",
@@ -585,151 +646,142 @@ impl RawConfig {
             },
         );
 
-        let discovery_interval = parse_duration(&self.discovery.interval).and_then(|d| {
-            if d < Duration::from_millis(100) {
-                Err(format!("{:?} is below 100ms", self.discovery.interval))
-            } else {
-                Ok(d)
-            }
-        });
-        check(
+        let discovery_interval = problems.field(
             "discovery.interval",
-            discovery_interval.as_ref().map(drop).map_err(Clone::clone),
+            parse_duration(&self.discovery.interval).and_then(|d| {
+                if d < Duration::from_millis(100) {
+                    Err(format!("{:?} is below 100ms", self.discovery.interval))
+                } else {
+                    Ok(d)
+                }
+            }),
         );
         let advertise = self.discovery.advertise_address.trim();
-        check(
+        let advertise_address = problems.field(
             "discovery.advertise_address",
             match (self.discovery.mode, advertise) {
-                (crate::discovery::Mode::Off, "") => Ok(()),
+                (Mode::Off, "") => Ok(String::new()),
                 (_, "") => Err("must be set (the host:port view-syncers reach the sidecar at) unless mode = \"off\"".into()),
                 (_, address) => match parse_host_port(address) {
                     Ok((host, _)) if matches!(host.as_str(), "0.0.0.0" | "::") => {
                         Err(format!("{address:?} is not an address other hosts can connect to"))
                     }
-                    Ok(_) => Ok(()),
+                    Ok(_) => Ok(address.to_string()),
                     Err(problem) => Err(problem),
                 },
             },
         );
 
-        let address = validate_host_port(&self.upstream.address);
-        check(
+        let address = problems.field(
             "upstream.address",
-            address.as_ref().map(drop).map_err(Clone::clone),
+            validate_host_port(&self.upstream.address),
         );
-        let advertised_address = match self.upstream.advertised_address.trim() {
-            // Defaults to the address; a bad address is reported once, under its own key.
-            "" => Ok(address.clone().unwrap_or_default()),
-            other => validate_host_port(other),
-        };
-        check(
+        let advertised_address = problems.field(
             "upstream.advertised_address",
-            advertised_address.as_ref().map(drop).map_err(Clone::clone),
+            match self.upstream.advertised_address.trim() {
+                // Defaults to the address; a bad address is reported once, under its own key.
+                "" => Ok(address.clone().unwrap_or_default()),
+                other => validate_host_port(other),
+            },
         );
-        let connect_timeout = parse_positive_duration(&self.upstream.connect_timeout);
-        check(
+        let connect_timeout = problems.field(
             "upstream.connect_timeout",
-            connect_timeout.as_ref().map(drop).map_err(Clone::clone),
+            parse_positive_duration(&self.upstream.connect_timeout),
         );
-        let silence_timeout = parse_positive_duration(&self.upstream.silence_timeout);
-        check(
+        let silence_timeout = problems.field(
             "upstream.silence_timeout",
-            silence_timeout.as_ref().map(drop).map_err(Clone::clone),
+            parse_positive_duration(&self.upstream.silence_timeout),
         );
-        let max_buffered_bytes = if self.relay.max_buffered_bytes < MIN_BUFFERED_BYTES {
-            Err(format!(
-                "{} is below {MIN_BUFFERED_BYTES}",
-                self.relay.max_buffered_bytes
-            ))
-        } else {
-            usize::try_from(self.relay.max_buffered_bytes).map_err(|e| e.to_string())
-        };
-        check(
+        let max_buffered_bytes = problems.field(
             "relay.max_buffered_bytes",
-            max_buffered_bytes.as_ref().map(drop).map_err(Clone::clone),
+            if self.relay.max_buffered_bytes < MIN_BUFFERED_BYTES {
+                Err(format!(
+                    "{} is below {MIN_BUFFERED_BYTES}",
+                    self.relay.max_buffered_bytes
+                ))
+            } else {
+                usize::try_from(self.relay.max_buffered_bytes).map_err(|e| e.to_string())
+            },
         );
-        let max_pending_commits = if self.relay.max_pending_commits < 2 {
-            Err(format!("{} is below 2", self.relay.max_pending_commits))
-        } else {
-            usize::try_from(self.relay.max_pending_commits).map_err(|e| e.to_string())
-        };
-        check(
+        let max_pending_commits = problems.field(
             "relay.max_pending_commits",
-            max_pending_commits.as_ref().map(drop).map_err(Clone::clone),
+            if self.relay.max_pending_commits < 2 {
+                Err(format!("{} is below 2", self.relay.max_pending_commits))
+            } else {
+                usize::try_from(self.relay.max_pending_commits).map_err(|e| e.to_string())
+            },
         );
 
-        let format = match self.log.format.as_str() {
-            "text" => Ok(LogFormat::Text),
-            "json" => Ok(LogFormat::Json),
-            other => Err(format!("{other:?} is neither \"text\" nor \"json\"")),
-        };
-        check(
+        let format = problems.field(
             "log.format",
-            format.as_ref().map(drop).map_err(Clone::clone),
+            match self.log.format.as_str() {
+                "text" => Ok(LogFormat::Text),
+                "json" => Ok(LogFormat::Json),
+                other => Err(format!("{other:?} is neither \"text\" nor \"json\"")),
+            },
         );
-        check(
+        let filter = problems.field(
             "log.filter",
             tracing_subscriber::EnvFilter::try_new(&self.log.filter)
-                .map(drop)
+                .map(|_| self.log.filter.clone())
                 .map_err(|e| e.to_string()),
         );
 
-        if !errors.is_empty() {
-            return Err(ConfigError::Invalid(errors));
-        }
-        // Every `unwrap` below is on a value checked just above.
-        Ok(Config {
-            server: ServerConfig {
-                listen: listen.unwrap(),
-                ping_interval: ping_interval.unwrap(),
-                max_message_bytes: max_message_bytes.unwrap(),
-                shutdown_grace: shutdown_grace.unwrap(),
-            },
-            litestream: LitestreamConfig {
-                backup_url: backup_url.to_string(),
-                metrics_url: metrics_url.unwrap(),
-                check_interval: check_interval.unwrap(),
-                scrape_timeout: scrape_timeout.unwrap(),
-                max_page_bytes: max_page_bytes.unwrap(),
-                filter: crate::litestream::Filter {
-                    db: Some(self.litestream.db.clone()).filter(|s| !s.is_empty()),
-                    name: Some(self.litestream.name.clone()).filter(|s| !s.is_empty()),
+        problems.finish(|| {
+            Some(Config {
+                server: ServerConfig {
+                    listen: listen?,
+                    ping_interval: ping_interval?,
+                    max_message_bytes: max_message_bytes?,
+                    shutdown_grace: shutdown_grace?,
                 },
-                proxy_listen: self.litestream.proxy_listen.trim().to_string(),
-            },
-            zero: ZeroConfig {
-                app_id: self.zero.app_id.clone(),
-                shard_num: shard_num.unwrap(),
-            },
-            change_db: ChangeDbConfig { pg: pg.unwrap() },
-            cleanup: CleanupConfig {
-                enabled: self.cleanup.enabled,
-                initial_delay: initial_delay.unwrap(),
-                reservations: self.cleanup.reservations,
-                reconnect_grace: reconnect_grace.unwrap(),
-                without_subscribers: self.cleanup.without_subscribers,
-                batch_rows: self.cleanup.batch_rows,
-            },
-            discovery: DiscoveryConfig {
-                mode: self.discovery.mode,
-                advertise_address: advertise.to_string(),
-                interval: discovery_interval.unwrap(),
-            },
-            upstream: UpstreamConfig {
-                address: address.unwrap(),
-                advertised_address: advertised_address.unwrap(),
-                connect_timeout: connect_timeout.unwrap(),
-                silence_timeout: silence_timeout.unwrap(),
-            },
-            relay: RelayConfig {
-                suppress_upstream_cleanup: self.relay.suppress_upstream_cleanup,
-                max_buffered_bytes: max_buffered_bytes.unwrap(),
-                max_pending_commits: max_pending_commits.unwrap(),
-            },
-            log: LogConfig {
-                format: format.unwrap(),
-                filter: self.log.filter.clone(),
-            },
+                litestream: LitestreamConfig {
+                    backup_url: backup_url?,
+                    metrics_url: metrics_url?,
+                    check_interval: check_interval?,
+                    scrape_timeout: scrape_timeout?,
+                    max_page_bytes: max_page_bytes?,
+                    filter: Filter {
+                        db: Some(self.litestream.db.clone()).filter(|s| !s.is_empty()),
+                        name: Some(self.litestream.name.clone()).filter(|s| !s.is_empty()),
+                    },
+                    proxy_listen: proxy_listen
+                        .map(|_| self.litestream.proxy_listen.trim().to_string())?,
+                },
+                zero: ZeroConfig {
+                    app_id: app_id?,
+                    shard_num: shard_num?,
+                },
+                change_db: ChangeDbConfig { pg: pg? },
+                cleanup: CleanupConfig {
+                    enabled: self.cleanup.enabled,
+                    initial_delay: initial_delay?,
+                    reservations: self.cleanup.reservations,
+                    reconnect_grace: reconnect_grace?,
+                    without_subscribers: self.cleanup.without_subscribers,
+                    batch_rows: batch_rows?,
+                },
+                discovery: DiscoveryConfig {
+                    mode: self.discovery.mode,
+                    advertise_address: advertise_address?,
+                    interval: discovery_interval?,
+                },
+                upstream: UpstreamConfig {
+                    address: address?,
+                    advertised_address: advertised_address?,
+                    connect_timeout: connect_timeout?,
+                    silence_timeout: silence_timeout?,
+                },
+                relay: RelayConfig {
+                    suppress_upstream_cleanup: self.relay.suppress_upstream_cleanup,
+                    max_buffered_bytes: max_buffered_bytes?,
+                    max_pending_commits: max_pending_commits?,
+                },
+                log: LogConfig {
+                    format: format?,
+                    filter: filter?,
+                },
+            })
         })
     }
 
@@ -773,15 +825,6 @@ fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
-/// Accepts `127.0.0.1:4849`, `[::1]:4849` or `change-streamer.internal:4849`, port 0 excluded: what the relay
-/// connects to and sends as the `Host` header.
-pub fn validate_host_port(text: &str) -> Result<String, String> {
-    match parse_host_port(text)? {
-        (_, 0) => Err(format!("{:?} needs a port other than 0", text.trim())),
-        _ => Ok(text.trim().to_string()),
-    }
-}
-
 fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     text.trim().parse().map_err(|_| {
         format!("{text:?} is not a socket address like \"0.0.0.0:4851\" or \"[::1]:4851\"")
@@ -819,34 +862,6 @@ fn parse_http_url(text: &str) -> Result<hyper::Uri, String> {
         ));
     }
     Ok(uri)
-}
-
-/// `host:port`: an IP literal (IPv6 in brackets) or a DNS name, resolved when binding or connecting.
-pub fn parse_host_port(text: &str) -> Result<(String, u16), String> {
-    let text = text.trim();
-    let bad = || {
-        format!("{text:?} is not host:port, e.g. \"127.0.0.1:4849\", \"[::1]:4850\" or \"localhost:4850\"")
-    };
-    if let Ok(addr) = text.parse::<SocketAddr>() {
-        return Ok((addr.ip().to_string(), addr.port()));
-    }
-    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
-    let port: u16 = port.parse().map_err(|_| bad())?;
-    let is_dns_name = !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
-    if !is_dns_name {
-        return Err(bad());
-    }
-    Ok((host.to_string(), port))
 }
 
 /// Hides the password of a `postgres://` URL or a `password=` pair of a key-value connection string.
@@ -1102,54 +1117,6 @@ mod tests {
     }
 
     #[test]
-    fn host_port_forms() {
-        assert_eq!(
-            parse_host_port("localhost:4850"),
-            Ok(("localhost".into(), 4850))
-        );
-        assert_eq!(parse_host_port("[::1]:4850"), Ok(("::1".into(), 4850)));
-        assert_eq!(parse_host_port("127.0.0.1:0"), Ok(("127.0.0.1".into(), 0)));
-        for bad in [
-            "4850",
-            "localhost",
-            ":4850",
-            "::1:4850",
-            "host:99999",
-            "a b:1",
-        ] {
-            assert!(parse_host_port(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn upstream_addresses_are_host_and_port() {
-        for good in [
-            "127.0.0.1:4849",
-            "[::1]:4849",
-            "localhost:4849",
-            "change-streamer.zero.internal:4849",
-        ] {
-            assert_eq!(validate_host_port(good).as_deref(), Ok(good), "{good}");
-        }
-        for bad in [
-            "",
-            "localhost",
-            "127.0.0.1",
-            ":4849",
-            "host:0",
-            "host:65536",
-            "http://host:4849",
-            "host/path:4849",
-            "-bad:4849",
-            "a..b:4849",
-            "::1:4849",
-            "host name:4849",
-        ] {
-            assert!(validate_host_port(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn reservation_mode_is_pin_or_pause() {
         let config = from_toml_str(
             &format!("{MINIMAL}[cleanup]\nreservations = \"pause\"\n"),
@@ -1158,10 +1125,7 @@ mod tests {
         .unwrap()
         .validate()
         .unwrap();
-        assert_eq!(
-            config.cleanup.reservations,
-            crate::cleanup::ReservationMode::Pause
-        );
+        assert_eq!(config.cleanup.reservations, ReservationMode::Pause);
         let err = from_toml_str(
             &format!("{MINIMAL}[cleanup]\nreservations = \"stop\"\n"),
             Some(Default::default()),
@@ -1176,13 +1140,32 @@ mod tests {
             from_toml_str(&format!("{MINIMAL}{extra}"), Some(Default::default()))
                 .map(|raw| raw.validate().unwrap().cleanup.without_subscribers)
         };
-        assert_eq!(parse("").unwrap(), crate::cleanup::WithoutSubscribers::Hold);
+        assert_eq!(parse("").unwrap(), WithoutSubscribers::Hold);
         assert_eq!(
             parse("[cleanup]\nwithout_subscribers = \"after_grace\"\n").unwrap(),
-            crate::cleanup::WithoutSubscribers::AfterGrace
+            WithoutSubscribers::AfterGrace
         );
         let err = parse("[cleanup]\nwithout_subscribers = \"always\"\n").unwrap_err();
         assert!(err.to_string().contains("always"), "{err}");
+    }
+
+    #[test]
+    fn reservation_mode_parses_lowercase_and_defaults_to_pin() {
+        #[derive(Deserialize)]
+        struct Cfg {
+            reservations: ReservationMode,
+        }
+        let parse = |s: &str| toml::from_str::<Cfg>(s).map(|c| c.reservations);
+        assert_eq!(
+            parse(r#"reservations = "pin""#).unwrap(),
+            ReservationMode::Pin
+        );
+        assert_eq!(
+            parse(r#"reservations = "pause""#).unwrap(),
+            ReservationMode::Pause
+        );
+        assert!(parse(r#"reservations = "Pause""#).is_err());
+        assert_eq!(ReservationMode::default(), ReservationMode::Pin);
     }
 
     #[test]

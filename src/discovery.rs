@@ -8,43 +8,16 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::address::same_address;
 use crate::change_db::{ChangeDb, DbState};
+pub use crate::config::Mode;
 
 /// `versionHistory.dataVersion` from which the change-streamer stores under row locks (PROTOCOL.md §12).
 pub const ROW_LOCK_DATA_VERSION: i32 = 6;
-
-/// Config `discovery.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Read `ownerAddress` and report; the operator points `ZERO_CHANGE_STREAMER_ADDRESS` at the sidecar.
-    #[default]
-    Verify,
-    /// Replace the co-located change-streamer's address with the sidecar's (row-lock schemas only).
-    Adopt,
-    /// No discovery: nothing is read, and cleanup does not depend on registration.
-    Off,
-}
-
-/// `host:port` of an address as Zero writes it: bare, or with a `ws://`/`wss://` prefix from Zero 0.22 on.
-pub fn host_port(address: &str) -> &str {
-    let address = address.trim();
-    let address = address
-        .strip_prefix("ws://")
-        .or_else(|| address.strip_prefix("wss://"))
-        .unwrap_or(address);
-    address.trim_end_matches('/')
-}
-
-/// Whether two addresses name the same endpoint (host compared case-insensitively).
-pub fn same_address(a: &str, b: &str) -> bool {
-    host_port(a).eq_ignore_ascii_case(host_port(b))
-}
 
 /// What the address table says, as read from the change DB.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,12 +91,8 @@ impl Continuity {
         }
     }
 
-    /// Registered continuously for at least `needed`.
-    pub fn held_for(&self, needed: Duration, now: Instant) -> bool {
-        self.since
-            .is_some_and(|since| now.saturating_duration_since(since) >= needed)
-    }
-
+    /// Since when the sidecar has been registered without interruption; how long that must be is the cleanup
+    /// policy's call ([`crate::cleanup::Ownership`]).
     pub fn since(&self) -> Option<Instant> {
         self.since
     }
@@ -264,20 +233,6 @@ mod tests {
     }
 
     #[test]
-    fn addresses_compare_by_host_and_port() {
-        assert!(same_address("10.0.0.5:4851", "10.0.0.5:4851"));
-        assert!(same_address(
-            "wss://Sidecar.example:4851",
-            "sidecar.example:4851"
-        ));
-        assert!(same_address("ws://[::1]:4851/", "[::1]:4851"));
-        assert!(!same_address("10.0.0.5:4851", "10.0.0.5:4849"));
-        assert!(!same_address("10.0.0.5:4851", "10.0.0.6:4851"));
-        // Zero writes bare or ws/wss addresses only.
-        assert!(!same_address("http://10.0.0.5:4851", "10.0.0.5:4851"));
-    }
-
-    #[test]
     fn registration_states() {
         let ours = "10.0.0.5:4851";
         assert_eq!(
@@ -335,12 +290,13 @@ mod tests {
         let mut c = Continuity::default();
         let t0 = Instant::now();
         c.observe(true, t0);
-        assert!(!c.held_for(Duration::from_secs(60), t0 + Duration::from_secs(59)));
-        assert!(c.held_for(Duration::from_secs(60), t0 + Duration::from_secs(60)));
+        assert_eq!(c.since(), Some(t0));
         c.observe(true, t0 + Duration::from_secs(70));
+        // Still counted from t0.
         assert_eq!(c.since(), Some(t0));
         c.observe(false, t0 + Duration::from_secs(80));
+        assert_eq!(c.since(), None);
         c.observe(true, t0 + Duration::from_secs(90));
-        assert!(!c.held_for(Duration::from_secs(60), t0 + Duration::from_secs(100)));
+        assert_eq!(c.since(), Some(t0 + Duration::from_secs(90)));
     }
 }

@@ -2,6 +2,7 @@
 //! reservations, and decides when the change log may be purged.
 //!
 //! Modules, one job each:
+//! - [`address`]: what a `host:port` is and when two addresses name the same endpoint.
 //! - [`config`]: `sidecar.toml` and environment overrides, validated into typed values.
 //! - [`protocol`]: Zero's change-streamer wire protocol without I/O (paths, versions, frames, acks, reasons).
 //! - [`inspect`]: the little of a relayed change-stream frame that ack tracking reads.
@@ -20,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod address;
 pub mod change_db;
 pub mod cleanup;
 pub mod config;

@@ -26,6 +26,8 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
+pub use crate::config::Filter;
+
 /// The gauge the rocicorp fork exports after every upload that carries the watermark (PROTOCOL.md §7).
 pub const PROGRESS_FAMILY: &str = "litestream_replica_progress";
 
@@ -82,24 +84,6 @@ pub struct Progress {
     pub db: String,
     /// Label `name`: the litestream replica (`s3`, `file`, …); empty if the label is absent.
     pub name: String,
-}
-
-/// Which samples count: with several databases or replicas on one litestream, only the configured one may drive
-/// cleanup. `None` accepts any value.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Filter {
-    /// Required value of label `db`.
-    pub db: Option<String>,
-    /// Required value of label `name`.
-    pub name: Option<String>,
-}
-
-impl Filter {
-    /// Whether a sample with these `db` and `name` labels (empty when absent) is taken.
-    pub fn matches(&self, db: &str, name: &str) -> bool {
-        self.db.as_deref().is_none_or(|want| want == db)
-            && self.name.as_deref().is_none_or(|want| want == name)
-    }
 }
 
 /// What one page said. A sample that fails a check becomes a warning, never a [`Progress`]: the caller logs the
@@ -714,11 +698,6 @@ impl Scraper {
             timeout,
             max_bytes,
         })
-    }
-
-    /// The URL as configured, for logs.
-    pub fn url(&self) -> &Uri {
-        &self.url
     }
 
     /// The page's raw bytes, for the proxy to forward untouched. Any 2xx counts; the body is read whole.

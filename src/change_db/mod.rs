@@ -20,33 +20,29 @@
 //!   of up to three such characters, and where it disagrees the statements compare `COLLATE "C"` instead (correct,
 //!   but without the index).
 //!
-//! TLS follows the connection string's `sslmode`, through rustls with the *ring* provider:
-//! - `disable`: plain TCP.
-//! - `prefer` (tokio-postgres' default): TLS if the server offers it, else plain, and the certificate is not
-//!   verified: as with libpq, an active attacker can downgrade `prefer` to plain text anyway, so verification would add
-//!   no protection and would only break servers with private CAs. SCRAM channel binding still applies.
-//! - `require`: TLS, with the certificate verified against the system's trust store (`SSL_CERT_FILE` /
-//!   `SSL_CERT_DIR` are honoured, so a private CA such as a cloud provider's can be added there). This is stricter
-//!   than libpq's `require`, which only encrypts.
+//! This file is the public API and the operations that carry out those rules. Each job behind them has its own
+//! file, so that each can be read and tested alone: `sql.rs` (the statements' text), `supervisor.rs` (keeping the
+//! one connection up) and `tls.rs` (the connector the connection string's `sslmode` asks for).
+
+mod sql;
+mod supervisor;
+mod tls;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::sync::{watch, MappedMutexGuard, MutexGuard};
-use tokio::task::JoinHandle;
-use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, GenericClient, NoTls};
-use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_postgres::{Client, GenericClient};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::address::same_address;
 use crate::config::ZeroConfig;
+use sql::{byte_order_probe, Sql, WatermarkSql};
+use supervisor::{Link, Logged};
+use tls::Tls;
 
 /// Rows deleted per purge statement unless the caller asks otherwise; keeps each batch transaction short.
 pub const DEFAULT_PURGE_BATCH_ROWS: i64 = 10_000;
@@ -98,7 +94,7 @@ pub enum DbError {
     )]
     SchemaMissing { schema: String },
     /// Any other failure of a statement, with what the sidecar was doing.
-    #[error("change DB {context}: {}", describe(source))]
+    #[error("change DB {context}: {}", with_cause(source))]
     Query {
         context: String,
         #[source]
@@ -247,8 +243,9 @@ impl fmt::Display for FailureClass {
     }
 }
 
-/// tokio-postgres' `Display` omits the cause ("db error"); the cause carries the server's message.
-fn describe(err: &tokio_postgres::Error) -> String {
+/// The error and its cause: tokio-postgres' `Display` omits the cause ("db error"), which carries the server's
+/// message.
+fn with_cause(err: &tokio_postgres::Error) -> String {
     match std::error::Error::source(err) {
         Some(cause) => format!("{err}: {cause}"),
         None => err.to_string(),
@@ -288,146 +285,14 @@ impl PurgeOutcome {
     }
 }
 
-/// Quotes an SQL identifier. Schema names cannot be bind parameters, and Zero's contains a slash; the only input
-/// is validated config (`app_id` matches `^[a-z0-9_]+$`), and embedded quotes are doubled regardless.
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// Every statement, built once from the quoted schema.
-#[derive(Debug)]
-struct Sql {
-    tables: [String; 3],
-    tables_present: String,
-    owner_address: String,
-    replica_version: String,
-    data_version: String,
-    adopt_address: String,
-    watermark_collation: String,
-    /// Statements that compare watermarks, in the column's collation: served by the primary-key index.
-    indexed: WatermarkSql,
-    /// The same under `COLLATE "C"`, for a column whose collation does not order watermarks as bytes.
-    bytewise: WatermarkSql,
-}
-
-/// The statements whose result depends on how watermarks compare.
-#[derive(Debug)]
-struct WatermarkSql {
-    min_watermark: String,
-    lock_head: String,
-    purge_batch: String,
-}
-
-impl WatermarkSql {
-    /// `collate` is empty (the column's collation) or ` COLLATE "C"`.
-    fn new(change_log: &str, collate: &str) -> WatermarkSql {
-        let w = format!("watermark{collate}");
-        WatermarkSql {
-            min_watermark: format!("SELECT min({w}) FROM {change_log}"),
-            // PROTOCOL.md §12: an incoming replication-manager holds FOR SHARE on this row until it owns the log.
-            lock_head: format!(
-                "SELECT watermark FROM {change_log} ORDER BY {w}, pos LIMIT 1 FOR UPDATE NOWAIT"
-            ),
-            // One bounded batch, never at the newest watermark (W8a). The rows are picked along the
-            // (watermark, pos) primary key and deleted by their tuple ids: with `(watermark, pos) IN (…)` the
-            // planner hash-joins against a sequential scan of the whole log for every batch. Tuple ids are stable
-            // here: change-log rows are never updated, and a row deleted concurrently is simply skipped.
-            purge_batch: format!(
-                "DELETE FROM {change_log} WHERE ctid = ANY (ARRAY(
-                   SELECT ctid FROM {change_log}
-                    WHERE {w} < $1 AND {w} < (SELECT max({w}) FROM {change_log})
-                    ORDER BY {w}, pos LIMIT $2))"
-            ),
-        }
-    }
-}
-
-impl Sql {
-    fn new(schema: &str) -> Sql {
-        let table = |name: &str| format!("{}.{}", quote_ident(schema), quote_ident(name));
-        let change_log = table("changeLog");
-        let replication_state = table("replicationState");
-        let replication_config = table("replicationConfig");
-        let version_history = table("versionHistory");
-        Sql {
-            tables_present: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
-                             AND to_regclass($3) IS NOT NULL"
-                .into(),
-            owner_address: format!(r#"SELECT "ownerAddress" FROM {replication_state}"#),
-            replica_version: format!(r#"SELECT "replicaVersion" FROM {replication_config}"#),
-            data_version: format!(r#"SELECT "dataVersion" FROM {version_history}"#),
-            // Matches no row unless the address must change: no row version, so no conflict with the storer's
-            // SERIALIZABLE transaction (PROTOCOL.md §11.1). `owner` is never written.
-            adopt_address: format!(
-                r#"UPDATE {replication_state} SET "ownerAddress" = $2
-                    WHERE "ownerAddress" = $1 AND "ownerAddress" IS DISTINCT FROM $2"#
-            ),
-            watermark_collation: WATERMARK_COLLATION.into(),
-            indexed: WatermarkSql::new(&change_log, ""),
-            bytewise: WatermarkSql::new(&change_log, r#" COLLATE "C""#),
-            tables: [change_log, replication_state, replication_config],
-        }
-    }
-}
-
-/// The collation of `changeLog.watermark`, quoted by the server, and the name to log (`$1`: the quoted table).
-///
-/// The database default is named from `pg_database`: the `lc_collate` setting was removed in PostgreSQL 16, and
-/// the ICU locale column was renamed in 17 (`daticulocale` to `datlocale`), so only columns that every supported
-/// major (15 to 18) has are read. The name is for logs only: whether the collation orders watermarks as bytes is
-/// decided by [`byte_order_probe`], never by its name.
-const WATERMARK_COLLATION: &str = r#"
-    SELECT quote_ident(n.nspname) || '.' || quote_ident(c.collname),
-           CASE WHEN c.collname <> 'default' THEN c.collname
-                ELSE (SELECT 'database default, '
-                             || CASE d.datlocprovider WHEN 'i' THEN 'icu' WHEN 'b' THEN 'builtin' ELSE 'libc' END
-                             || ' provider, datcollate ' || d.datcollate
-                        FROM pg_database d WHERE d.datname = current_database())
-           END
-      FROM pg_attribute a
-      JOIN pg_collation c ON c.oid = a.attcollation
-      JOIN pg_namespace n ON n.oid = c.collnamespace
-     WHERE a.attrelid = to_regclass($1) AND a.attname = 'watermark'"#;
-
-/// True when `collation` sorts every string of one to three characters from `[0-9a-z]` exactly as bytes: the
-/// alphabet of LexiVersions (PROTOCOL.md §2). This catches the collations that do not, such as Danish ("aa" after
-/// "z"), Estonian ("z" before "t") or numeric ordering ("9" before "10").
-fn byte_order_probe(collation: &str) -> String {
-    format!(
-        r#"WITH c(ch) AS (SELECT chr(x) FROM generate_series(48, 57) x
-                          UNION ALL SELECT chr(x) FROM generate_series(97, 122) x),
-                s(w) AS (SELECT ch FROM c
-                         UNION ALL SELECT a.ch || b.ch FROM c a, c b
-                         UNION ALL SELECT a.ch || b.ch || d.ch FROM c a, c b, c d)
-           SELECT array_agg(w ORDER BY w COLLATE {collation}) = array_agg(w ORDER BY w COLLATE "C") FROM s"#
-    )
-}
-
-/// Connection state as the supervisor sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Link {
-    Connecting,
-    Up,
-    Down(String),
-    Closed,
-}
-
-/// The last state logged, so each change is logged once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Logged {
-    Nothing,
-    Up,
-    Down,
-    SchemaMissing,
-}
-
 /// Handle to the change DB. Cheap to clone; all clones share one connection.
 #[derive(Clone)]
 pub struct ChangeDb {
-    shared: Arc<Shared>,
+    inner: Arc<Inner>,
 }
 
-struct Shared {
+/// What every clone of a [`ChangeDb`] shares; the supervisor keeps its connection state.
+struct Inner {
     /// The unquoted schema name, for errors and logs.
     schema: String,
     sql: Sql,
@@ -445,9 +310,9 @@ struct Shared {
 impl fmt::Debug for ChangeDb {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChangeDb")
-            .field("schema", &self.shared.schema)
-            .field("target", &self.shared.target)
-            .field("link", &*self.shared.link.borrow())
+            .field("schema", &self.inner.schema)
+            .field("target", &self.inner.target)
+            .field("link", &*self.inner.link.borrow())
             .finish()
     }
 }
@@ -469,40 +334,41 @@ impl ChangeDb {
         if pg.get_application_name().is_none() {
             pg.application_name("litestream-sidecar");
         }
-        let shared = Arc::new(Shared {
+        let inner = Arc::new(Inner {
             sql: Sql::new(&schema),
             schema,
-            target: target(&pg),
+            target: supervisor::target(&pg),
             client: tokio::sync::Mutex::new(None),
             link: watch::Sender::new(Link::Connecting),
             logged: Mutex::new(Logged::Nothing),
             byte_order: Mutex::new(None),
         });
         let tls = Tls::for_mode(pg.get_ssl_mode());
-        tokio::spawn(supervise(shared.clone(), pg, tls, options, shutdown));
-        ChangeDb { shared }
-    }
-
-    /// The change DB schema, unquoted (`zero_0/cdc`).
-    pub fn schema(&self) -> &str {
-        &self.shared.schema
+        tokio::spawn(supervisor::supervise(
+            inner.clone(),
+            pg,
+            tls,
+            options,
+            shutdown,
+        ));
+        ChangeDb { inner }
     }
 
     /// Waits until a connection is up (the schema may still be missing). Returns at once if it is; never returns
     /// after shutdown, so wrap it in a timeout.
     pub async fn ready(&self) {
-        let mut link = self.shared.link.subscribe();
+        let mut link = self.inner.link.subscribe();
         let _ = link.wait_for(|l| *l == Link::Up).await;
-        // The sender lives in `Shared`, which `self` keeps alive, so `wait_for` only returns on `Up`.
+        // The sender lives in `Inner`, which `self` keeps alive, so `wait_for` only returns on `Up`.
     }
 
     /// Connected and the schema's three tables present, or why not. Logs each change of state once.
     pub async fn status(&self) -> DbState {
         let result = async {
             let client = self.client().await?;
-            let t = &self.shared.sql.tables;
+            let t = &self.inner.sql.tables;
             let row = client
-                .query_one(&self.shared.sql.tables_present, &[&t[0], &t[1], &t[2]])
+                .query_one(&self.inner.sql.tables_present, &[&t[0], &t[1], &t[2]])
                 .await
                 .map_err(|e| self.classify("checking the schema", e))?;
             if row.get::<_, bool>(0) {
@@ -519,8 +385,8 @@ impl ChangeDb {
             Err(err) => DbState::Down(err.to_string()),
         };
         match &state {
-            DbState::Up => self.shared.note(Logged::Up),
-            DbState::SchemaMissing => self.shared.note(Logged::SchemaMissing),
+            DbState::Up => self.inner.note(Logged::Up),
+            DbState::SchemaMissing => self.inner.note(Logged::SchemaMissing),
             DbState::Down(_) => {}
         }
         state
@@ -530,7 +396,7 @@ impl ChangeDb {
     pub async fn owner_address(&self) -> Result<Option<String>, DbError> {
         let result = async {
             let client = self.client().await?;
-            read_owner_address(&*client, &self.shared.sql)
+            read_owner_address(&*client, &self.inner.sql)
                 .await
                 .map_err(|e| self.classify("reading ownerAddress", e))
         }
@@ -543,7 +409,7 @@ impl ChangeDb {
         let result = async {
             let client = self.client().await?;
             let row = client
-                .query_opt(&self.shared.sql.replica_version, &[])
+                .query_opt(&self.inner.sql.replica_version, &[])
                 .await
                 .map_err(|e| self.classify("reading replicaVersion", e))?;
             Ok(row.map(|r| r.get(0)))
@@ -571,7 +437,7 @@ impl ChangeDb {
     /// `None` if the table or its row is absent.
     pub async fn data_version(&self) -> Result<Option<i32>, DbError> {
         let client = self.client().await?;
-        match client.query_opt(&self.shared.sql.data_version, &[]).await {
+        match client.query_opt(&self.inner.sql.data_version, &[]).await {
             Ok(row) => Ok(row.map(|r| r.get(0))),
             Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(None),
             Err(e) => Err(self.classify("reading versionHistory", e)),
@@ -584,7 +450,7 @@ impl ChangeDb {
         let result = async {
             let client = self.client().await?;
             let changed = client
-                .execute(&self.shared.sql.adopt_address, &[&from, &to])
+                .execute(&self.inner.sql.adopt_address, &[&from, &to])
                 .await
                 .map_err(|e| self.classify("updating ownerAddress", e))?;
             Ok(changed > 0)
@@ -671,13 +537,10 @@ impl ChangeDb {
 
         if let Some(expected) = expected_address {
             // A plain read: no row version, no lock, so the storer's SERIALIZABLE transaction never conflicts.
-            let found = read_owner_address(&tx, &self.shared.sql)
+            let found = read_owner_address(&tx, &self.inner.sql)
                 .await
                 .map_err(|e| self.classify("reading ownerAddress", e))?;
-            if !found
-                .as_deref()
-                .is_some_and(|f| crate::discovery::same_address(f, expected))
-            {
+            if !found.as_deref().is_some_and(|f| same_address(f, expected)) {
                 let _ = tx.rollback().await;
                 return Ok(Batch::Stopped(PurgeStop::OwnershipMoved { found }));
             }
@@ -707,9 +570,9 @@ impl ChangeDb {
 
     /// The connected client, held until the guard drops.
     async fn client(&self) -> Result<MappedMutexGuard<'_, Client>, DbError> {
-        let guard = self.shared.client.lock().await;
+        let guard = self.inner.client.lock().await;
         let unavailable = || DbError::Unavailable {
-            reason: self.shared.down_reason(),
+            reason: self.inner.down_reason(),
         };
         let client = MutexGuard::try_map(guard, Option::as_mut).map_err(|_| unavailable())?;
         if client.is_closed() {
@@ -722,14 +585,14 @@ impl ChangeDb {
     /// column's collation agrees with byte order (`C`, `en_US`, ICU root…), else the `COLLATE "C"` ones.
     async fn watermark_sql(&self, client: &Client) -> Result<&WatermarkSql, DbError> {
         let cached = *self
-            .shared
+            .inner
             .byte_order
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let byte_order = match cached {
             Some(known) => known,
             None => {
-                let sql = &self.shared.sql;
+                let sql = &self.inner.sql;
                 let row = client
                     .query_opt(&sql.watermark_collation, &[&sql.tables[0]])
                     .await
@@ -751,7 +614,7 @@ impl ChangeDb {
                     );
                 }
                 *self
-                    .shared
+                    .inner
                     .byte_order
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = Some(agrees);
@@ -759,22 +622,22 @@ impl ChangeDb {
             }
         };
         Ok(if byte_order {
-            &self.shared.sql.indexed
+            &self.inner.sql.indexed
         } else {
-            &self.shared.sql.bytewise
+            &self.inner.sql.bytewise
         })
     }
 
     fn schema_missing(&self) -> DbError {
         DbError::SchemaMissing {
-            schema: self.shared.schema.clone(),
+            schema: self.inner.schema.clone(),
         }
     }
 
     fn classify(&self, context: &str, err: tokio_postgres::Error) -> DbError {
         if err.is_closed() {
             return DbError::Unavailable {
-                reason: describe(&err),
+                reason: with_cause(&err),
             };
         }
         match err.code() {
@@ -793,15 +656,15 @@ impl ChangeDb {
     /// Logs the schema appearing or disappearing, once per change.
     fn observe<T>(&self, result: Result<T, DbError>) -> Result<T, DbError> {
         match &result {
-            Ok(_) => self.shared.note(Logged::Up),
+            Ok(_) => self.inner.note(Logged::Up),
             Err(DbError::SchemaMissing { .. }) => {
                 // A schema created again may come with another collation.
                 *self
-                    .shared
+                    .inner
                     .byte_order
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = None;
-                self.shared.note(Logged::SchemaMissing)
+                self.inner.note(Logged::SchemaMissing)
             }
             Err(_) => {}
         }
@@ -809,11 +672,7 @@ impl ChangeDb {
     }
 }
 
-enum Batch {
-    Deleted { rows: u64, took: Duration },
-    Stopped(PurgeStop),
-}
-
+/// `ownerAddress`, on a plain client or inside a purge batch's transaction.
 async fn read_owner_address(
     client: &impl GenericClient,
     sql: &Sql,
@@ -822,341 +681,15 @@ async fn read_owner_address(
     Ok(row.and_then(|r| r.get(0)))
 }
 
-impl Shared {
-    fn down_reason(&self) -> String {
-        match &*self.link.borrow() {
-            Link::Connecting => "connecting".into(),
-            Link::Up => "connection closed".into(),
-            Link::Down(reason) => reason.clone(),
-            Link::Closed => "shut down".into(),
-        }
-    }
-
-    /// Logs a change of state, once. `Up` after `SchemaMissing` means the schema appeared.
-    fn note(&self, now: Logged) {
-        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
-        let before = std::mem::replace(&mut *logged, now);
-        drop(logged);
-        match (before, now) {
-            (a, b) if a == b => {}
-            (Logged::SchemaMissing, Logged::Up) => {
-                info!(schema = %self.schema, "change DB schema found")
-            }
-            (_, Logged::Up) => {
-                info!(db = %self.target, schema = %self.schema, "change DB connected")
-            }
-            (_, Logged::SchemaMissing) => warn!(
-                schema = %self.schema,
-                "change DB schema missing: Zero has not initialised the change DB yet"
-            ),
-            (_, Logged::Down) | (_, Logged::Nothing) => {}
-        }
-    }
-
-    fn set_down(&self, reason: String, retry_in: Duration) {
-        let changed = {
-            let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::replace(&mut *logged, Logged::Down) != Logged::Down
-        };
-        if changed {
-            warn!(db = %self.target, reason = %reason, retry_in = ?retry_in, "change DB down");
-        } else {
-            debug!(db = %self.target, reason = %reason, retry_in = ?retry_in, "change DB still down");
-        }
-        self.link.send_replace(Link::Down(reason));
-    }
-}
-
-/// `host=… port=… dbname=… user=…` for logs: never the password.
-fn target(pg: &tokio_postgres::Config) -> String {
-    let mut hosts: Vec<String> = pg
-        .get_hosts()
-        .iter()
-        .map(|h| match h {
-            Host::Tcp(name) => name.clone(),
-            #[cfg(unix)]
-            Host::Unix(path) => path.display().to_string(),
-        })
-        .collect();
-    if hosts.is_empty() {
-        hosts = pg.get_hostaddrs().iter().map(|a| a.to_string()).collect();
-    }
-    let ports: Vec<String> = pg.get_ports().iter().map(|p| p.to_string()).collect();
-    format!(
-        "host={} port={} dbname={} user={}",
-        if hosts.is_empty() {
-            "localhost".into()
-        } else {
-            hosts.join(",")
-        },
-        if ports.is_empty() {
-            "5432".into()
-        } else {
-            ports.join(",")
-        },
-        pg.get_dbname().unwrap_or("(default)"),
-        pg.get_user().unwrap_or("(default)"),
-    )
-}
-
-/// The next reconnection delay: doubled, at most `max`.
-fn next_backoff(current: Duration, max: Duration) -> Duration {
-    current.saturating_mul(2).min(max)
-}
-
-type ConnectionTask = JoinHandle<Result<(), tokio_postgres::Error>>;
-
-/// Connects, reconnects after every loss with capped exponential backoff, and closes on shutdown.
-async fn supervise(
-    shared: Arc<Shared>,
-    pg: tokio_postgres::Config,
-    tls: Tls,
-    options: Options,
-    shutdown: CancellationToken,
-) {
-    let setup = format!(
-        "SET lock_timeout = {}",
-        options.lock_timeout.as_millis().max(1)
-    );
-    let mut delay = options.backoff_min;
-    loop {
-        let attempt = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            attempt = tokio::time::timeout(options.connect_timeout, open(&pg, &tls, &setup)) => attempt,
-        };
-        let reason = match attempt {
-            Ok(Ok((client, mut connection))) => {
-                *shared.client.lock().await = Some(client);
-                *shared.byte_order.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                shared.link.send_replace(Link::Up);
-                shared.note(Logged::Up);
-                delay = options.backoff_min;
-                let ended = tokio::select! {
-                    _ = shutdown.cancelled() => None,
-                    ended = &mut connection => Some(ended),
-                };
-                // Waits for an operation in flight: its connection task keeps running meanwhile.
-                shared.client.lock().await.take();
-                match ended {
-                    None => {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), connection).await;
-                        break;
-                    }
-                    Some(Ok(Ok(()))) => "connection closed by the server".to_string(),
-                    Some(Ok(Err(e))) => describe(&e),
-                    Some(Err(e)) => format!("connection task failed: {e}"),
-                }
-            }
-            Ok(Err(e)) => describe(&e),
-            Err(_) => format!("connecting timed out after {:?}", options.connect_timeout),
-        };
-        shared.set_down(reason, delay);
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(delay) => {}
-        }
-        delay = next_backoff(delay, options.backoff_max);
-    }
-    shared.client.lock().await.take();
-    shared.link.send_replace(Link::Closed);
-    debug!(db = %shared.target, "change DB connection closed");
-}
-
-/// One connection with its driver task spawned, and the session set up.
-async fn open(
-    pg: &tokio_postgres::Config,
-    tls: &Tls,
-    setup: &str,
-) -> Result<(Client, ConnectionTask), tokio_postgres::Error> {
-    let (client, task) = match tls {
-        Tls::Off => {
-            let (client, connection) = pg.connect(NoTls).await?;
-            (client, tokio::spawn(connection))
-        }
-        Tls::Rustls(make) => {
-            let (client, connection) = pg.connect(make.clone()).await?;
-            (client, tokio::spawn(connection))
-        }
-    };
-    client.batch_execute(setup).await?;
-    Ok((client, task))
-}
-
-/// The TLS connector chosen from `sslmode` once, at start.
-#[derive(Clone)]
-enum Tls {
-    Off,
-    Rustls(MakeRustlsConnect),
-}
-
-impl Tls {
-    fn for_mode(mode: SslMode) -> Tls {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default TLS versions");
-        match mode {
-            SslMode::Disable => Tls::Off,
-            SslMode::Prefer => {
-                let config = builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
-                    .with_no_client_auth();
-                Tls::Rustls(MakeRustlsConnect::new(config))
-            }
-            // `require`, and any stricter mode a later tokio-postgres may add: verify.
-            _ => {
-                let loaded = rustls_native_certs::load_native_certs();
-                let mut roots = rustls::RootCertStore::empty();
-                let (added, _) = roots.add_parsable_certificates(loaded.certs);
-                if added == 0 {
-                    warn!(
-                        errors = ?loaded.errors,
-                        "sslmode=require but no trusted root certificates were found; set SSL_CERT_FILE"
-                    );
-                }
-                let config = builder.with_root_certificates(roots).with_no_client_auth();
-                Tls::Rustls(MakeRustlsConnect::new(config))
-            }
-        }
-    }
-}
-
-/// `sslmode=prefer`: encrypts without checking who is at the other end, as libpq does. Handshake signatures are
-/// still verified, so the session keys belong to whoever holds the certificate's key.
-#[derive(Debug)]
-struct Unverified(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+/// What one purge batch did.
+enum Batch {
+    Deleted { rows: u64, took: Duration },
+    Stopped(PurgeStop),
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn zero(app_id: &str, shard_num: u32) -> ZeroConfig {
-        ZeroConfig {
-            app_id: app_id.into(),
-            shard_num,
-        }
-    }
-
-    #[test]
-    fn schema_is_quoted_with_its_slash() {
-        let sql = Sql::new(&zero("zero", 0).cdc_schema());
-        assert_eq!(
-            sql.owner_address,
-            r#"SELECT "ownerAddress" FROM "zero_0/cdc"."replicationState""#
-        );
-        assert_eq!(sql.tables[0], r#""zero_0/cdc"."changeLog""#);
-        assert!(sql
-            .indexed
-            .purge_batch
-            .contains(r#"DELETE FROM "zero_0/cdc"."changeLog""#));
-    }
-
-    #[test]
-    fn quotes_inside_identifiers_are_doubled() {
-        assert_eq!(quote_ident(r#"a"b"#), r#""a""b""#);
-        assert_eq!(quote_ident("zero_3/cdc"), r#""zero_3/cdc""#);
-    }
-
-    #[test]
-    fn purge_never_reaches_the_newest_watermark() {
-        let sql = Sql::new("zero_0/cdc");
-        assert!(sql
-            .indexed
-            .purge_batch
-            .contains(r#"watermark < (SELECT max(watermark) FROM "zero_0/cdc"."changeLog")"#));
-        assert!(sql.indexed.purge_batch.contains("LIMIT $2"));
-        assert!(sql.bytewise.purge_batch.contains(
-            r#"watermark COLLATE "C" < (SELECT max(watermark COLLATE "C") FROM "zero_0/cdc"."changeLog")"#
-        ));
-        assert!(sql
-            .bytewise
-            .lock_head
-            .contains(r#"ORDER BY watermark COLLATE "C", pos"#));
-    }
-
-    #[test]
-    fn address_update_never_writes_owner_and_skips_no_ops() {
-        let sql = Sql::new("zero_0/cdc");
-        assert!(!sql.adopt_address.contains(r#""owner" "#));
-        assert!(!sql.adopt_address.contains(r#""owner"="#));
-        assert!(sql
-            .adopt_address
-            .contains(r#""ownerAddress" IS DISTINCT FROM $2"#));
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let max = Duration::from_secs(10);
-        let mut d = Options::default().backoff_min;
-        let mut seen = vec![d];
-        for _ in 0..10 {
-            d = next_backoff(d, max);
-            seen.push(d);
-        }
-        assert_eq!(seen[1], Duration::from_millis(200));
-        assert_eq!(seen[6], Duration::from_millis(6400));
-        assert_eq!(seen[7], max);
-        assert_eq!(*seen.last().unwrap(), max);
-    }
-
-    #[test]
-    fn log_target_never_shows_the_password() {
-        let pg: tokio_postgres::Config = "postgres://zero:s3cret@db.internal:6432/zero_cdc"
-            .parse()
-            .unwrap();
-        let shown = target(&pg);
-        assert_eq!(
-            shown,
-            "host=db.internal port=6432 dbname=zero_cdc user=zero"
-        );
-        assert!(!shown.contains("s3cret"));
-    }
 
     #[test]
     fn errors_without_a_connection_heal_by_themselves() {
@@ -1226,7 +759,15 @@ mod tests {
             .parse()
             .unwrap();
         let shutdown = CancellationToken::new();
-        let db = ChangeDb::start(pg, &zero("zero", 0), Options::default(), shutdown.clone());
+        let db = ChangeDb::start(
+            pg,
+            &ZeroConfig {
+                app_id: "zero".into(),
+                shard_num: 0,
+            },
+            Options::default(),
+            shutdown.clone(),
+        );
         let err = db.owner_address().await.unwrap_err();
         assert!(matches!(err, DbError::Unavailable { .. }), "{err}");
         assert_eq!(err.class(), FailureClass::Unavailable);

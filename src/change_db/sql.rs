@@ -1,0 +1,179 @@
+//! Every statement the change DB runs, built once from the quoted schema, and the probe that tells whether the
+//! watermark column's collation orders as bytes.
+//!
+//! Text only, no I/O: the safety rules in the parent module hold or break in these strings, so the tests below
+//! check them on the SQL itself, without a server.
+
+/// Quotes an SQL identifier. Schema names cannot be bind parameters, and Zero's contains a slash; the only input
+/// is validated config (`app_id` matches `^[a-z0-9_]+$`), and embedded quotes are doubled regardless.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Every statement, built once from the quoted schema.
+#[derive(Debug)]
+pub(super) struct Sql {
+    pub(super) tables: [String; 3],
+    pub(super) tables_present: String,
+    pub(super) owner_address: String,
+    pub(super) replica_version: String,
+    pub(super) data_version: String,
+    pub(super) adopt_address: String,
+    pub(super) watermark_collation: String,
+    /// Statements that compare watermarks, in the column's collation: served by the primary-key index.
+    pub(super) indexed: WatermarkSql,
+    /// The same under `COLLATE "C"`, for a column whose collation does not order watermarks as bytes.
+    pub(super) bytewise: WatermarkSql,
+}
+
+/// The statements whose result depends on how watermarks compare.
+#[derive(Debug)]
+pub(super) struct WatermarkSql {
+    pub(super) min_watermark: String,
+    pub(super) lock_head: String,
+    pub(super) purge_batch: String,
+}
+
+impl WatermarkSql {
+    /// `collate` is empty (the column's collation) or ` COLLATE "C"`.
+    fn new(change_log: &str, collate: &str) -> WatermarkSql {
+        let w = format!("watermark{collate}");
+        WatermarkSql {
+            min_watermark: format!("SELECT min({w}) FROM {change_log}"),
+            // PROTOCOL.md §12: an incoming replication-manager holds FOR SHARE on this row until it owns the log.
+            lock_head: format!(
+                "SELECT watermark FROM {change_log} ORDER BY {w}, pos LIMIT 1 FOR UPDATE NOWAIT"
+            ),
+            // One bounded batch, never at the newest watermark (W8a). The rows are picked along the
+            // (watermark, pos) primary key and deleted by their tuple ids: with `(watermark, pos) IN (…)` the
+            // planner hash-joins against a sequential scan of the whole log for every batch. Tuple ids are stable
+            // here: change-log rows are never updated, and a row deleted concurrently is simply skipped.
+            purge_batch: format!(
+                "DELETE FROM {change_log} WHERE ctid = ANY (ARRAY(
+                   SELECT ctid FROM {change_log}
+                    WHERE {w} < $1 AND {w} < (SELECT max({w}) FROM {change_log})
+                    ORDER BY {w}, pos LIMIT $2))"
+            ),
+        }
+    }
+}
+
+impl Sql {
+    pub(super) fn new(schema: &str) -> Sql {
+        let table = |name: &str| format!("{}.{}", quote_ident(schema), quote_ident(name));
+        let change_log = table("changeLog");
+        let replication_state = table("replicationState");
+        let replication_config = table("replicationConfig");
+        let version_history = table("versionHistory");
+        Sql {
+            tables_present: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+                             AND to_regclass($3) IS NOT NULL"
+                .into(),
+            owner_address: format!(r#"SELECT "ownerAddress" FROM {replication_state}"#),
+            replica_version: format!(r#"SELECT "replicaVersion" FROM {replication_config}"#),
+            data_version: format!(r#"SELECT "dataVersion" FROM {version_history}"#),
+            // Matches no row unless the address must change: no row version, so no conflict with the storer's
+            // SERIALIZABLE transaction (PROTOCOL.md §11.1). `owner` is never written.
+            adopt_address: format!(
+                r#"UPDATE {replication_state} SET "ownerAddress" = $2
+                    WHERE "ownerAddress" = $1 AND "ownerAddress" IS DISTINCT FROM $2"#
+            ),
+            watermark_collation: WATERMARK_COLLATION.into(),
+            indexed: WatermarkSql::new(&change_log, ""),
+            bytewise: WatermarkSql::new(&change_log, r#" COLLATE "C""#),
+            tables: [change_log, replication_state, replication_config],
+        }
+    }
+}
+
+/// The collation of `changeLog.watermark`, quoted by the server, and the name to log (`$1`: the quoted table).
+///
+/// The database default is named from `pg_database`: the `lc_collate` setting was removed in PostgreSQL 16, and
+/// the ICU locale column was renamed in 17 (`daticulocale` to `datlocale`), so only columns that every supported
+/// major (15 to 18) has are read. The name is for logs only: whether the collation orders watermarks as bytes is
+/// decided by [`byte_order_probe`], never by its name.
+const WATERMARK_COLLATION: &str = r#"
+    SELECT quote_ident(n.nspname) || '.' || quote_ident(c.collname),
+           CASE WHEN c.collname <> 'default' THEN c.collname
+                ELSE (SELECT 'database default, '
+                             || CASE d.datlocprovider WHEN 'i' THEN 'icu' WHEN 'b' THEN 'builtin' ELSE 'libc' END
+                             || ' provider, datcollate ' || d.datcollate
+                        FROM pg_database d WHERE d.datname = current_database())
+           END
+      FROM pg_attribute a
+      JOIN pg_collation c ON c.oid = a.attcollation
+      JOIN pg_namespace n ON n.oid = c.collnamespace
+     WHERE a.attrelid = to_regclass($1) AND a.attname = 'watermark'"#;
+
+/// True when `collation` sorts every string of one to three characters from `[0-9a-z]` exactly as bytes: the
+/// alphabet of LexiVersions (PROTOCOL.md §2). This catches the collations that do not, such as Danish ("aa" after
+/// "z"), Estonian ("z" before "t") or numeric ordering ("9" before "10").
+pub(super) fn byte_order_probe(collation: &str) -> String {
+    format!(
+        r#"WITH c(ch) AS (SELECT chr(x) FROM generate_series(48, 57) x
+                          UNION ALL SELECT chr(x) FROM generate_series(97, 122) x),
+                s(w) AS (SELECT ch FROM c
+                         UNION ALL SELECT a.ch || b.ch FROM c a, c b
+                         UNION ALL SELECT a.ch || b.ch || d.ch FROM c a, c b, c d)
+           SELECT array_agg(w ORDER BY w COLLATE {collation}) = array_agg(w ORDER BY w COLLATE "C") FROM s"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ZeroConfig;
+
+    #[test]
+    fn schema_is_quoted_with_its_slash() {
+        let sql = Sql::new(
+            &ZeroConfig {
+                app_id: "zero".into(),
+                shard_num: 0,
+            }
+            .cdc_schema(),
+        );
+        assert_eq!(
+            sql.owner_address,
+            r#"SELECT "ownerAddress" FROM "zero_0/cdc"."replicationState""#
+        );
+        assert_eq!(sql.tables[0], r#""zero_0/cdc"."changeLog""#);
+        assert!(sql
+            .indexed
+            .purge_batch
+            .contains(r#"DELETE FROM "zero_0/cdc"."changeLog""#));
+    }
+
+    #[test]
+    fn quotes_inside_identifiers_are_doubled() {
+        assert_eq!(quote_ident(r#"a"b"#), r#""a""b""#);
+        assert_eq!(quote_ident("zero_3/cdc"), r#""zero_3/cdc""#);
+    }
+
+    #[test]
+    fn purge_never_reaches_the_newest_watermark() {
+        let sql = Sql::new("zero_0/cdc");
+        assert!(sql
+            .indexed
+            .purge_batch
+            .contains(r#"watermark < (SELECT max(watermark) FROM "zero_0/cdc"."changeLog")"#));
+        assert!(sql.indexed.purge_batch.contains("LIMIT $2"));
+        assert!(sql.bytewise.purge_batch.contains(
+            r#"watermark COLLATE "C" < (SELECT max(watermark COLLATE "C") FROM "zero_0/cdc"."changeLog")"#
+        ));
+        assert!(sql
+            .bytewise
+            .lock_head
+            .contains(r#"ORDER BY watermark COLLATE "C", pos"#));
+    }
+
+    #[test]
+    fn address_update_never_writes_owner_and_skips_no_ops() {
+        let sql = Sql::new("zero_0/cdc");
+        assert!(!sql.adopt_address.contains(r#""owner" "#));
+        assert!(!sql.adopt_address.contains(r#""owner"="#));
+        assert!(sql
+            .adopt_address
+            .contains(r#""ownerAddress" IS DISTINCT FROM $2"#));
+    }
+}
