@@ -40,6 +40,14 @@ pub fn validate_host_port(text: &str) -> Result<String, String> {
     }
 }
 
+/// An address as Zero writes it to `ownerAddress`: `host:port`, or from Zero 0.22 on also `ws://host:port` or
+/// `wss://host:port` (`ZERO_CHANGE_STREAMER_PROTOCOL`), kept as given.
+pub fn validate_owner_address(text: &str) -> Result<String, String> {
+    validate_host_port(host_port(text))
+        .map(|_| text.trim().to_string())
+        .map_err(|problem| format!("{problem} (a ws:// or wss:// prefix is allowed)"))
+}
+
 /// `host:port` of an address as Zero writes it: bare, or with a `ws://`/`wss://` prefix from Zero 0.22 on.
 fn host_port(address: &str) -> &str {
     let address = address.trim();
@@ -58,6 +66,26 @@ pub fn same_address(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_addresses_may_carry_a_websocket_scheme() {
+        for ok in [
+            "10.0.0.5:4849",
+            "ws://10.0.0.5:4849",
+            "wss://rm.internal:4849/",
+        ] {
+            assert_eq!(validate_owner_address(ok), Ok(ok.to_string()));
+        }
+        for bad in [
+            "http://10.0.0.5:4849",
+            "ws://10.0.0.5",
+            "wss://:4849",
+            "ws://10.0.0.5:0",
+        ] {
+            assert!(validate_owner_address(bad).is_err(), "{bad}");
+        }
+        assert!(same_address("wss://RM.internal:4849/", "rm.internal:4849"));
+    }
 
     #[test]
     fn host_port_forms() {

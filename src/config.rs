@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::address::{parse_host_port, validate_host_port};
+use crate::address::{parse_host_port, validate_host_port, validate_owner_address};
 
 /// Prefix of the environment variables that override file keys: `LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL`
 /// overrides `[litestream] backup_url`.
@@ -157,6 +157,10 @@ pub enum Mode {
     Verify,
     /// Replace the co-located change-streamer's address with the sidecar's (row-lock schemas only).
     Adopt,
+    /// View-syncers reach the sidecar through `ZERO_CHANGE_STREAMER_URI` (Zero 0.22 and later) and `ownerAddress`
+    /// keeps the replication-manager's own address (`upstream.advertised_address`): cleanup runs only while it
+    /// does, for as long as the same replication-manager task (`owner`) holds it.
+    Owner,
     /// No discovery: nothing is read, and cleanup does not depend on registration.
     Off,
 }
@@ -660,9 +664,12 @@ impl RawConfig {
         let advertise_address = problems.field(
             "discovery.advertise_address",
             match (self.discovery.mode, advertise) {
-                (Mode::Off, "") => Ok(String::new()),
-                (_, "") => Err("must be set (the host:port view-syncers reach the sidecar at) unless mode = \"off\"".into()),
-                (_, address) => match parse_host_port(address) {
+                (Mode::Off | Mode::Owner, "") => Ok(String::new()),
+                (_, "") => Err("must be set (the host:port view-syncers reach the sidecar at) unless mode = \"off\" or \"owner\"".into()),
+                (_, address) => match validate_owner_address(address).and_then(|_| {
+                    let bare = address.trim_start_matches("wss://").trim_start_matches("ws://");
+                    parse_host_port(bare.trim_end_matches('/'))
+                }) {
                     Ok((host, _)) if matches!(host.as_str(), "0.0.0.0" | "::") => {
                         Err(format!("{address:?} is not an address other hosts can connect to"))
                     }
@@ -681,7 +688,7 @@ impl RawConfig {
             match self.upstream.advertised_address.trim() {
                 // Defaults to the address; a bad address is reported once, under its own key.
                 "" => Ok(address.clone().unwrap_or_default()),
-                other => validate_host_port(other),
+                other => validate_owner_address(other),
             },
         );
         let connect_timeout = problems.field(

@@ -1,4 +1,6 @@
-//! Registration in the shard's address table: whether `ownerAddress` leads view-syncers to this sidecar, and —
+//! Registration in the shard's address table: whether `ownerAddress` leads view-syncers to this sidecar (modes
+//! `verify` and `adopt`, view-syncers in discover mode) or still names the replication-manager the sidecar fronts,
+//! held by the same task (mode `owner`, view-syncers pointed at the sidecar by `ZERO_CHANGE_STREAMER_URI`), and —
 //! only in `adopt` mode against a change-streamer that takes row locks — when to write it.
 //!
 //! Writing that row is dangerous with Zero 0.20: an outside UPDATE committing while the change-streamer's
@@ -105,6 +107,9 @@ pub struct State {
     pub db_up: bool,
     pub registration: Option<Registration>,
     pub continuity: Continuity,
+    /// `owner` (the replication-manager's task ID) as last read while registered: in `owner` mode every purge
+    /// batch checks that it is still the same.
+    pub owner: Option<String>,
 }
 
 /// Shared view of [`State`].
@@ -139,10 +144,9 @@ impl Discovery {
                 self.state.update(|s| s.db_up = db_up);
                 continue;
             }
-            let observed = if db_up {
-                match self.db.owner_address().await {
-                    Ok(Some(address)) => Some(Observed::Address(address)),
-                    Ok(None) => Some(Observed::NoAddress),
+            let ownership = if db_up {
+                match self.db.ownership().await {
+                    Ok(ownership) => Some(ownership),
                     Err(err) => {
                         warn!(error = %err, "cannot read ownerAddress");
                         None
@@ -151,12 +155,16 @@ impl Discovery {
             } else {
                 None
             };
-            let Some(mut observed) = observed else {
+            let Some(ownership) = ownership else {
                 self.state.update(|s| {
                     s.db_up = db_up;
                     s.continuity.observe(false, now);
                 });
                 continue;
+            };
+            let mut observed = match ownership.address {
+                Some(address) => Observed::Address(address),
+                None => Observed::NoAddress,
             };
 
             if self.mode == Mode::Adopt {
@@ -187,6 +195,60 @@ impl Discovery {
                 }
             }
 
+            if self.mode == Mode::Owner {
+                let current = match registration(&observed, &self.upstream) {
+                    // Zero writes both together; an address without an owner is not a takeover to trust.
+                    Registration::Registered if ownership.owner.is_none() => {
+                        Registration::Unregistered
+                    }
+                    other => other,
+                };
+                let owner = ownership
+                    .owner
+                    .filter(|_| current == Registration::Registered);
+                if last_registration.as_ref() != Some(&current) {
+                    match &current {
+                        Registration::Registered => info!(
+                            address = %self.upstream,
+                            owner = owner.as_deref().unwrap_or(""),
+                            "the change log's owner is the replication-manager this sidecar fronts"
+                        ),
+                        Registration::Elsewhere(address) => warn!(
+                            registered = %address,
+                            expected = %self.upstream,
+                            "ownerAddress names another replication-manager: cleanup is held. Fix: set \
+                             upstream.advertised_address to the address the replication-manager this sidecar \
+                             relays to writes as ownerAddress (its ZERO_CHANGE_STREAMER_ADDRESS, or its IP and \
+                             port)"
+                        ),
+                        Registration::Unregistered => info!(
+                            "no owner registered yet (first start, a resync, or the replication-manager still \
+                             waiting for ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS); waiting"
+                        ),
+                    }
+                }
+                let first = last_registration.is_none();
+                last_registration = Some(current.clone());
+                self.state.update(|s| {
+                    s.db_up = true;
+                    // Another task took over: its subscribers and restores start from scratch.
+                    if s.owner.is_some() && owner.is_some() && s.owner != owner {
+                        info!(
+                            from = s.owner.as_deref().unwrap_or(""),
+                            to = owner.as_deref().unwrap_or(""),
+                            "the change log has a new owner; cleanup waits again"
+                        );
+                        s.continuity.observe(false, now);
+                    }
+                    let since = if first { self.started.min(now) } else { now };
+                    s.continuity
+                        .observe(current == Registration::Registered, since);
+                    s.registration = Some(current);
+                    s.owner = owner;
+                });
+                continue;
+            }
+
             let current = registration(&observed, &self.ours);
             if last_registration.as_ref() != Some(&current) {
                 match &current {
@@ -195,7 +257,10 @@ impl Discovery {
                         registered = %address,
                         ours = %self.ours,
                         "ownerAddress names another address: view-syncers bypass the sidecar and cleanup is held. \
-                         Fix: set ZERO_CHANGE_STREAMER_ADDRESS={} on the replication-manager",
+                         Fix: with Zero 0.20, set ZERO_CHANGE_STREAMER_ADDRESS={} on the replication-manager; with \
+                         Zero 0.22 and later, point view-syncers at the sidecar with \
+                         ZERO_CHANGE_STREAMER_URI=ws://{}/ and set discovery.mode = \"owner\"",
+                        self.ours,
                         self.ours
                     ),
                     Registration::Unregistered => info!(

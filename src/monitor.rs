@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Level};
 
-use crate::change_db::{ChangeDb, DbError, FailureClass};
+use crate::change_db::{ChangeDb, DbError, Expected, FailureClass};
 use crate::cleanup::{
     self, Backlog, Decision, HeldReservation, HoldReason, Inputs, Ownership, Subscriber,
 };
@@ -187,8 +187,10 @@ pub struct Monitor {
     started: Instant,
     discovery_mode: crate::discovery::Mode,
     discovery: crate::discovery::StateHandle,
-    /// The address purges check `ownerAddress` against, unless discovery is off.
+    /// The address purges check `ownerAddress` against in modes `verify` and `adopt`.
     advertise_address: String,
+    /// The replication-manager's own `ownerAddress`, which purges check in mode `owner`.
+    upstream_address: String,
 }
 
 /// What one check saw besides the backlog, in the policy's own types.
@@ -248,6 +250,7 @@ impl Monitor {
             discovery_mode: config.discovery.mode,
             discovery,
             advertise_address: config.discovery.advertise_address.clone(),
+            upstream_address: config.upstream.advertised_address.clone(),
         }
     }
 
@@ -389,8 +392,19 @@ impl Monitor {
             info!(before = %before, %bound, "cleanup would purge (cleanup.enabled = false)");
             return;
         }
-        let expected = (self.discovery_mode != crate::discovery::Mode::Off)
-            .then_some(self.advertise_address.as_str());
+        // Every batch re-checks who owns the change log: the sidecar's address (verify, adopt), or the
+        // replication-manager's address held by the task discovery saw (owner).
+        let owner = self.discovery.get().owner;
+        let expected = match self.discovery_mode {
+            crate::discovery::Mode::Off => None,
+            crate::discovery::Mode::Verify | crate::discovery::Mode::Adopt => {
+                Some(Expected::from(self.advertise_address.as_str()))
+            }
+            crate::discovery::Mode::Owner => Some(Expected {
+                address: &self.upstream_address,
+                owner: Some(owner.as_deref().unwrap_or_default()),
+            }),
+        };
         let outcome = match self
             .change_db
             .purge(&before, expected, self.batch_rows, shutdown)

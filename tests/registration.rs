@@ -411,3 +411,108 @@ async fn adopt_puts_the_address_back_when_the_binary_gets_sigterm() {
         "{logs:?}"
     );
 }
+
+const RM: &str = "10.1.1.1:4849";
+
+/// Zero 1.9's recommended topology: view-syncers reach the sidecar by URI, `ownerAddress` keeps the
+/// replication-manager's own address. Mode `owner` purges while that address and its task hold the log, holds when
+/// another replication-manager or another task takes it over, and never needs the sidecar's own address.
+#[tokio::test]
+async fn owner_mode_purges_only_while_the_fronted_replication_manager_owns_the_log() {
+    let db = TestSchema::create(Some(6), Some(RM)).await;
+    for w in ["0a", "0b", "0c", "0d"] {
+        db.insert_transaction(w, 1).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[("0b", epoch_now() - 120.0)])).await;
+    let sidecar = start_aged(
+        config(&format!(
+            "{}[discovery]\nmode = \"owner\"\ninterval = \"100ms\"\n[upstream]\nadvertised_address = \"ws://{RM}\"\n\
+             [litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nreconnect_grace = \"1s\"\n",
+            db.config(),
+            litestream.url()
+        )),
+        Duration::from_secs(120),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("0d"));
+    eventually_async("purged below 0b", || async {
+        db.watermarks().await == ["0b", "0c", "0d"]
+    })
+    .await;
+    assert_eq!(sidecar.discovery.get().owner.as_deref(), Some("rm-task-1"));
+    // The sidecar never writes the row.
+    assert_eq!(db.replication_state().await.0.as_deref(), Some(RM));
+
+    // Another task of the same replication-manager address takes over: everything waits again.
+    db.client
+        .execute(
+            &format!(
+                r#"UPDATE {} SET "owner" = 'rm-task-2'"#,
+                db.table("replicationState")
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    litestream.set_page(&progress_page(&[
+        ("0b", epoch_now() - 120.0),
+        ("0c", epoch_now() - 120.0),
+    ]));
+    eventually("a new owner is recently registered", || {
+        sidecar.status.get().last_decision == Some(Decision::Hold(HoldReason::RecentlyRegistered))
+    })
+    .await;
+    assert_eq!(db.watermarks().await, ["0b", "0c", "0d"]);
+
+    // Another replication-manager: not ours to purge for.
+    db.set_owner_address(Some("10.9.9.9:4849")).await;
+    eventually("not registered", || {
+        sidecar.status.get().last_decision == Some(Decision::Hold(HoldReason::NotRegistered))
+    })
+    .await;
+    assert_eq!(db.watermarks().await, ["0b", "0c", "0d"]);
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+/// Every purge batch re-reads `owner` in its own transaction: a takeover between the decision and the delete
+/// deletes nothing.
+#[tokio::test]
+async fn the_purge_rechecks_the_owner_task_and_deletes_nothing_after_a_takeover() {
+    let db = TestSchema::create(Some(6), Some(RM)).await;
+    for w in ["0a", "0b", "0c"] {
+        db.insert_transaction(w, 1).await;
+    }
+    let (change_db, shutdown) = db.connected().await;
+    let stop = Default::default();
+    let taken_over = litestream_sidecar::change_db::Expected {
+        address: RM,
+        owner: Some("rm-task-0"),
+    };
+    let outcome = change_db
+        .purge("0c", Some(taken_over), 10, &stop)
+        .await
+        .unwrap();
+    assert_eq!(
+        (outcome.rows, outcome.stopped),
+        (
+            0,
+            Some(litestream_sidecar::change_db::PurgeStop::OwnerChanged {
+                found: Some("rm-task-1".into())
+            })
+        )
+    );
+    assert_eq!(db.watermarks().await, ["0a", "0b", "0c"]);
+    let current = litestream_sidecar::change_db::Expected {
+        address: RM,
+        owner: Some("rm-task-1"),
+    };
+    let outcome = change_db
+        .purge("0c", Some(current), 10, &stop)
+        .await
+        .unwrap();
+    assert_eq!((outcome.rows, outcome.stopped), (6, None));
+    assert_eq!(db.watermarks().await, ["0c"]);
+    shutdown.cancel();
+    db.drop().await;
+}

@@ -260,9 +260,39 @@ pub enum PurgeStop {
     /// `ownerAddress` no longer names the expected address (compared as `host:port`); the batch that saw it
     /// deleted nothing.
     OwnershipMoved { found: Option<String> },
+    /// Another replication-manager task took the change log over (`owner` changed); the batch that saw it deleted
+    /// nothing.
+    OwnerChanged { found: Option<String> },
     /// A row lock is held by someone else (a newer replication-manager holds `FOR SHARE` on the earliest row while
     /// it takes over, or another purger is at work): this round is skipped, it is not an error.
     Locked,
+}
+
+/// Who must still own the change log for a purge batch to delete anything: `ownerAddress` must name `address`,
+/// and, when given, `owner` must still be that replication-manager task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected<'a> {
+    pub address: &'a str,
+    pub owner: Option<&'a str>,
+}
+
+impl<'a> From<&'a str> for Expected<'a> {
+    /// Only the address is checked.
+    fn from(address: &'a str) -> Self {
+        Expected {
+            address,
+            owner: None,
+        }
+    }
+}
+
+/// The shard's address table row: where view-syncers are sent, and which replication-manager task owns the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// `ownerAddress`; `None` if the row is missing or NULL.
+    pub address: Option<String>,
+    /// `owner`, the replication-manager's task ID; `None` if the row is missing or NULL.
+    pub owner: Option<String>,
 }
 
 /// What one [`ChangeDb::purge`] call did.
@@ -394,9 +424,14 @@ impl ChangeDb {
 
     /// The discovery address (`SELECT "ownerAddress" FROM replicationState`); `None` if the row is missing or NULL.
     pub async fn owner_address(&self) -> Result<Option<String>, DbError> {
+        Ok(self.ownership().await?.address)
+    }
+
+    /// `ownerAddress` and `owner` of the address table row, read together.
+    pub async fn ownership(&self) -> Result<Ownership, DbError> {
         let result = async {
             let client = self.client().await?;
-            read_owner_address(&*client, &self.inner.sql)
+            read_ownership(&*client, &self.inner.sql)
                 .await
                 .map_err(|e| self.classify("reading ownerAddress", e))
         }
@@ -472,18 +507,19 @@ impl ChangeDb {
     /// Deletes `changeLog` rows with `watermark < before`, never those at the newest watermark in the table, in
     /// batches of at most `batch_rows` rows until a batch deletes fewer.
     ///
-    /// Each batch is one transaction: a plain read of `ownerAddress` (when `expected_address` is given, a different
-    /// address stops the purge with nothing deleted in that batch), the head row locked with `FOR UPDATE NOWAIT`
-    /// (a lock held elsewhere skips the round), then the DELETE. `stop` is checked only between batches.
+    /// Each batch is one transaction: a plain read of `ownerAddress` and `owner` (when `expected` is given, another
+    /// address or owner stops the purge with nothing deleted in that batch), the head row locked with `FOR UPDATE
+    /// NOWAIT` (a lock held elsewhere skips the round), then the DELETE. `stop` is checked only between batches.
     ///
     /// An error after some batches have committed is returned as is; its context says how many rows went first.
-    pub async fn purge(
+    pub async fn purge<'a>(
         &self,
         before: &str,
-        expected_address: Option<&str>,
+        expected: Option<impl Into<Expected<'a>>>,
         batch_rows: i64,
         stop: &CancellationToken,
     ) -> Result<PurgeOutcome, DbError> {
+        let expected_address = expected.map(Into::into);
         let batch_rows = batch_rows.max(1);
         let mut outcome = PurgeOutcome::default();
         loop {
@@ -524,7 +560,7 @@ impl ChangeDb {
     async fn purge_batch(
         &self,
         before: &str,
-        expected_address: Option<&str>,
+        expected: Option<Expected<'_>>,
         batch_rows: i64,
     ) -> Result<Batch, DbError> {
         let mut client = self.client().await?;
@@ -535,14 +571,30 @@ impl ChangeDb {
             .await
             .map_err(|e| self.classify("beginning a purge batch", e))?;
 
-        if let Some(expected) = expected_address {
+        if let Some(expected) = expected {
             // A plain read: no row version, no lock, so the storer's SERIALIZABLE transaction never conflicts.
-            let found = read_owner_address(&tx, &self.inner.sql)
+            let found = read_ownership(&tx, &self.inner.sql)
                 .await
                 .map_err(|e| self.classify("reading ownerAddress", e))?;
-            if !found.as_deref().is_some_and(|f| same_address(f, expected)) {
+            let stop = if !found
+                .address
+                .as_deref()
+                .is_some_and(|f| same_address(f, expected.address))
+            {
+                Some(PurgeStop::OwnershipMoved {
+                    found: found.address,
+                })
+            } else if expected
+                .owner
+                .is_some_and(|owner| found.owner.as_deref() != Some(owner))
+            {
+                Some(PurgeStop::OwnerChanged { found: found.owner })
+            } else {
+                None
+            };
+            if let Some(stop) = stop {
                 let _ = tx.rollback().await;
-                return Ok(Batch::Stopped(PurgeStop::OwnershipMoved { found }));
+                return Ok(Batch::Stopped(stop));
             }
         }
 
@@ -672,13 +724,16 @@ impl ChangeDb {
     }
 }
 
-/// `ownerAddress`, on a plain client or inside a purge batch's transaction.
-async fn read_owner_address(
+/// `ownerAddress` and `owner`, on a plain client or inside a purge batch's transaction.
+async fn read_ownership(
     client: &impl GenericClient,
     sql: &Sql,
-) -> Result<Option<String>, tokio_postgres::Error> {
+) -> Result<Ownership, tokio_postgres::Error> {
     let row = client.query_opt(&sql.owner_address, &[]).await?;
-    Ok(row.and_then(|r| r.get(0)))
+    Ok(row.map_or_else(Ownership::default, |r| Ownership {
+        address: r.get(0),
+        owner: r.get(1),
+    }))
 }
 
 /// What one purge batch did.

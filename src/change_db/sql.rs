@@ -69,7 +69,7 @@ impl Sql {
             tables_present: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
                              AND to_regclass($3) IS NOT NULL"
                 .into(),
-            owner_address: format!(r#"SELECT "ownerAddress" FROM {replication_state}"#),
+            owner_address: format!(r#"SELECT "ownerAddress", "owner" FROM {replication_state}"#),
             replica_version: format!(r#"SELECT "replicaVersion" FROM {replication_config}"#),
             data_version: format!(r#"SELECT "dataVersion" FROM {version_history}"#),
             // Matches no row unless the address must change: no row version, so no conflict with the storer's
@@ -135,7 +135,7 @@ mod tests {
         );
         assert_eq!(
             sql.owner_address,
-            r#"SELECT "ownerAddress" FROM "zero_0/cdc"."replicationState""#
+            r#"SELECT "ownerAddress", "owner" FROM "zero_0/cdc"."replicationState""#
         );
         assert_eq!(sql.tables[0], r#""zero_0/cdc"."changeLog""#);
         assert!(sql
