@@ -407,7 +407,9 @@ impl Monitor {
         };
         let outcome = match self
             .change_db
-            .purge(&before, expected, self.batch_rows, shutdown)
+            .purge_within(&before, expected, self.batch_rows, shutdown, || {
+                self.registry.purge_ceiling()
+            })
             .await
         {
             Ok(outcome) => outcome,

@@ -196,6 +196,24 @@ impl Registry {
             .collect()
     }
 
+    /// How far a running purge may go while these reservations are open: below the lowest floor, or not at all
+    /// while one protects every row. Asked before every purge batch, so a reservation opened mid-purge counts.
+    pub fn purge_ceiling(&self) -> crate::change_db::Ceiling {
+        use crate::change_db::Ceiling;
+        let inner = self.lock();
+        let mut ceiling = Ceiling::None;
+        for entry in inner.open.values() {
+            match &entry.floor {
+                None => return Ceiling::Everything,
+                Some(floor) => match &ceiling {
+                    Ceiling::Below(lowest) if lowest <= floor => {}
+                    _ => ceiling = Ceiling::Below(floor.clone()),
+                },
+            }
+        }
+        ceiling
+    }
+
     /// Records a backed-up watermark seen in litestream's metrics; reservations opened from now on are pinned at
     /// the newest one (watermarks compare as bytes).
     pub fn saw_backup(&self, watermark: &str) {
@@ -532,6 +550,21 @@ mod tests {
         assert_eq!(registry.len(), 1);
         assert_eq!(registry.end_by_subscription("t1", at(1000)), None);
         assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
+    }
+
+    #[test]
+    fn the_purge_ceiling_is_the_lowest_floor_or_everything() {
+        use crate::change_db::Ceiling;
+        let registry = Registry::new(Duration::from_secs(30));
+        assert_eq!(registry.purge_ceiling(), Ceiling::None);
+        let floorless = registry.open("early", at(1));
+        assert_eq!(registry.purge_ceiling(), Ceiling::Everything);
+        drop(floorless);
+        registry.saw_backup("0c");
+        let _c = registry.open("c", at(2));
+        registry.saw_backup("0e");
+        let _e = registry.open("e", at(3));
+        assert_eq!(registry.purge_ceiling(), Ceiling::Below("0c".into()));
     }
 
     #[test]

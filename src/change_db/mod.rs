@@ -266,6 +266,9 @@ pub enum PurgeStop {
     /// A row lock is held by someone else (a newer replication-manager holds `FOR SHARE` on the earliest row while
     /// it takes over, or another purger is at work): this round is skipped, it is not an error.
     Locked,
+    /// A reservation opened (or announced a lower `minWatermark`) while the purge ran: the batches after it
+    /// deleted only below its floor (`None`: nothing, it protects every row).
+    Reserved { floor: Option<String> },
 }
 
 /// Who must still own the change log for a purge batch to delete anything: `ownerAddress` must name `address`,
@@ -293,6 +296,17 @@ pub struct Ownership {
     pub address: Option<String>,
     /// `owner`, the replication-manager's task ID; `None` if the row is missing or NULL.
     pub owner: Option<String>,
+}
+
+/// How far open reservations let a running purge go, asked before every batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ceiling {
+    /// No reservation limits it.
+    None,
+    /// A reservation protects every row: delete nothing more.
+    Everything,
+    /// Delete only rows below this watermark.
+    Below(String),
 }
 
 /// What one [`ChangeDb::purge`] call did.
@@ -519,15 +533,47 @@ impl ChangeDb {
         batch_rows: i64,
         stop: &CancellationToken,
     ) -> Result<PurgeOutcome, DbError> {
+        self.purge_within(before, expected, batch_rows, stop, || Ceiling::None)
+            .await
+    }
+
+    /// [`ChangeDb::purge`], with `ceiling` asked before every batch: a reservation opened while the purge runs
+    /// lowers the target of the batches after it to its floor (to nothing for one that protects every row), and
+    /// the purge then ends as [`PurgeStop::Reserved`].
+    pub async fn purge_within<'a>(
+        &self,
+        before: &str,
+        expected: Option<impl Into<Expected<'a>>>,
+        batch_rows: i64,
+        stop: &CancellationToken,
+        ceiling: impl Fn() -> Ceiling,
+    ) -> Result<PurgeOutcome, DbError> {
         let expected_address = expected.map(Into::into);
         let batch_rows = batch_rows.max(1);
         let mut outcome = PurgeOutcome::default();
+        let mut reserved: Option<PurgeStop> = None;
         loop {
             if stop.is_cancelled() {
                 outcome.stopped = Some(PurgeStop::Cancelled);
                 break;
             }
-            let result = self.purge_batch(before, expected_address, batch_rows).await;
+            let target = match ceiling() {
+                Ceiling::None => before.to_owned(),
+                Ceiling::Everything => {
+                    reserved = Some(PurgeStop::Reserved { floor: None });
+                    break;
+                }
+                Ceiling::Below(floor) if floor.as_str() < before => {
+                    reserved = Some(PurgeStop::Reserved {
+                        floor: Some(floor.clone()),
+                    });
+                    floor
+                }
+                Ceiling::Below(_) => before.to_owned(),
+            };
+            let result = self
+                .purge_batch(&target, expected_address, batch_rows)
+                .await;
             let batch = self.observe(result).map_err(|err| match err {
                 DbError::Query { context, source } => DbError::Query {
                     context: format!(
@@ -553,6 +599,9 @@ impl ChangeDb {
                     break;
                 }
             }
+        }
+        if outcome.stopped.is_none() {
+            outcome.stopped = reserved;
         }
         Ok(outcome)
     }
