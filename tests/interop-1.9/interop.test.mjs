@@ -205,9 +205,11 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   assert.equal(ours[1].backupURL, t.backupURL);
   assert.equal(ours[1].replicaVersion, replicaVersion);
   assert.deepEqual(ours, zeros, "the sidecar's status is the one Zero's change-streamer gives");
-  const listed = logLines('replication-manager', /\[litestream-standin \d+\] argv: \["(snapshots|wal)"/);
-  assert.ok(listed.some(l => l.endsWith(`argv: ${JSON.stringify(['snapshots', t.rmReplica])}`)), listed.join('\n'));
-  assert.ok(listed.some(l => l.endsWith(`argv: ${JSON.stringify(['wal', t.rmReplica])}`)), listed.join('\n'));
+  // (The stand-in writes to Zero's stderr, which reaches the test on its own pipe: wait for it.)
+  for (const command of ['snapshots', 'wal']) {
+    await eventually(`Zero to run litestream ${command} on its replica`, () =>
+      logLines('replication-manager', /\[litestream-standin \d+\] argv: /).some(l => l.endsWith(`argv: ${JSON.stringify([command, t.rmReplica])}`)));
+  }
   await eventually('the sidecar to close the compared reservation', () =>
     events('reservation closed', {task_id: SIDECAR_COMPARE_TASK}).length === 1);
 
@@ -224,6 +226,7 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   assert.equal(status.backupURL, t.backupURL);
   assert.equal(status.replicaVersion, replicaVersion);
   assert.ok(typeof status.minWatermark === 'string' && status.minWatermark >= replicaVersion, accepted);
+  await vs.waitFor(/\[litestream-standin \d+\] argv: \["restore"/, {timeout: 10_000});
   const restore = vs.matching(/\[litestream-standin \d+\] argv: \["restore"/);
   assert.equal(restore.length, 1, 'one restore');
   assert.ok(restore[0].endsWith(`,"${vsConfig.replica}"]`), restore[0]);
@@ -233,8 +236,8 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   assert.equal(events('reservation opened', {task_id: vsConfig.taskID}).length, 1, 'one reservation');
   await eventually("the view-syncer's subscription to end its reservation",
     () => events('reservation ended by its subscription', {task_id: vsConfig.taskID}).length === 1);
-  assert.ok(vs.matching(new RegExp(`connection to ws://${t.sidecarAddress.replace(/\./g, '\\.')}/replication/v6/changes\\?\\S*taskID=${vsConfig.taskID}`)).length >= 1,
-    'the view-syncer subscribed at v6 through the sidecar');
+  await vs.waitFor(new RegExp(`connection to ws://${t.sidecarAddress.replace(/\./g, '\\.')}/replication/v6/changes\\?\\S*taskID=${vsConfig.taskID}\\S* established`),
+    {timeout: 30_000, what: 'its v6 subscription through the sidecar'});
 
   // Rows inserted upstream reach the view-syncer's replica.
   const w = await t.insert([[20, 'twenty', '9007199254740993'], [21, 'twenty-one', -1], [22, 'twenty-two \u{1F600} "quoted"']]);
@@ -250,7 +253,7 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   assert.deepEqual(t.replicaItems(t.rmReplica).rows, await t.upstreamItems());
 
   assertTelemetryOff();
-  assert.ok(vs.matching(/telemetry: disabled - DO_NOT_TRACK environment variable is set/).length >= 1);
+  await vs.waitFor(/telemetry: disabled - DO_NOT_TRACK environment variable is set/, {timeout: 10_000});
   await assertLoopbackOnly({'view-syncer sync port': vsConfig.ports.sync});
 }, {timeout: 240_000});
 
@@ -345,7 +348,7 @@ scenario('5. a view-syncer on a permanent volume restarts after purges: keeps it
   const status = trailingJSON(accepted);
   assert.ok(status.minWatermark <= at, `minWatermark ${status.minWatermark} <= ${at}`);
   assert.ok(status.minWatermark >= minBefore, 'the status names what the change log still has');
-  assert.ok(vs.matching(/restore: \S+ exists; nothing to do/).length === 1, 'litestream left the replica alone');
+  await vs.waitFor(/restore: \S+ exists; nothing to do/, {timeout: 10_000, what: 'litestream leaving the replica alone'});
   assert.deepEqual(vs.matching(/Deleting local replica|restored \/|does not match expected replicaVersion|is earlier than minWatermark/), []);
 
   const w51 = await t.insert([[51, 'fifty-one', 51]]);

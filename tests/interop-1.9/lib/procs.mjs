@@ -243,9 +243,12 @@ function pidsWith(text) {
   return pids;
 }
 
+/** `ss` lists every socket of the machine, other people's builds and tests included. */
+const SS_MAX_BUFFER = 256 << 20;
+
 /** Listening TCP sockets: [{local, port, pids}] from `ss -ltnp`. */
 export function listeners() {
-  const out = execFileSync('ss', ['-Hltnp'], {encoding: 'utf8'});
+  const out = execFileSync('ss', ['-Hltnp'], {encoding: 'utf8', maxBuffer: SS_MAX_BUFFER});
   return out
     .split('\n')
     .filter(Boolean)
@@ -260,7 +263,7 @@ export function listeners() {
 
 /** Established TCP connections: [{local, peer, pids}] from `ss -tnp`. */
 export function connections() {
-  const out = execFileSync('ss', ['-Htnp', 'state', 'established'], {encoding: 'utf8'});
+  const out = execFileSync('ss', ['-Htnp', 'state', 'established'], {encoding: 'utf8', maxBuffer: SS_MAX_BUFFER});
   return out
     .split('\n')
     .filter(Boolean)
@@ -276,7 +279,8 @@ export function connections() {
 /** Every TCP and UDP socket of `pids` that is not listening: [{proto, state, local, peer, pids, line}] (`ss -tuanp`). */
 export function sockets(pids) {
   const ours = new Set(pids);
-  const out = execFileSync('ss', ['-Htuanp'], {encoding: 'utf8'});
+  // TIME-WAIT sockets belong to no process; a busy machine has very many of them.
+  const out = execFileSync('ss', ['-Htuanp', 'exclude', 'time-wait'], {encoding: 'utf8', maxBuffer: SS_MAX_BUFFER});
   return out
     .split('\n')
     .filter(Boolean)
