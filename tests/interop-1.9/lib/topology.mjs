@@ -36,25 +36,49 @@ export const SHARD_NUM = 0;
 export const CDC = `"${APP_ID}_${SHARD_NUM}/cdc"`;
 export const ADMIN_PASSWORD = 'interop-admin-password';
 
-/** A free TCP port on 127.0.0.1 (and, for `localhost` listeners, on ::1 where that exists). */
-export async function freePort({alsoV6 = false} = {}) {
-  for (;;) {
-    const port = await new Promise((res, rej) => {
-      const s = createServer();
-      s.once('error', rej);
-      s.listen(0, '127.0.0.1', () => {
-        const {port} = s.address();
-        s.close(() => res(port));
-      });
-    });
-    if (!alsoV6) return port;
-    const v6ok = await new Promise(res => {
-      const s = createServer();
-      s.once('error', e => res(e.code === 'EADDRNOTAVAIL' || e.code === 'EAFNOSUPPORT'));
-      s.listen(port, '::1', () => s.close(() => res(true)));
-    });
-    if (v6ok) return port;
+/** Ports handed out by `freePort` in this process (each is handed out once). */
+const handedOut = new Set();
+
+/**
+ * The kernel's ephemeral port range (/proc/sys/net/ipv4/ip_local_port_range): ports it gives to `listen(0)` and to
+ * outgoing connections, ours and those of everything else running on the machine.
+ */
+function ephemeralRange() {
+  try {
+    const [low, high] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+    if (low > 0 && high >= low) return [low, high];
+  } catch {
+    // not Linux, or not readable
   }
+  return [32768, 60999];
+}
+
+function canListen(port, host) {
+  return new Promise(res => {
+    const s = createServer();
+    s.once('error', e => res(host === '::1' && (e.code === 'EADDRNOTAVAIL' || e.code === 'EAFNOSUPPORT')));
+    s.listen({port, host, exclusive: true}, () => s.close(() => res(true)));
+  });
+}
+
+/**
+ * A free TCP port on 127.0.0.1 (and, for `localhost` listeners, on ::1 where that exists), chosen below the
+ * kernel's ephemeral range: a port from that range can be taken as the local port of any outgoing connection on
+ * the machine between this check and the moment a process binds it (seen as EADDRINUSE on a busy machine).
+ */
+export async function freePort({alsoV6 = false} = {}) {
+  const [ephemeralLow] = ephemeralRange();
+  const high = Math.min(ephemeralLow - 1, 32767);
+  const low = Math.max(1024, Math.min(15000, high - 2000));
+  for (let attempt = 0; attempt < 1000; attempt++) {
+    const port = low + Math.floor(Math.random() * (high - low + 1));
+    if (handedOut.has(port)) continue;
+    if (!(await canListen(port, '127.0.0.1'))) continue;
+    if (alsoV6 && !(await canListen(port, '::1'))) continue;
+    handedOut.add(port);
+    return port;
+  }
+  throw new Error(`no free port in ${low}-${high}`);
 }
 
 export async function eventually(what, check, {timeout = 30_000, interval = 200} = {}) {
@@ -65,6 +89,7 @@ export async function eventually(what, check, {timeout = 30_000, interval = 200}
       const value = await check();
       if (value) return value;
     } catch (e) {
+      if (e?.fatal) throw e; // waiting longer cannot help
       last = e;
     }
     if (Date.now() > deadline) {
@@ -316,7 +341,10 @@ filter = "warn,litestream_sidecar=debug"
       env: {RUST_LOG: null}, // the config's [log] filter applies
     });
     await eventually('the sidecar to answer GET /', async () => {
-      if (!proc.running) throw new Error(`sidecar exited (${proc.exitCode ?? proc.exitSignal})`);
+      if (!proc.running) {
+        throw Object.assign(new Error(`sidecar exited (${proc.exitCode ?? proc.exitSignal}): ${proc.lines().slice(-3).join(' | ')}`),
+          {fatal: true});
+      }
       return (await httpGet(`http://${this.sidecarAddress}/`, {timeout: 1000})).status === 200;
     }, {timeout: 20_000});
     return proc;
