@@ -21,9 +21,11 @@ run: build
 test:
 	CARGO="$(CARGO)" scripts/test.sh $(PG)
 
-# Only the interop suite (npm ci, the sidecar build, Zero, the litestream stand-in), on the first major in $(PG).
+# Only the interop suites with real Zero 0.20 and 1.9 (npm ci, the sidecar build, Zero, the litestream stand-in), on
+# the first major in $(PG).
 interop:
-	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" scripts/interop.sh
+	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" sh -c 'scripts/interop.sh && scripts/interop-1.9.sh'
+
 
 lint:
 	$(CARGO) fmt --all -- --check

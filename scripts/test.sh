@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: every Rust test and the interop suite with real Zero (scripts/interop.sh), once per PostgreSQL major:
+# `make test`: every Rust test and the interop suites with real Zero 0.20 and 1.9 (scripts/interop.sh,
+# scripts/interop-1.9.sh), once per PostgreSQL major:
 #
 #   scripts/test.sh              # PostgreSQL 15 and 17 (or the majors in $PG)
 #   scripts/test.sh 18           # only PostgreSQL 18
@@ -30,6 +31,7 @@ for major in "${majors[@]}"; do
     status=0
     $CARGO test --locked --lib --bins --tests || status=$?
     scripts/interop.sh || status=$?
+    scripts/interop-1.9.sh || status=$?
     exit $status' 2>&1 | tee "$log" || status=1
 done
 

@@ -403,7 +403,7 @@ scenario('6. URI topology: view-syncers use ZERO_CHANGE_STREAMER_URI, the sideca
   assert.equal(await t.ownerAddress(), t.rmAddress, 'the sidecar never wrote ownerAddress');
   assert.deepEqual(zeroCleanupLines(), [], 'Zero scheduled no cleanup of its own');
   await assertLoopbackOnly({});
-}, {timeout: 300_000, skip: 'needs discovery.mode = "owner"'});
+}, {timeout: 300_000});
 
 scenario('7. cold start with the first backup late: the view-syncer waits for a status and restores once', async () => {
   const FIRST_UPLOAD_DELAY_MS = 25_000;
