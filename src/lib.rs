@@ -6,9 +6,9 @@
 //! - [`protocol`]: Zero's change-streamer wire protocol without I/O (paths, versions, frames, acks, reasons).
 //! - [`inspect`]: the little of a relayed change-stream frame that ack tracking reads.
 //! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads and flushes, limits, liveness, closing).
-//! - [`reservations`]: the reservation registry and the `/snapshot` handler.
-//! - [`server`]: accept loop, HTTP routing and health endpoints.
-//! - [`relay`]: the `/changes` relay to Zero's change-streamer.
+//! - [`reservations`]: the reservation registry and the `/snapshot` WebSocket, from its upgrade on.
+//! - [`server`]: the HTTP accept loop for every listener, routing and the plain endpoints.
+//! - [`relay`]: the `/changes` relay to Zero's change-streamer, from the subscriber's upgrade on.
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
@@ -43,7 +43,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{info, info_span, warn, Instrument};
 
 pub use config::Config;
 use relay::RelayContext;
@@ -127,8 +127,9 @@ impl App {
         proxy::bind(&self.config.litestream.proxy_listen).await
     }
 
-    /// Serves on `listener` until `shutdown` is cancelled, then closes every WebSocket (1001) and waits up to
-    /// `server.shutdown_grace` for connections to finish.
+    /// Serves on `listener` (and the proxy on `proxy_listeners`) until `shutdown` is cancelled, then closes every
+    /// WebSocket (1001) and waits up to `server.shutdown_grace` for connections to finish. Every long-lived task
+    /// runs in its own span on one [`TaskTracker`], which the drain waits for.
     pub async fn run(
         self,
         listener: TcpListener,
@@ -143,7 +144,15 @@ impl App {
             litestream.max_page_bytes,
         )
         .map_err(std::io::Error::other)?;
-        proxy::serve(proxy_listeners, scraper, shutdown.clone(), tracker.clone()).await;
+        let proxy = Arc::new(proxy::Proxy { scraper });
+        for listener in proxy_listeners {
+            let addr = listener.local_addr()?;
+            info!(%addr, "metrics proxy listening");
+            tracker.spawn(
+                server::serve_http(listener, proxy.clone(), shutdown.clone(), tracker.clone())
+                    .instrument(info_span!("proxy", %addr)),
+            );
+        }
 
         // The change DB connection outlives the other tasks: it is closed after the drain below.
         let db_shutdown = CancellationToken::new();
@@ -162,7 +171,11 @@ impl App {
             self.started,
             self.discovery.clone(),
         );
-        tracker.spawn(monitor.run(shutdown.clone()));
+        tracker.spawn(
+            monitor
+                .run(shutdown.clone())
+                .instrument(info_span!("monitor")),
+        );
         let discovery = discovery::Discovery {
             mode: self.config.discovery.mode,
             ours: self.config.discovery.advertise_address.clone(),
@@ -172,9 +185,13 @@ impl App {
             state: self.discovery.clone(),
             started: self.started,
         };
-        tracker.spawn(discovery.run(shutdown.clone()));
+        tracker.spawn(
+            discovery
+                .run(shutdown.clone())
+                .instrument(info_span!("discovery")),
+        );
         let shared = Arc::new(Shared {
-            metrics: server::MetricsSources {
+            metrics: metrics::Sources {
                 instruments: self.instruments.clone(),
                 registry: self.registry.clone(),
                 subscribers: self.subscribers.clone(),
@@ -206,17 +223,24 @@ impl App {
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
         });
-        info!(addr = %listener.local_addr()?, "listening");
+        let addr = listener.local_addr()?;
+        info!(%addr, "listening");
         shared.readiness.set_listening(true);
         notify::ready("listening");
         {
             let shared = shared.clone();
             let status = self.status.clone();
-            tracker.spawn(notify::run(shutdown.clone(), move || {
-                status_line(&shared.readiness.missing(), &status.get())
-            }));
+            tracker.spawn(
+                notify::run(shutdown.clone(), move || {
+                    status_line(&shared.readiness.missing(), &status.get())
+                })
+                .instrument(info_span!("notify")),
+            );
         }
-        server::serve(listener, shared).await;
+        server::serve_http(listener, shared.clone(), shutdown.clone(), tracker.clone())
+            .instrument(info_span!("server", %addr))
+            .await;
+        shared.readiness.set_listening(false);
         notify::stopping();
 
         tracker.close();

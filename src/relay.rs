@@ -1,5 +1,8 @@
 //! The `/changes` relay: each subscription is a WebSocket to Zero's change-streamer, opened before the
-//! subscriber's own upgrade is answered, and every frame is relayed unchanged both ways (PROTOCOL.md §6, §11.2).
+//! subscriber's own upgrade is answered ([`serve`]), and every frame is relayed unchanged both ways (PROTOCOL.md
+//! §6, §11.2). A subscription the sidecar cannot relay is refused before the upgrade: HTTP 400 for a path or
+//! version no Zero serves, HTTP 502 when the upstream cannot be reached, which makes Zero's client back off
+//! instead of reconnecting every 25 ms (W10).
 //!
 //! What the relay owns: the upstream handshake, each hop's liveness (the subscriber is pinged, a silent upstream is
 //! dropped), close codes passed through both ways, back-pressure, ending the subscriber's snapshot reservation
@@ -15,25 +18,29 @@
 //! rest; nothing else is buffered beyond the frame being read.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastwebsockets::{OpCode, Role, WebSocket};
-use http_body_util::Empty;
+use http_body_util::{Empty, Full};
+use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HOST, UPGRADE};
-use hyper::{Request, StatusCode};
+use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::config::{RelayConfig, UpstreamConfig};
 use crate::inspect::{inspect, Downstream};
-use crate::protocol::{self, close, SubscriberContext};
+use crate::protocol::{self, close, SubscriberContext, Version};
 use crate::reservations::Registry;
+use crate::server::plain;
 use crate::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
 use crate::ws::{self, CloseWith, Io, Liveness, Outbox, PeerClose};
 
@@ -83,6 +90,71 @@ impl RelayError {
     pub fn status(&self) -> StatusCode {
         StatusCode::BAD_GATEWAY
     }
+}
+
+/// Answers a `/changes` upgrade request. The upstream WebSocket is opened first, inside the request, so that a
+/// subscription the sidecar cannot relay is refused (HTTP 502) before the subscriber's upgrade completes; the
+/// relay then runs on its own task in `tracker`.
+pub async fn serve(
+    mut req: Request<Incoming>,
+    version: &Version,
+    peer: SocketAddr,
+    ctx: &RelayContext,
+    tracker: &TaskTracker,
+) -> Response<Full<Bytes>> {
+    if let Err(message) = protocol::check_changes(version) {
+        debug!(%message, "subscription refused");
+        return plain(StatusCode::BAD_REQUEST, message);
+    }
+    if ctx.shutdown.is_cancelled() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    let (response, upgrade) = match fastwebsockets::upgrade::upgrade(&mut req) {
+        Ok(pair) => pair,
+        Err(err) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("bad WebSocket upgrade: {err}\n"),
+            )
+        }
+    };
+    let settings = &ctx.settings;
+    let query = req.uri().query();
+    let subscription = protocol::parse_subscriber_context(query);
+    let target = upstream_target(
+        req.uri().path(),
+        query,
+        settings.relay.suppress_upstream_cleanup,
+    );
+    let span = info_span!("relay", %peer, upstream = %settings.upstream.address);
+    let upstream = match connect(&settings.upstream, &target)
+        .instrument(span.clone())
+        .await
+    {
+        Ok(upstream) => upstream,
+        Err(err) => {
+            ctx.instruments.upstream_connect_errors.inc();
+            span.in_scope(|| warn!(error = %err, "subscription refused: upstream unavailable"));
+            return plain(err.status(), format!("{err}\n"));
+        }
+    };
+    if ctx.shutdown.is_cancelled() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    let ctx = ctx.clone();
+    tracker.spawn(
+        async move {
+            match upgrade.await {
+                Ok(ws) => {
+                    handle_changes(ctx, subscription, ws, upstream).await;
+                }
+                // The upstream socket is dropped with the task: Zero sees the subscriber leave.
+                Err(err) => debug!(error = %err, "upgrade failed"),
+            }
+        }
+        .instrument(span),
+    );
+    response.map(|_| Full::default())
 }
 
 /// The request target sent upstream: the subscriber's path and query string, with `initial=true` turned into
@@ -517,7 +589,7 @@ async fn read_some<R: AsyncRead + Unpin>(
 
 /// Relays one subscription until either side ends it or the sidecar shuts down. `client` has just completed
 /// its upgrade; `upstream` is the socket [`connect`] returned.
-pub async fn handle_changes(
+async fn handle_changes(
     ctx: RelayContext,
     subscription: SubscriberContext,
     client: WebSocket<Io>,

@@ -1,21 +1,33 @@
-//! Snapshot reservations: the registry the cleanup policy reads, and the `/snapshot` WebSocket handler.
+//! Snapshot reservations: the registry the cleanup policy reads, and the `/snapshot` WebSocket: its request
+//! checks, its upgrade ([`serve`]) and the socket held open for the reservation.
 //!
 //! A reservation protects a view-syncer's restore: while it is open, change-log rows the restored backup may need
 //! must stay. It ends when its socket closes, when a retry with the same taskID replaces it, or when the task's
 //! first `initial=true` subscription arrives — only that last way proves how long a restore takes, so only it can
 //! raise the cleanup delay (PROTOCOL.md §5.3).
+//!
+//! Requests Zero would reject are refused with HTTP 400 *before* the upgrade, with Zero's own message as the body:
+//! a 0.20 view-syncer whose snapshot socket is accepted and then closed without a status waits forever
+//! (PROTOCOL.md W9), while a refused upgrade makes it fail and restart.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use fastwebsockets::{OpCode, WebSocket};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, Instrument};
 
-use crate::protocol::{self, close};
+use crate::protocol::{self, close, Version};
+use crate::server::plain;
 use crate::ws::{self, Assembled, Assembler, CloseWith, Liveness, PeerClose};
 
 /// Zero's `MIN_CLEANUP_DELAY_MS`: the delay never goes below what a reconnecting subscriber needs.
@@ -247,6 +259,50 @@ pub struct SnapshotContext {
     pub shutdown: CancellationToken,
 }
 
+/// Answers a `/snapshot` upgrade request: refused (HTTP 400 with Zero's message, 503 while shutting down), or
+/// upgraded, the reservation then held on its own task in `tracker`.
+pub fn serve(
+    mut req: Request<Incoming>,
+    version: &Version,
+    peer: SocketAddr,
+    ctx: &SnapshotContext,
+    tracker: &TaskTracker,
+) -> Response<Full<Bytes>> {
+    let (version, task_id) = match protocol::check_snapshot(version, req.uri().query()) {
+        Ok(checked) => checked,
+        Err(message) => {
+            debug!(%message, "snapshot request refused");
+            return plain(StatusCode::BAD_REQUEST, message);
+        }
+    };
+    if ctx.shutdown.is_cancelled() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    let (response, upgrade) = match fastwebsockets::upgrade::upgrade(&mut req) {
+        Ok(pair) => pair,
+        Err(err) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("bad WebSocket upgrade: {err}\n"),
+            )
+        }
+    };
+    let ctx = ctx.clone();
+    let span = info_span!("reservation", task_id = %task_id, %peer);
+    tracker.spawn(
+        async move {
+            match upgrade.await {
+                Ok(ws) => {
+                    handle_snapshot(ctx, version, task_id, ws).await;
+                }
+                Err(err) => debug!(error = %err, "upgrade failed"),
+            }
+        }
+        .instrument(span),
+    );
+    response.map(|_| Full::default())
+}
+
 /// How a reservation socket ended, for logs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -294,7 +350,7 @@ async fn status_frame(ctx: &SnapshotContext, version: u64) -> Option<String> {
 /// Serves one reservation: status frame, then hold the socket open with pings until something ends it. A v4+
 /// status that cannot be built yet is held back (the socket is pinged meanwhile) rather than sent incomplete;
 /// a reservation is never closed without a status for lack of one.
-pub async fn handle_snapshot<S>(
+async fn handle_snapshot<S>(
     ctx: SnapshotContext,
     version: u64,
     task_id: String,
