@@ -17,6 +17,8 @@
 //! - [`discovery`]: registration in the shard's address table (`ownerAddress`).
 //! - [`notify`]: systemd's readiness, status and watchdog notifications.
 //! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge.
+//! - [`metrics`]: the sidecar's own Prometheus metrics: instruments, the state read at scrape time, the page.
+//! - [`shared`]: state one loop writes and others read, and the rhythm of the periodic loops.
 
 #![forbid(unsafe_code)]
 
@@ -48,7 +50,7 @@ use tracing::{info, info_span, warn, Instrument};
 pub use config::Config;
 use relay::RelayContext;
 use reservations::{Registry, SnapshotContext};
-use server::{Readiness, Shared};
+use server::{Context, Readiness};
 use subscribers::Subscribers;
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
@@ -190,7 +192,7 @@ impl App {
                 .run(shutdown.clone())
                 .instrument(info_span!("discovery")),
         );
-        let shared = Arc::new(Shared {
+        let context = Arc::new(Context {
             metrics: metrics::Sources {
                 instruments: self.instruments.clone(),
                 registry: self.registry.clone(),
@@ -225,22 +227,22 @@ impl App {
         });
         let addr = listener.local_addr()?;
         info!(%addr, "listening");
-        shared.readiness.set_listening(true);
+        context.readiness.set_listening(true);
         notify::ready("listening");
         {
-            let shared = shared.clone();
+            let context = context.clone();
             let status = self.status.clone();
             tracker.spawn(
                 notify::run(shutdown.clone(), move || {
-                    status_line(&shared.readiness.missing(), &status.get())
+                    status_line(&context.readiness.missing(), &status.get())
                 })
                 .instrument(info_span!("notify")),
             );
         }
-        server::serve_http(listener, shared.clone(), shutdown.clone(), tracker.clone())
+        server::serve_http(listener, context.clone(), shutdown.clone(), tracker.clone())
             .instrument(info_span!("server", %addr))
             .await;
-        shared.readiness.set_listening(false);
+        context.readiness.set_listening(false);
         notify::stopping();
 
         tracker.close();

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use litestream_sidecar::config::{self, ConfigError, LogFormat};
+use litestream_sidecar::config::{self, LogFormat};
 use litestream_sidecar::App;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -56,7 +56,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(err) => {
-                eprintln!("{}", describe(&err));
+                eprintln!("{err}");
                 ExitCode::from(EXIT_CHECK_FAILED)
             }
         };
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
     let config = match loaded {
         Ok((_, config)) => config,
         Err(err) => {
-            eprintln!("litestream-sidecar: {}", describe(&err));
+            eprintln!("litestream-sidecar: {err}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -134,10 +134,6 @@ async fn wait_for_signal() -> &'static str {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     }
-}
-
-fn describe(err: &ConfigError) -> String {
-    err.to_string()
 }
 
 fn init_tracing(log: &config::LogConfig) {

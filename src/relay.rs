@@ -71,7 +71,7 @@ pub struct Settings {
 
 /// Why a subscription could not be relayed; the subscriber gets an HTTP error before its upgrade.
 #[derive(Debug, thiserror::Error)]
-pub enum RelayError {
+enum RelayError {
     #[error("upstream {addr} unreachable: {source}")]
     Connect {
         addr: String,
@@ -83,13 +83,6 @@ pub enum RelayError {
     Refused { addr: String, status: u16 },
     #[error("upstream {addr} WebSocket handshake failed: {reason}")]
     Handshake { addr: String, reason: String },
-}
-
-impl RelayError {
-    /// The HTTP status the subscriber is refused with: the gateway could not reach a working upstream.
-    pub fn status(&self) -> StatusCode {
-        StatusCode::BAD_GATEWAY
-    }
 }
 
 /// Answers a `/changes` upgrade request. The upstream WebSocket is opened first, inside the request, so that a
@@ -135,7 +128,8 @@ pub async fn serve(
         Err(err) => {
             ctx.instruments.upstream_connect_errors.inc();
             span.in_scope(|| warn!(error = %err, "subscription refused: upstream unavailable"));
-            return plain(err.status(), format!("{err}\n"));
+            // The gateway could not reach a working upstream.
+            return plain(StatusCode::BAD_GATEWAY, format!("{err}\n"));
         }
     };
     if ctx.shutdown.is_cancelled() {
@@ -159,7 +153,7 @@ pub async fn serve(
 
 /// The request target sent upstream: the subscriber's path and query string, with `initial=true` turned into
 /// `initial=false` when the sidecar owns cleanup.
-pub fn upstream_target(path: &str, query: Option<&str>, suppress_upstream_cleanup: bool) -> String {
+fn upstream_target(path: &str, query: Option<&str>, suppress_upstream_cleanup: bool) -> String {
     match query {
         None => path.to_string(),
         Some(query) if suppress_upstream_cleanup => {
@@ -170,7 +164,7 @@ pub fn upstream_target(path: &str, query: Option<&str>, suppress_upstream_cleanu
 }
 
 /// Opens the upstream WebSocket for `target` (path and query), under `upstream.connect_timeout`.
-pub async fn connect(upstream: &UpstreamConfig, target: &str) -> Result<Io, RelayError> {
+async fn connect(upstream: &UpstreamConfig, target: &str) -> Result<Io, RelayError> {
     let addr = &upstream.address;
     tokio::time::timeout(upstream.connect_timeout, handshake(addr, target))
         .await
@@ -247,7 +241,7 @@ async fn handshake(addr: &str, target: &str) -> Result<Io, RelayError> {
 
 /// How a relayed connection ended: the first cause, for logs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+enum SubscriptionEnd {
     /// The upstream closed; `code` is what its close frame carried (`None`: no status code).
     UpstreamClosed {
         code: Option<u16>,
@@ -375,7 +369,7 @@ struct Relay<'a> {
     client_messages: Assembler,
     /// Where a client frame is unmasked to be read.
     scratch: Vec<u8>,
-    outcome: Option<Outcome>,
+    outcome: Option<SubscriptionEnd>,
 }
 
 impl<'a> Relay<'a> {
@@ -409,7 +403,7 @@ impl<'a> Relay<'a> {
     }
 
     /// The first cause of the end is the one reported.
-    fn ending(&mut self, outcome: Outcome) {
+    fn ending(&mut self, outcome: SubscriptionEnd) {
         self.outcome.get_or_insert(outcome);
     }
 
@@ -448,7 +442,7 @@ impl<'a> Relay<'a> {
 
     /// The sidecar is shutting down: both sides are closed with 1001.
     fn on_shutdown(&mut self) {
-        self.ending(Outcome::Shutdown);
+        self.ending(SubscriptionEnd::Shutdown);
         let with = CloseWith::new(close::GOING_AWAY, "sidecar shutting down");
         self.client.close(Some(&with));
         self.upstream.close(Some(&with));
@@ -457,10 +451,11 @@ impl<'a> Relay<'a> {
     /// `side`'s connection broke: a read ended or failed, or a write failed.
     fn on_lost(&mut self, side: Side) {
         match side {
-            Side::Client => self.client_gone(Outcome::ClientGone, "subscriber gone"),
-            Side::Upstream => {
-                self.upstream_gone(Outcome::UpstreamGone, "Error: upstream connection lost")
-            }
+            Side::Client => self.client_gone(SubscriptionEnd::ClientGone, "subscriber gone"),
+            Side::Upstream => self.upstream_gone(
+                SubscriptionEnd::UpstreamGone,
+                "Error: upstream connection lost",
+            ),
         }
     }
 
@@ -480,21 +475,24 @@ impl<'a> Relay<'a> {
                 } else {
                     // Like Zero's terminate(): no close handshake with a peer that stopped answering.
                     debug!("subscriber did not answer a ping");
-                    self.client_gone(Outcome::ClientUnresponsive, "subscriber unresponsive");
+                    self.client_gone(
+                        SubscriptionEnd::ClientUnresponsive,
+                        "subscriber unresponsive",
+                    );
                 }
             }
             Side::Upstream => {
                 let excused = std::mem::take(&mut self.upstream.held_back);
                 if !heard && !excused {
                     debug!("upstream silent");
-                    self.upstream_gone(Outcome::UpstreamSilent, "Error: upstream silent");
+                    self.upstream_gone(SubscriptionEnd::UpstreamSilent, "Error: upstream silent");
                 }
             }
         }
     }
 
     /// The subscriber's socket broke, or it stopped answering pings: its upstream is closed.
-    fn client_gone(&mut self, outcome: Outcome, reason: &str) {
+    fn client_gone(&mut self, outcome: SubscriptionEnd, reason: &str) {
         self.client.gone = true;
         self.client.stopped_reading = true;
         self.ending(outcome);
@@ -503,7 +501,7 @@ impl<'a> Relay<'a> {
     }
 
     /// The upstream's socket broke or fell silent: the subscriber is told with 1011.
-    fn upstream_gone(&mut self, outcome: Outcome, reason: &str) {
+    fn upstream_gone(&mut self, outcome: SubscriptionEnd, reason: &str) {
         self.upstream.gone = true;
         self.upstream.stopped_reading = true;
         self.ending(outcome);
@@ -518,12 +516,12 @@ impl<'a> Relay<'a> {
         match source {
             Side::Upstream => {
                 let reason = format!("Error: upstream: {}", with.reason);
-                self.ending(Outcome::UpstreamProtocolError(with));
+                self.ending(SubscriptionEnd::UpstreamProtocolError(with));
                 self.client
                     .close(Some(&CloseWith::new(close::INTERNAL_ERROR, reason)));
             }
             Side::Client => {
-                self.ending(Outcome::ClientProtocolError(with));
+                self.ending(SubscriptionEnd::ClientProtocolError(with));
                 self.upstream
                     .close(Some(&CloseWith::new(close::GOING_AWAY, "subscriber gone")));
             }
@@ -651,8 +649,8 @@ impl<'a> Relay<'a> {
                 match ws::read_close(payload) {
                     PeerClose::Valid { code, payload } => {
                         self.ending(match source {
-                            Side::Upstream => Outcome::UpstreamClosed { code },
-                            Side::Client => Outcome::ClientClosed { code },
+                            Side::Upstream => SubscriptionEnd::UpstreamClosed { code },
+                            Side::Client => SubscriptionEnd::ClientClosed { code },
                         });
                         self.peer(source).close_received = Some(payload.clone());
                         // Passed on as sent; the other side's answer goes back as the answer to it.
@@ -678,7 +676,7 @@ async fn handle_changes(
     subscription: SubscriberContext,
     client: WebSocket<Io>,
     upstream: Io,
-) -> Outcome {
+) -> SubscriptionEnd {
     let settings = ctx.settings.clone();
     let (mut client_reader, mut client_writer) = tokio::io::split(client.into_inner());
     let (mut upstream_reader, mut upstream_writer) = tokio::io::split(upstream);
@@ -758,7 +756,7 @@ async fn handle_changes(
             }
         }
     }
-    let outcome = relay.outcome.take().unwrap_or(Outcome::ClientGone);
+    let outcome = relay.outcome.take().unwrap_or(SubscriptionEnd::ClientGone);
     drop(relay);
     info!(outcome = ?outcome, "subscription ended");
     outcome
@@ -791,7 +789,7 @@ fn on_subscribed(ctx: &RelayContext, subscription: &SubscriberContext) -> Option
     let handle = ctx.subscribers.connect(SubscriberInfo {
         id: id.clone(),
         task_id: subscription.task_id.clone(),
-        mode: subscription.mode.as_str().to_string(),
+        mode: subscription.mode,
         replica_version: replica_version.clone(),
         watermark: watermark.clone(),
     });
@@ -954,7 +952,7 @@ mod tests {
         steps: Vec<Step>,
         to_client: Vec<Written>,
         to_upstream: Vec<Written>,
-        outcome: Option<Outcome>,
+        outcome: Option<SubscriptionEnd>,
         done: bool,
         /// The acknowledged watermarks the subscriber registry holds afterwards, by Zero's `id`.
         acked: &'static [(&'static str, &'static str)],
@@ -996,7 +994,7 @@ mod tests {
     }
 
     fn rows() -> Vec<Row> {
-        use Outcome as End;
+        use SubscriptionEnd as End;
         let refused = |code, reason: &str| CloseWith::new(code, reason);
         let split = s(true, CONTINUATION, b":1}");
         let commits = [STATUS.to_vec(), commit(2, "0b"), commit(3, "0c")];
@@ -1358,7 +1356,7 @@ mod tests {
         let handle = subscribers.connect(SubscriberInfo {
             id: "s".into(),
             task_id: None,
-            mode: "serving".into(),
+            mode: protocol::Mode::Serving,
             replica_version: "01".into(),
             watermark: "0a".into(),
         });

@@ -310,7 +310,7 @@ pub fn serve(
 
 /// How a reservation socket ended, for logs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+enum ReservationEnd {
     ClosedByPeer,
     Ended(EndReason),
     Shutdown,
@@ -371,7 +371,7 @@ async fn handle_snapshot<S>(
     version: u64,
     task_id: String,
     ws: WebSocket<S>,
-) -> Outcome
+) -> ReservationEnd
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -404,12 +404,12 @@ where
             biased;
             _ = ctx.shutdown.cancelled() => {
                 outbox.push_close(Some(&CloseWith::new(close::GOING_AWAY, "sidecar shutting down")));
-                break (Outcome::Shutdown, Leave::Linger);
+                break (ReservationEnd::Shutdown, Leave::Linger);
             }
             reason = lease.ended() => {
                 // Zero closes an ended or replaced reservation without a status code (PROTOCOL.md §5.3).
                 outbox.push_close(None);
-                break (Outcome::Ended(reason), Leave::Linger);
+                break (ReservationEnd::Ended(reason), Leave::Linger);
             }
             _ = status_retry.tick(), if !status_sent => {
                 if let Some(status) = Box::pin(status_frame(&ctx, version)).await {
@@ -420,13 +420,13 @@ where
             alive = liveness.tick() => {
                 if !alive {
                     // Like Zero's terminate(): no close handshake with a peer that stopped answering.
-                    break (Outcome::Unresponsive, Leave::Drop);
+                    break (ReservationEnd::Unresponsive, Leave::Drop);
                 }
                 outbox.push_control(OpCode::Ping, b"");
             }
             result = outbox.flush(&mut writer), if !outbox.is_empty() => {
                 if result.is_err() {
-                    break (Outcome::Gone, Leave::Drop);
+                    break (ReservationEnd::Gone, Leave::Drop);
                 }
             }
             result = inbox.read_frame(&mut reader) => {
@@ -436,9 +436,9 @@ where
                         debug!(reason = %with.reason, "bad frame");
                         // The stream is unusable after a framing error: close and drop without lingering.
                         outbox.push_close(Some(&with));
-                        break (Outcome::ProtocolError(with), Leave::Flush);
+                        break (ReservationEnd::ProtocolError(with), Leave::Flush);
                     }
-                    Err(ReadError::Gone) => break (Outcome::Gone, Leave::Drop),
+                    Err(ReadError::Gone) => break (ReservationEnd::Gone, Leave::Drop),
                 };
                 liveness.heard();
                 match frame.opcode {
@@ -447,11 +447,11 @@ where
                     OpCode::Close => match ws::read_close(frame.payload) {
                         PeerClose::Valid { payload, .. } => {
                             outbox.push(true, OpCode::Close, payload);
-                            break (Outcome::ClosedByPeer, Leave::Flush);
+                            break (ReservationEnd::ClosedByPeer, Leave::Flush);
                         }
                         PeerClose::Invalid(with) => {
                             outbox.push_close(Some(&with));
-                            break (Outcome::ProtocolError(with), Leave::Flush);
+                            break (ReservationEnd::ProtocolError(with), Leave::Flush);
                         }
                     },
                     OpCode::Text | OpCode::Binary | OpCode::Continuation => {
@@ -459,7 +459,7 @@ where
                             Ok(ack) => acked |= ack,
                             Err(with) => {
                                 outbox.push_close(Some(&with));
-                                break (Outcome::ProtocolError(with), Leave::Linger);
+                                break (ReservationEnd::ProtocolError(with), Leave::Linger);
                             }
                         }
                     }

@@ -148,7 +148,7 @@ impl Readiness {
 }
 
 /// What the main listener's requests read: the router's [`Handler`].
-pub struct Shared {
+pub struct Context {
     pub metrics: crate::metrics::Sources,
     pub snapshot: SnapshotContext,
     pub relay: RelayContext,
@@ -158,7 +158,7 @@ pub struct Shared {
     pub tracker: TaskTracker,
 }
 
-impl Handler for Shared {
+impl Handler for Context {
     async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
@@ -173,7 +173,7 @@ const NOT_AN_UPGRADE: &str =
     "this path serves Zero's change-streamer protocol over WebSocket: send a WebSocket upgrade request\n";
 
 /// The main listener's router: the plain endpoints are answered here, the WebSocket paths by their jobs.
-async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Shared) -> Response<Full<Bytes>> {
+async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Context) -> Response<Full<Bytes>> {
     if req.method() != Method::GET {
         let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
         response
@@ -209,7 +209,7 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Shared) -> Respon
     }
 }
 
-fn keepalive(ctx: &Shared) -> Response<Full<Bytes>> {
+fn keepalive(ctx: &Context) -> Response<Full<Bytes>> {
     if ctx.shutdown.is_cancelled() {
         return plain(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -109,7 +109,7 @@ pub fn read_close(payload: BytesMut) -> PeerClose {
 }
 
 /// Codes a peer may put on the wire: 1000-1003, 1007-1011, 1012-1014 and the registered/private ranges.
-pub fn is_valid_close_code(code: u16) -> bool {
+fn is_valid_close_code(code: u16) -> bool {
     matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
 }
 
