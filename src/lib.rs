@@ -53,6 +53,18 @@ use reservations::{Registry, SnapshotContext};
 use server::{Context, Readiness};
 use subscribers::Subscribers;
 
+/// Why [`App::run`] stopped with an error rather than after a drain; `main` exits 1 on any of them.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `litestream.metrics_url` cannot be scraped (not an `http://` URL with a host): neither the monitor nor the
+    /// metrics proxy could work.
+    #[error("litestream.metrics_url: {0}")]
+    MetricsUrl(#[source] litestream::ScrapeError),
+    /// A listener handed to [`App::run`] cannot say its address.
+    #[error("listener: {0}")]
+    Listener(#[source] std::io::Error),
+}
+
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
 fn status_line(missing: &[&str], status: &monitor::Status) -> String {
     if !missing.is_empty() {
@@ -137,7 +149,7 @@ impl App {
         listener: TcpListener,
         proxy_listeners: Vec<TcpListener>,
         shutdown: CancellationToken,
-    ) -> std::io::Result<()> {
+    ) -> Result<(), Error> {
         let tracker = TaskTracker::new();
         let litestream = &self.config.litestream;
         let scraper = litestream::Scraper::new(
@@ -145,10 +157,10 @@ impl App {
             litestream.scrape_timeout,
             litestream.max_page_bytes,
         )
-        .map_err(std::io::Error::other)?;
+        .map_err(Error::MetricsUrl)?;
         let proxy = Arc::new(proxy::Proxy { scraper });
         for listener in proxy_listeners {
-            let addr = listener.local_addr()?;
+            let addr = listener.local_addr().map_err(Error::Listener)?;
             info!(%addr, "metrics proxy listening");
             tracker.spawn(
                 server::serve_http(listener, proxy.clone(), shutdown.clone(), tracker.clone())
@@ -225,7 +237,7 @@ impl App {
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
         });
-        let addr = listener.local_addr()?;
+        let addr = listener.local_addr().map_err(Error::Listener)?;
         info!(%addr, "listening");
         context.readiness.set_listening(true);
         notify::ready("listening");

@@ -116,10 +116,19 @@ async fn async_main(config: litestream_sidecar::Config) -> ExitCode {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(err)) => {
             error!(error = %err, "stopped with an error");
-            ExitCode::FAILURE
+            exit_code(&err)
         }
         Err(err) => {
             error!(error = %err, "crashed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A failure once running is a runtime failure (1), whatever its cause: config errors (78) are found before.
+fn exit_code(err: &litestream_sidecar::Error) -> ExitCode {
+    match err {
+        litestream_sidecar::Error::MetricsUrl(_) | litestream_sidecar::Error::Listener(_) => {
             ExitCode::FAILURE
         }
     }
