@@ -113,7 +113,7 @@ pub struct State {
 }
 
 /// Shared view of [`State`].
-pub type StateHandle = crate::shared::Shared<State>;
+pub type StateHandle = crate::shared::Cell<State>;
 
 pub struct Discovery {
     pub mode: Mode,

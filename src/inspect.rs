@@ -48,18 +48,18 @@ enum Head {
 fn read_head(frame: &[u8]) -> Option<Head> {
     let mut s = Scanner { b: frame, i: 0 };
     s.ws();
-    s.expect(b'{')?;
+    s.consume(b'{')?;
     let mut id = None;
     // At most `id` then `msg`; any other key means an unusual frame.
     for _ in 0..2 {
         s.ws();
         let key = s.plain_string()?;
         s.ws();
-        s.expect(b':')?;
+        s.consume(b':')?;
         s.ws();
         match key {
             b"msg" => {
-                s.expect(b'[')?;
+                s.consume(b'[')?;
                 s.ws();
                 return Some(if s.plain_string()? == b"commit" {
                     Head::Commit { id, at: s.i }
@@ -71,7 +71,7 @@ fn read_head(frame: &[u8]) -> Option<Head> {
                 // An id that is not a plain u64 is left to the full parse.
                 id = Some(s.id()?);
                 s.ws();
-                s.expect(b',')?;
+                s.consume(b',')?;
             }
             _ => return None,
         }
@@ -86,39 +86,39 @@ fn read_head(frame: &[u8]) -> Option<Head> {
 fn read_commit(frame: &[u8], id: Option<u64>, at: usize) -> Option<Downstream> {
     let mut s = Scanner { b: frame, i: at };
     s.ws();
-    s.expect(b',')?;
+    s.consume(b',')?;
     s.ws();
     s.skip_value()?;
     s.ws();
-    s.expect(b',')?;
+    s.consume(b',')?;
     s.ws();
-    s.expect(b'{')?;
+    s.consume(b'{')?;
     s.ws();
     (s.plain_string()? == b"watermark").then_some(())?;
     s.ws();
-    s.expect(b':')?;
+    s.consume(b':')?;
     s.ws();
     let watermark = std::str::from_utf8(s.plain_string()?).ok()?.to_string();
     s.ws();
-    s.expect(b'}')?;
+    s.consume(b'}')?;
     s.ws();
-    s.expect(b']')?;
+    s.consume(b']')?;
     s.ws();
     let id = match id {
         Some(id) => id,
         None => {
-            s.expect(b',')?;
+            s.consume(b',')?;
             s.ws();
             (s.plain_string()? == b"id").then_some(())?;
             s.ws();
-            s.expect(b':')?;
+            s.consume(b':')?;
             s.ws();
             let id = s.id()?;
             s.ws();
             id
         }
     };
-    s.expect(b'}')?;
+    s.consume(b'}')?;
     s.ws();
     (s.i == frame.len()).then_some(Downstream::Commit { id, watermark })
 }
@@ -135,13 +135,14 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    fn expect(&mut self, byte: u8) -> Option<()> {
+    /// Steps over `byte` if it comes next; `None` (and no step) otherwise.
+    fn consume(&mut self, byte: u8) -> Option<()> {
         (self.b.get(self.i) == Some(&byte)).then(|| self.i += 1)
     }
 
     /// A JSON string without escapes; `None` for anything else (an escaped string is left to the full parse).
     fn plain_string(&mut self) -> Option<&'a [u8]> {
-        self.expect(b'"')?;
+        self.consume(b'"')?;
         let start = self.i;
         let len = self.b[start..].iter().position(|&b| b == b'"')?;
         let text = &self.b[start..start + len];
@@ -215,7 +216,7 @@ impl<'a> Scanner<'a> {
     }
 
     fn skip_string(&mut self) -> Option<()> {
-        self.expect(b'"')?;
+        self.consume(b'"')?;
         loop {
             match *self.b.get(self.i)? {
                 b'"' => {

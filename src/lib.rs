@@ -7,9 +7,9 @@
 //! - [`protocol`]: Zero's change-streamer wire protocol without I/O (paths, versions, frames, acks, reasons).
 //! - [`inspect`]: the little of a relayed change-stream frame that ack tracking reads.
 //! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads and flushes, limits, liveness, closing).
-//! - [`reservations`]: the reservation registry and the `/snapshot` handler.
-//! - [`server`]: accept loop, HTTP routing and health endpoints.
-//! - [`relay`]: the `/changes` relay to Zero's change-streamer.
+//! - [`reservations`]: the reservation registry and the `/snapshot` WebSocket, from its upgrade on.
+//! - [`server`]: the HTTP accept loop for every listener, routing and the plain endpoints.
+//! - [`relay`]: the `/changes` relay to Zero's change-streamer, from the subscriber's upgrade on.
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
@@ -18,6 +18,8 @@
 //! - [`discovery`]: registration in the shard's address table (`ownerAddress`).
 //! - [`notify`]: systemd's readiness, status and watchdog notifications.
 //! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge.
+//! - [`metrics`]: the sidecar's own Prometheus metrics: instruments, the state read at scrape time, the page.
+//! - [`shared`]: state one loop writes and others read, and the rhythm of the periodic loops.
 
 #![forbid(unsafe_code)]
 
@@ -45,13 +47,25 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{info, info_span, warn, Instrument};
 
 pub use config::Config;
 use relay::RelayContext;
 use reservations::{Registry, SnapshotContext};
-use server::{Readiness, Shared};
+use server::{Context, Readiness};
 use subscribers::Subscribers;
+
+/// Why [`App::run`] stopped with an error rather than after a drain; `main` exits 1 on any of them.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `litestream.metrics_url` cannot be scraped (not an `http://` URL with a host): neither the monitor nor the
+    /// metrics proxy could work.
+    #[error("litestream.metrics_url: {0}")]
+    MetricsUrl(#[source] litestream::ScrapeError),
+    /// A listener handed to [`App::run`] cannot say its address.
+    #[error("listener: {0}")]
+    Listener(#[source] std::io::Error),
+}
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
 fn status_line(missing: &[&str], status: &monitor::Status) -> String {
@@ -129,14 +143,15 @@ impl App {
         proxy::bind(&self.config.litestream.proxy_listen).await
     }
 
-    /// Serves on `listener` until `shutdown` is cancelled, then closes every WebSocket (1001) and waits up to
-    /// `server.shutdown_grace` for connections to finish.
+    /// Serves on `listener` (and the proxy on `proxy_listeners`) until `shutdown` is cancelled, then closes every
+    /// WebSocket (1001) and waits up to `server.shutdown_grace` for connections to finish. Every long-lived task
+    /// runs in its own span on one [`TaskTracker`], which the drain waits for.
     pub async fn run(
         self,
         listener: TcpListener,
         proxy_listeners: Vec<TcpListener>,
         shutdown: CancellationToken,
-    ) -> std::io::Result<()> {
+    ) -> Result<(), Error> {
         let tracker = TaskTracker::new();
         let litestream = &self.config.litestream;
         let scraper = litestream::Scraper::new(
@@ -144,8 +159,16 @@ impl App {
             litestream.scrape_timeout,
             litestream.max_page_bytes,
         )
-        .map_err(std::io::Error::other)?;
-        proxy::serve(proxy_listeners, scraper, shutdown.clone(), tracker.clone()).await;
+        .map_err(Error::MetricsUrl)?;
+        let proxy = Arc::new(proxy::Proxy { scraper });
+        for listener in proxy_listeners {
+            let addr = listener.local_addr().map_err(Error::Listener)?;
+            info!(%addr, "metrics proxy listening");
+            tracker.spawn(
+                server::serve_http(listener, proxy.clone(), shutdown.clone(), tracker.clone())
+                    .instrument(info_span!("proxy", %addr)),
+            );
+        }
 
         // The change DB connection outlives the other tasks: it is closed after the drain below.
         let db_shutdown = CancellationToken::new();
@@ -164,7 +187,11 @@ impl App {
             self.started,
             self.discovery.clone(),
         );
-        tracker.spawn(monitor.run(shutdown.clone()));
+        tracker.spawn(
+            monitor
+                .run(shutdown.clone())
+                .instrument(info_span!("monitor")),
+        );
         let discovery = discovery::Discovery {
             mode: self.config.discovery.mode,
             ours: self.config.discovery.advertise_address.clone(),
@@ -174,9 +201,13 @@ impl App {
             state: self.discovery.clone(),
             started: self.started,
         };
-        tracker.spawn(discovery.run(shutdown.clone()));
-        let shared = Arc::new(Shared {
-            metrics: server::MetricsSources {
+        tracker.spawn(
+            discovery
+                .run(shutdown.clone())
+                .instrument(info_span!("discovery")),
+        );
+        let context = Arc::new(Context {
+            metrics: metrics::Sources {
                 instruments: self.instruments.clone(),
                 registry: self.registry.clone(),
                 subscribers: self.subscribers.clone(),
@@ -208,17 +239,24 @@ impl App {
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
         });
-        info!(addr = %listener.local_addr()?, "listening");
-        shared.readiness.set_listening(true);
+        let addr = listener.local_addr().map_err(Error::Listener)?;
+        info!(%addr, "listening");
+        context.readiness.set_listening(true);
         notify::ready("listening");
         {
-            let shared = shared.clone();
+            let context = context.clone();
             let status = self.status.clone();
-            tracker.spawn(notify::run(shutdown.clone(), move || {
-                status_line(&shared.readiness.missing(), &status.get())
-            }));
+            tracker.spawn(
+                notify::run(shutdown.clone(), move || {
+                    status_line(&context.readiness.missing(), &status.get())
+                })
+                .instrument(info_span!("notify")),
+            );
         }
-        server::serve(listener, shared).await;
+        server::serve_http(listener, context.clone(), shutdown.clone(), tracker.clone())
+            .instrument(info_span!("server", %addr))
+            .await;
+        context.readiness.set_listening(false);
         notify::stopping();
 
         tracker.close();

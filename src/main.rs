@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use litestream_sidecar::config::{self, ConfigError, LogFormat};
+use litestream_sidecar::config::{self, LogFormat};
 use litestream_sidecar::App;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -56,7 +56,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(err) => {
-                eprintln!("{}", describe(&err));
+                eprintln!("{err}");
                 ExitCode::from(EXIT_CHECK_FAILED)
             }
         };
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
     let config = match loaded {
         Ok((_, config)) => config,
         Err(err) => {
-            eprintln!("litestream-sidecar: {}", describe(&err));
+            eprintln!("litestream-sidecar: {err}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -116,10 +116,19 @@ async fn async_main(config: litestream_sidecar::Config) -> ExitCode {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(err)) => {
             error!(error = %err, "stopped with an error");
-            ExitCode::FAILURE
+            exit_code(&err)
         }
         Err(err) => {
             error!(error = %err, "crashed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A failure once running is a runtime failure (1), whatever its cause: config errors (78) are found before.
+fn exit_code(err: &litestream_sidecar::Error) -> ExitCode {
+    match err {
+        litestream_sidecar::Error::MetricsUrl(_) | litestream_sidecar::Error::Listener(_) => {
             ExitCode::FAILURE
         }
     }
@@ -134,10 +143,6 @@ async fn wait_for_signal() -> &'static str {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     }
-}
-
-fn describe(err: &ConfigError) -> String {
-    err.to_string()
 }
 
 fn init_tracing(log: &config::LogConfig) {

@@ -2,7 +2,8 @@
 //!
 //! Two kinds of input: live instruments that code on the hot paths updates as things happen ([`Instruments`]:
 //! reservation durations, relayed frames and bytes, upstream connect errors), and a [`Snapshot`] of the state the
-//! loops already keep, read at scrape time. [`render`] is pure over both, so it is tested by parsing its output.
+//! loops already keep, read at scrape time from [`Sources`]. [`render`] is pure over both, so it is tested by parsing
+//! its output.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -103,6 +104,52 @@ pub struct Snapshot {
     pub registered: Option<bool>,
     pub change_db_up: bool,
     pub scrape_errors: u64,
+}
+
+/// Where a scrape reads its figures: the instruments, and the handles whose state goes into a [`Snapshot`].
+pub struct Sources {
+    pub instruments: Instruments,
+    pub registry: crate::reservations::Registry,
+    pub subscribers: crate::subscribers::Subscribers,
+    pub status: crate::monitor::StatusHandle,
+    pub discovery_mode: crate::discovery::Mode,
+    pub discovery: crate::discovery::StateHandle,
+}
+
+impl Sources {
+    /// The state the loops keep, read now; `now` dates the newest backup's age.
+    pub fn snapshot(&self, now: std::time::SystemTime) -> Snapshot {
+        let status = self.status.get();
+        let discovery = self.discovery.get();
+        Snapshot {
+            reservations_open: self.registry.len() as u64,
+            subscribers: self.subscribers.connected() as u64,
+            newest_backup: status.newest_backup.map(|(watermark, at)| {
+                let age = now.duration_since(at).unwrap_or_default().as_secs_f64();
+                (watermark, age)
+            }),
+            cleanup_delay_seconds: self.registry.cleanup_delay().as_secs_f64(),
+            purge_runs: status.purges,
+            purged_rows: status.purged_rows,
+            purge_failures: status.purge_failures.total,
+            purge_consecutive_failures: status.purge_failures.consecutive,
+            purge_failing: status.purge_failures.last.as_ref().map(|l| l.class),
+            holds: status.holds,
+            registered: (self.discovery_mode != crate::discovery::Mode::Off).then(|| {
+                discovery.registration == Some(crate::discovery::Registration::Registered)
+            }),
+            change_db_up: discovery.db_up,
+            scrape_errors: status.scrape_errors,
+        }
+    }
+
+    /// The page `GET /metrics` serves.
+    pub fn render(&self) -> String {
+        render(
+            &self.instruments,
+            &self.snapshot(std::time::SystemTime::now()),
+        )
+    }
 }
 
 /// The Prometheus text exposition of everything above (with `# EOF`, as OpenMetrics ends a page).

@@ -133,7 +133,7 @@ impl PurgeFailures {
 }
 
 /// Shared view of [`Status`].
-pub type StatusHandle = crate::shared::Shared<Status>;
+pub type StatusHandle = crate::shared::Cell<Status>;
 
 /// Logs a recurring problem once when it starts or changes, then at most every [`WARN_EVERY`], and once when it
 /// clears: an operator sees every transition without a line per tick.

@@ -5,8 +5,9 @@
 //! log on its own, blind to the reservations the sidecar holds. Behind this proxy it sees a healthy litestream
 //! and never a watermark, so the sidecar alone decides cleanup (PROTOCOL.md §11.6). When litestream cannot be
 //! read the proxy answers 502, as a dead litestream would look to Zero.
+//!
+//! [`bind`] opens its listeners; [`crate::server::serve_http`] serves them with the [`Proxy`] handler.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -15,13 +16,11 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::litestream::{self, Scraper};
+use crate::server::{plain, Handler};
 
 /// The Prometheus text format litestream serves by default.
 const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -55,104 +54,45 @@ pub async fn bind(listen: &str) -> std::io::Result<Vec<TcpListener>> {
     Ok(listeners)
 }
 
-/// Serves the proxy on every listener until `shutdown`.
-pub async fn serve(
-    listeners: Vec<TcpListener>,
-    scraper: Scraper,
-    shutdown: CancellationToken,
-    tracker: TaskTracker,
-) {
-    let scraper = Arc::new(scraper);
-    for listener in listeners {
-        if let Ok(addr) = listener.local_addr() {
-            info!(%addr, "metrics proxy listening");
+/// The proxy's [`Handler`] for [`crate::server::serve_http`]: `GET /metrics` is litestream's page, filtered.
+pub struct Proxy {
+    pub scraper: Scraper,
+}
+
+impl Handler for Proxy {
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        _peer: SocketAddr,
+    ) -> Response<Full<Bytes>> {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return plain(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
         }
-        let scraper = scraper.clone();
-        let shutdown = shutdown.clone();
-        let connections = tracker.clone();
-        tracker.spawn(async move {
-            loop {
-                let stream = tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => break,
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) => stream,
-                        Err(err) => {
-                            warn!(error = %err, "metrics proxy accept failed");
-                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                            continue;
-                        }
-                    },
+        if req.uri().path() != "/metrics" {
+            return plain(
+                StatusCode::NOT_FOUND,
+                "not found: the metrics are at /metrics\n",
+            );
+        }
+        match self.scraper.fetch().await {
+            Ok(page) => {
+                let body = match litestream::strip_progress_family(&page) {
+                    std::borrow::Cow::Borrowed(_) => page,
+                    std::borrow::Cow::Owned(stripped) => Bytes::from(stripped),
                 };
-                let scraper = scraper.clone();
-                let shutdown = shutdown.clone();
-                connections.spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let scraper = scraper.clone();
-                        async move { Ok::<_, Infallible>(handle(req, &scraper).await) }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(std::time::Duration::from_secs(10))
-                        .serve_connection(TokioIo::new(stream), service);
-                    tokio::pin!(conn);
-                    let result = tokio::select! {
-                        result = conn.as_mut() => result,
-                        _ = shutdown.cancelled() => {
-                            conn.as_mut().graceful_shutdown();
-                            conn.await
-                        }
-                    };
-                    if let Err(err) = result {
-                        debug!(error = %err, "metrics proxy connection ended with an error");
-                    }
-                });
+                let mut response = Response::new(Full::new(body));
+                response
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_TEXT));
+                response
             }
-        });
-    }
-}
-
-async fn handle(req: Request<Incoming>, scraper: &Scraper) -> Response<Full<Bytes>> {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "only GET is served\n".into(),
-        );
-    }
-    if req.uri().path() != "/metrics" {
-        return text(
-            StatusCode::NOT_FOUND,
-            "not found: the metrics are at /metrics\n".into(),
-        );
-    }
-    match scraper.fetch().await {
-        Ok(page) => {
-            let body = match litestream::strip_progress_family(&page) {
-                std::borrow::Cow::Borrowed(_) => page,
-                std::borrow::Cow::Owned(stripped) => Bytes::from(stripped),
-            };
-            let mut response = Response::new(Full::new(body));
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_TEXT));
-            response
-        }
-        Err(err) => {
-            debug!(error = %err, "metrics proxy: litestream unreadable");
-            text(
-                StatusCode::BAD_GATEWAY,
-                format!("litestream metrics unavailable: {err}\n"),
-            )
+            Err(err) => {
+                debug!(error = %err, "metrics proxy: litestream unreadable");
+                plain(
+                    StatusCode::BAD_GATEWAY,
+                    format!("litestream metrics unavailable: {err}\n"),
+                )
+            }
         }
     }
-}
-
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
 }

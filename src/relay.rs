@@ -1,5 +1,8 @@
 //! The `/changes` relay: each subscription is a WebSocket to Zero's change-streamer, opened before the
-//! subscriber's own upgrade is answered, and every frame is relayed unchanged both ways (PROTOCOL.md §6, §11.2).
+//! subscriber's own upgrade is answered ([`serve`]), and every frame is relayed unchanged both ways (PROTOCOL.md
+//! §6, §11.2). A subscription the sidecar cannot relay is refused before the upgrade: HTTP 400 for a path or
+//! version no Zero serves, HTTP 502 when the upstream cannot be reached, which makes Zero's client back off
+//! instead of reconnecting every 25 ms (W10).
 //!
 //! What the relay owns: the upstream handshake, each hop's liveness (the subscriber is pinged, a silent upstream is
 //! dropped), close codes passed through both ways, back-pressure, ending the subscriber's snapshot reservation
@@ -7,35 +10,39 @@
 //! policy (§6.8). What it does not: decide whether a subscription is valid; the upstream does, and its answers
 //! (error frames, closes with Zero's reasons) reach the subscriber as sent.
 //!
-//! One task serves both directions of a connection: two reads, two [`Outbox`]es flushed as `select!` branches, and
-//! the pings, all cancel-safe. Frames are not decoded and re-encoded: their headers are read in place, data frames
-//! are passed on as received (a read's worth at a time, without a copy), and only control frames and what ack
-//! tracking needs are looked at. A source is read only while the outbox toward the other side holds less than
-//! `relay.max_buffered_bytes`, so a subscriber that reads slowly stops the reads from its upstream and TCP does the
-//! rest; nothing else is buffered beyond the frame being read.
+//! One task serves both directions of a connection: two [`Inbox`]es read, two [`Outbox`]es flushed as `select!`
+//! branches, and the pings, all cancel-safe. What happens on each socket event is decided by the connection's state
+//! machine (`Relay`, no I/O, tested as a table). Frames are not decoded and re-encoded: their headers are read in
+//! place, data frames are passed on as received (a read's worth at a time, without a copy), and only control
+//! frames and what ack tracking needs (through an [`Assembler`]) are looked at. A source is read only while the
+//! outbox toward the other side holds less than `relay.max_buffered_bytes`, so a subscriber that reads slowly
+//! stops the reads from its upstream and TCP does the rest; nothing else is buffered beyond the frame being read.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastwebsockets::{OpCode, Role, WebSocket};
-use http_body_util::Empty;
+use http_body_util::{Empty, Full};
+use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HOST, UPGRADE};
-use hyper::{Request, StatusCode};
+use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::config::{RelayConfig, UpstreamConfig};
 use crate::inspect::{inspect, Downstream};
-use crate::protocol::{self, close, SubscriberContext};
+use crate::protocol::{self, close, SubscriberContext, Version};
 use crate::reservations::Registry;
+use crate::server::plain;
 use crate::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
-use crate::ws::{self, CloseWith, Io, Liveness, Outbox, PeerClose};
+use crate::ws::{self, Assembler, CloseWith, Inbox, Io, Liveness, Outbox, PeerClose, Reads};
 
 /// Client messages longer than this are not acks; they are relayed without being read.
 const ACK_INSPECT_LIMIT: usize = 256;
@@ -64,7 +71,7 @@ pub struct Settings {
 
 /// Why a subscription could not be relayed; the subscriber gets an HTTP error before its upgrade.
 #[derive(Debug, thiserror::Error)]
-pub enum RelayError {
+enum RelayError {
     #[error("upstream {addr} unreachable: {source}")]
     Connect {
         addr: String,
@@ -78,16 +85,75 @@ pub enum RelayError {
     Handshake { addr: String, reason: String },
 }
 
-impl RelayError {
-    /// The HTTP status the subscriber is refused with: the gateway could not reach a working upstream.
-    pub fn status(&self) -> StatusCode {
-        StatusCode::BAD_GATEWAY
+/// Answers a `/changes` upgrade request. The upstream WebSocket is opened first, inside the request, so that a
+/// subscription the sidecar cannot relay is refused (HTTP 502) before the subscriber's upgrade completes; the
+/// relay then runs on its own task in `tracker`.
+pub async fn serve(
+    mut req: Request<Incoming>,
+    version: &Version,
+    peer: SocketAddr,
+    ctx: &RelayContext,
+    tracker: &TaskTracker,
+) -> Response<Full<Bytes>> {
+    if let Err(message) = protocol::check_changes(version) {
+        debug!(%message, "subscription refused");
+        return plain(StatusCode::BAD_REQUEST, message);
     }
+    if ctx.shutdown.is_cancelled() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    let (response, upgrade) = match fastwebsockets::upgrade::upgrade(&mut req) {
+        Ok(pair) => pair,
+        Err(err) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("bad WebSocket upgrade: {err}\n"),
+            )
+        }
+    };
+    let settings = &ctx.settings;
+    let query = req.uri().query();
+    let subscription = protocol::parse_subscriber_context(query);
+    let target = upstream_target(
+        req.uri().path(),
+        query,
+        settings.relay.suppress_upstream_cleanup,
+    );
+    let span = info_span!("relay", %peer, upstream = %settings.upstream.address);
+    let upstream = match connect(&settings.upstream, &target)
+        .instrument(span.clone())
+        .await
+    {
+        Ok(upstream) => upstream,
+        Err(err) => {
+            ctx.instruments.upstream_connect_errors.inc();
+            span.in_scope(|| warn!(error = %err, "subscription refused: upstream unavailable"));
+            // The gateway could not reach a working upstream.
+            return plain(StatusCode::BAD_GATEWAY, format!("{err}\n"));
+        }
+    };
+    if ctx.shutdown.is_cancelled() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    let ctx = ctx.clone();
+    tracker.spawn(
+        async move {
+            match upgrade.await {
+                Ok(ws) => {
+                    handle_changes(ctx, subscription, ws, upstream).await;
+                }
+                // The upstream socket is dropped with the task: Zero sees the subscriber leave.
+                Err(err) => debug!(error = %err, "upgrade failed"),
+            }
+        }
+        .instrument(span),
+    );
+    response.map(|_| Full::default())
 }
 
 /// The request target sent upstream: the subscriber's path and query string, with `initial=true` turned into
 /// `initial=false` when the sidecar owns cleanup.
-pub fn upstream_target(path: &str, query: Option<&str>, suppress_upstream_cleanup: bool) -> String {
+fn upstream_target(path: &str, query: Option<&str>, suppress_upstream_cleanup: bool) -> String {
     match query {
         None => path.to_string(),
         Some(query) if suppress_upstream_cleanup => {
@@ -98,7 +164,7 @@ pub fn upstream_target(path: &str, query: Option<&str>, suppress_upstream_cleanu
 }
 
 /// Opens the upstream WebSocket for `target` (path and query), under `upstream.connect_timeout`.
-pub async fn connect(upstream: &UpstreamConfig, target: &str) -> Result<Io, RelayError> {
+async fn connect(upstream: &UpstreamConfig, target: &str) -> Result<Io, RelayError> {
     let addr = &upstream.address;
     tokio::time::timeout(upstream.connect_timeout, handshake(addr, target))
         .await
@@ -175,7 +241,7 @@ async fn handshake(addr: &str, target: &str) -> Result<Io, RelayError> {
 
 /// How a relayed connection ended: the first cause, for logs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+enum SubscriptionEnd {
     /// The upstream closed; `code` is what its close frame carried (`None`: no status code).
     UpstreamClosed {
         code: Option<u16>,
@@ -199,10 +265,6 @@ pub enum Outcome {
     Shutdown,
 }
 
-/// Bytes a read may bring in at once; a buffer with less room than [`MIN_READ_ROOM`] is given this much more.
-const READ_SIZE: usize = 32 << 10;
-const MIN_READ_ROOM: usize = 4 << 10;
-
 /// One side of the relay: what has happened to its socket.
 #[derive(Debug)]
 struct Peer {
@@ -212,6 +274,9 @@ struct Peer {
     gone: bool,
     /// The close frame it sent, echoed to it if the other side cannot answer it.
     close_received: Option<BytesMut>,
+    /// Reads from it were held back (the other side's outbox was full) since its last liveness check: silence
+    /// then is not its fault.
+    held_back: bool,
     /// Frames queued toward it.
     outbox: Outbox,
 }
@@ -222,6 +287,7 @@ impl Peer {
             stopped_reading: false,
             gone: false,
             close_received: None,
+            held_back: false,
             outbox: Outbox::new(role),
         }
     }
@@ -268,15 +334,27 @@ impl Peer {
     }
 }
 
-/// Where frames come from.
+/// One side of a relayed connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
+    /// The subscriber.
     Client,
+    /// Zero's change-streamer.
     Upstream,
 }
 
-/// The state of one relayed connection between its socket events; the sockets themselves stay in
-/// [`handle_changes`], which feeds each event to one of these methods.
+impl Side {
+    fn other(self) -> Side {
+        match self {
+            Side::Client => Side::Upstream,
+            Side::Upstream => Side::Client,
+        }
+    }
+}
+
+/// One relayed connection as a state machine without I/O: [`handle_changes`] owns the sockets, asks what to read
+/// and write ([`Relay::wants_read`], [`Relay::wants_write`], [`Relay::is_done`]), writes the outboxes, and feeds
+/// every socket event to one of the `on_*` methods.
 struct Relay<'a> {
     ctx: &'a RelayContext,
     subscription: SubscriberContext,
@@ -285,14 +363,31 @@ struct Relay<'a> {
     /// Set at the first downstream message, when the upstream has registered the subscriber.
     subscribed: bool,
     acks: Option<AckTracker>,
-    downstream_messages: Messages,
-    client_messages: Messages,
+    /// Downstream messages, followed for the commits in them.
+    downstream_messages: Assembler,
+    /// The subscriber's messages, followed for its acks.
+    client_messages: Assembler,
     /// Where a client frame is unmasked to be read.
     scratch: Vec<u8>,
-    outcome: Option<Outcome>,
+    outcome: Option<SubscriptionEnd>,
 }
 
-impl Relay<'_> {
+impl<'a> Relay<'a> {
+    fn new(ctx: &'a RelayContext, subscription: SubscriberContext) -> Self {
+        Self {
+            ctx,
+            subscription,
+            client: Peer::new(Role::Server),
+            upstream: Peer::new(Role::Client),
+            subscribed: false,
+            acks: None,
+            downstream_messages: Assembler::new(ctx.settings.max_message_bytes),
+            client_messages: Assembler::new(ACK_INSPECT_LIMIT),
+            scratch: Vec::new(),
+            outcome: None,
+        }
+    }
+
     fn peer(&mut self, side: Side) -> &mut Peer {
         match side {
             Side::Client => &mut self.client,
@@ -300,15 +395,15 @@ impl Relay<'_> {
         }
     }
 
-    fn other(side: Side) -> Side {
+    fn peer_ref(&self, side: Side) -> &Peer {
         match side {
-            Side::Client => Side::Upstream,
-            Side::Upstream => Side::Client,
+            Side::Client => &self.client,
+            Side::Upstream => &self.upstream,
         }
     }
 
     /// The first cause of the end is the one reported.
-    fn ending(&mut self, outcome: Outcome) {
+    fn ending(&mut self, outcome: SubscriptionEnd) {
         self.outcome.get_or_insert(outcome);
     }
 
@@ -324,15 +419,80 @@ impl Relay<'_> {
             || self.upstream.gone
     }
 
-    fn shutdown(&mut self) {
-        self.ending(Outcome::Shutdown);
+    /// Frames are still read from `side`: its liveness is checked.
+    fn is_reading(&self, side: Side) -> bool {
+        self.peer_ref(side).reading()
+    }
+
+    /// Whether `side` should be read now: not while the outbox toward the other side is at
+    /// `relay.max_buffered_bytes`. A read held back is remembered for `side`'s next liveness check.
+    fn wants_read(&mut self, side: Side) -> bool {
+        let limit = self.ctx.settings.relay.max_buffered_bytes;
+        let reading = self.peer_ref(side).reading();
+        let readable = reading && self.peer_ref(side.other()).accepts(limit);
+        self.peer(side).held_back |= reading && !readable;
+        readable
+    }
+
+    /// Whether frames are queued toward `side` and can be written.
+    fn wants_write(&self, side: Side) -> bool {
+        let peer = self.peer_ref(side);
+        !peer.outbox.is_empty() && !peer.gone
+    }
+
+    /// The sidecar is shutting down: both sides are closed with 1001.
+    fn on_shutdown(&mut self) {
+        self.ending(SubscriptionEnd::Shutdown);
         let with = CloseWith::new(close::GOING_AWAY, "sidecar shutting down");
         self.client.close(Some(&with));
         self.upstream.close(Some(&with));
     }
 
+    /// `side`'s connection broke: a read ended or failed, or a write failed.
+    fn on_lost(&mut self, side: Side) {
+        match side {
+            Side::Client => self.client_gone(SubscriptionEnd::ClientGone, "subscriber gone"),
+            Side::Upstream => self.upstream_gone(
+                SubscriptionEnd::UpstreamGone,
+                "Error: upstream connection lost",
+            ),
+        }
+    }
+
+    /// `side`'s liveness timer fired; `heard`: something arrived from it since the previous check. The subscriber
+    /// is pinged and dropped when it did not answer; a silent upstream is dropped.
+    fn on_liveness_check(&mut self, side: Side, heard: bool) {
+        match side {
+            Side::Client => {
+                // A subscriber with frames still queued toward it is slow to read, not silent; it is pinged
+                // again once it has caught up.
+                let excused =
+                    std::mem::take(&mut self.client.held_back) || !self.client.outbox.is_empty();
+                if heard || excused {
+                    if self.client.outbox.is_empty() {
+                        self.client.control(OpCode::Ping, b"");
+                    }
+                } else {
+                    // Like Zero's terminate(): no close handshake with a peer that stopped answering.
+                    debug!("subscriber did not answer a ping");
+                    self.client_gone(
+                        SubscriptionEnd::ClientUnresponsive,
+                        "subscriber unresponsive",
+                    );
+                }
+            }
+            Side::Upstream => {
+                let excused = std::mem::take(&mut self.upstream.held_back);
+                if !heard && !excused {
+                    debug!("upstream silent");
+                    self.upstream_gone(SubscriptionEnd::UpstreamSilent, "Error: upstream silent");
+                }
+            }
+        }
+    }
+
     /// The subscriber's socket broke, or it stopped answering pings: its upstream is closed.
-    fn client_gone(&mut self, outcome: Outcome, reason: &str) {
+    fn client_gone(&mut self, outcome: SubscriptionEnd, reason: &str) {
         self.client.gone = true;
         self.client.stopped_reading = true;
         self.ending(outcome);
@@ -341,7 +501,7 @@ impl Relay<'_> {
     }
 
     /// The upstream's socket broke or fell silent: the subscriber is told with 1011.
-    fn upstream_gone(&mut self, outcome: Outcome, reason: &str) {
+    fn upstream_gone(&mut self, outcome: SubscriptionEnd, reason: &str) {
         self.upstream.gone = true;
         self.upstream.stopped_reading = true;
         self.ending(outcome);
@@ -356,60 +516,55 @@ impl Relay<'_> {
         match source {
             Side::Upstream => {
                 let reason = format!("Error: upstream: {}", with.reason);
-                self.ending(Outcome::UpstreamProtocolError(with));
+                self.ending(SubscriptionEnd::UpstreamProtocolError(with));
                 self.client
                     .close(Some(&CloseWith::new(close::INTERNAL_ERROR, reason)));
             }
             Side::Client => {
-                self.ending(Outcome::ClientProtocolError(with));
+                self.ending(SubscriptionEnd::ClientProtocolError(with));
                 self.upstream
                     .close(Some(&CloseWith::new(close::GOING_AWAY, "subscriber gone")));
             }
         }
     }
 
-    /// Handles every complete frame at the front of `buf`, which holds what was read from `source`. Data frames
-    /// are relayed as they came, headers included and without a copy; control frames are answered here.
-    fn process(&mut self, source: Side, buf: &mut BytesMut) {
-        let from_client = source == Side::Client;
-        let max = self.ctx.settings.max_message_bytes;
-        // Bytes at the front of `buf` that are whole data frames, relayed together.
+    /// Bytes from `source` arrived in `inbox`: every whole frame at its front is handled. Data frames are relayed
+    /// as they came, headers included and without a copy, a read's worth at a time; control frames are answered
+    /// here.
+    fn on_read(&mut self, source: Side, inbox: &mut Inbox) {
+        // Bytes at the front of the inbox that are whole data frames, relayed together.
         let mut frames = 0;
         let (mut data_frames, mut data_bytes) = (0u64, 0u64);
         while self.peer(source).reading() {
-            let header = match ws::parse_header(&buf[frames..], from_client, max) {
+            let header = match inbox.header_at(frames) {
                 Ok(Some(header)) => header,
                 Ok(None) => break,
                 Err(with) => {
                     debug!(side = ?source, reason = %with.reason, "bad frame");
-                    self.relay(source, buf, &mut frames);
+                    self.relay(source, inbox, &mut frames);
                     self.protocol_error(source, with);
                     break;
                 }
             };
             let end = frames + header.frame_len();
-            if buf.len() < end {
-                // The frames before this one leave now; the buffer makes room for the rest of it.
-                self.relay(source, buf, &mut frames);
-                buf.reserve(header.frame_len() - buf.len());
+            if inbox.buffered().len() < end {
+                // The frames before this one leave now; the inbox makes room for the rest of it.
+                self.relay(source, inbox, &mut frames);
+                inbox.wait_for(&header);
                 break;
             }
             if header.is_control() {
-                self.relay(source, buf, &mut frames);
-                let frame = buf.split_to(header.frame_len());
-                let mut payload = BytesMut::from(&frame[header.len..]);
-                if let Some(key) = header.mask {
-                    fastwebsockets::unmask(&mut payload, key);
-                }
-                self.control(source, header.opcode, payload);
+                self.relay(source, inbox, &mut frames);
+                let frame = inbox.take_frame(&header);
+                self.control(source, frame.opcode, frame.payload);
                 continue;
             }
-            self.data(source, &header, &buf[frames + header.len..end]);
+            self.data(source, &header, &inbox.buffered()[frames + header.len..end]);
             data_frames += 1;
             data_bytes += (end - frames - header.len) as u64;
             frames = end;
         }
-        self.relay(source, buf, &mut frames);
+        self.relay(source, inbox, &mut frames);
         if data_frames > 0 {
             let direction = match source {
                 Side::Upstream => crate::metrics::Direction::Downstream,
@@ -421,15 +576,15 @@ impl Relay<'_> {
         }
         if !self.peer(source).reading() {
             // Nothing after a close or a broken frame is read.
-            buf.clear();
+            inbox.discard();
         }
     }
 
-    /// Passes the first `frames` bytes of `buf` to the other side.
-    fn relay(&mut self, source: Side, buf: &mut BytesMut, frames: &mut usize) {
+    /// Passes the first `frames` bytes of the inbox to the other side.
+    fn relay(&mut self, source: Side, inbox: &mut Inbox, frames: &mut usize) {
         if *frames > 0 {
-            let relayed = buf.split_to(std::mem::take(frames)).freeze();
-            self.peer(Self::other(source)).relay(relayed);
+            let relayed = inbox.take_frames(std::mem::take(frames));
+            self.peer(source.other()).relay(relayed);
         }
     }
 
@@ -443,12 +598,19 @@ impl Relay<'_> {
                     self.acks = on_subscribed(self.ctx, &self.subscription);
                 }
                 if let Some(acks) = &mut self.acks {
-                    self.downstream_messages
-                        .push(header.fin, header.opcode, payload, |message| {
+                    self.downstream_messages.push(
+                        header.fin,
+                        header.opcode,
+                        payload,
+                        |opcode, message| {
+                            if opcode != OpCode::Text {
+                                return;
+                            }
                             if let Downstream::Commit { id, watermark } = inspect(message) {
                                 acks.sent_commit(id, watermark);
                             }
-                        });
+                        },
+                    );
                 }
             }
             Side::Client => {
@@ -466,7 +628,10 @@ impl Relay<'_> {
                     _ => payload,
                 };
                 self.client_messages
-                    .push(header.fin, header.opcode, payload, |message| {
+                    .push(header.fin, header.opcode, payload, |opcode, message| {
+                        if opcode != OpCode::Text {
+                            return;
+                        }
                         if let Ok(id) = protocol::decode_ack(message) {
                             acks.acked(id);
                         }
@@ -484,12 +649,12 @@ impl Relay<'_> {
                 match ws::read_close(payload) {
                     PeerClose::Valid { code, payload } => {
                         self.ending(match source {
-                            Side::Upstream => Outcome::UpstreamClosed { code },
-                            Side::Client => Outcome::ClientClosed { code },
+                            Side::Upstream => SubscriptionEnd::UpstreamClosed { code },
+                            Side::Client => SubscriptionEnd::ClientClosed { code },
                         });
                         self.peer(source).close_received = Some(payload.clone());
                         // Passed on as sent; the other side's answer goes back as the answer to it.
-                        let other = self.peer(Self::other(source));
+                        let other = self.peer(source.other());
                         if other.gone {
                             self.peer(source).close(None);
                         } else {
@@ -504,31 +669,19 @@ impl Relay<'_> {
     }
 }
 
-/// Reads what the socket has into `buf`, making room first if it is nearly full. Cancel-safe.
-async fn read_some<R: AsyncRead + Unpin>(
-    reader: &mut R,
-    buf: &mut BytesMut,
-) -> std::io::Result<usize> {
-    if buf.capacity() - buf.len() < MIN_READ_ROOM {
-        buf.reserve(READ_SIZE);
-    }
-    reader.read_buf(buf).await
-}
-
 /// Relays one subscription until either side ends it or the sidecar shuts down. `client` has just completed
 /// its upgrade; `upstream` is the socket [`connect`] returned.
-pub async fn handle_changes(
+async fn handle_changes(
     ctx: RelayContext,
     subscription: SubscriberContext,
     client: WebSocket<Io>,
     upstream: Io,
-) -> Outcome {
+) -> SubscriptionEnd {
     let settings = ctx.settings.clone();
-    let limit = settings.relay.max_buffered_bytes;
     let (mut client_reader, mut client_writer) = tokio::io::split(client.into_inner());
     let (mut upstream_reader, mut upstream_writer) = tokio::io::split(upstream);
-    let mut from_client = BytesMut::new();
-    let mut from_upstream = BytesMut::new();
+    let mut from_client = Inbox::new(true, settings.max_message_bytes, Reads::Bulk);
+    let mut from_upstream = Inbox::new(false, settings.max_message_bytes, Reads::Bulk);
     let linger = tokio::time::sleep(Duration::ZERO);
     // One shutdown future for the whole connection: creating one per loop turn would cost a lock each time.
     let shutdown = ctx.shutdown.cancelled();
@@ -537,22 +690,7 @@ pub async fn handle_changes(
     let mut shutting_down = false;
     let mut client_liveness = Liveness::new(settings.ping_interval);
     let mut upstream_liveness = Liveness::new(settings.upstream.silence_timeout);
-    // Reads held back since the last liveness check: silence then is not the peer's fault.
-    let mut client_paused = false;
-    let mut upstream_paused = false;
-
-    let mut relay = Relay {
-        ctx: &ctx,
-        subscription,
-        client: Peer::new(Role::Server),
-        upstream: Peer::new(Role::Client),
-        subscribed: false,
-        acks: None,
-        downstream_messages: Messages::new(settings.max_message_bytes),
-        client_messages: Messages::new(ACK_INSPECT_LIMIT),
-        scratch: Vec::new(),
-        outcome: None,
-    };
+    let mut relay = Relay::new(&ctx, subscription);
 
     while !relay.is_done() {
         // Once either side has ended, the rest of the close handshake gets a bounded time.
@@ -560,96 +698,68 @@ pub async fn handle_changes(
             lingering = true;
             linger.as_mut().reset(Instant::now() + ws::CLOSE_LINGER);
         }
-        let upstream_readable = relay.upstream.reading() && relay.client.accepts(limit);
-        let client_readable = relay.client.reading() && relay.upstream.accepts(limit);
-        upstream_paused |= relay.upstream.reading() && !upstream_readable;
-        client_paused |= relay.client.reading() && !client_readable;
+        let upstream_readable = relay.wants_read(Side::Upstream);
+        let client_readable = relay.wants_read(Side::Client);
+        let client_writable = relay.wants_write(Side::Client);
+        let upstream_writable = relay.wants_write(Side::Upstream);
 
         // Reads come before flushes, so that what a read brought in leaves in one write; the timers and the
         // shutdown signal (a lock on a token every connection shares) only when nothing else is ready.
         tokio::select! {
             biased;
             _ = &mut linger, if lingering => break,
-            read = read_some(&mut upstream_reader, &mut from_upstream), if upstream_readable => {
+            read = from_upstream.fill(&mut upstream_reader), if upstream_readable => {
                 match read {
                     Ok(n) if n > 0 => {
                         upstream_liveness.heard();
-                        relay.process(Side::Upstream, &mut from_upstream);
-                        release_if_idle(&mut from_upstream);
+                        relay.on_read(Side::Upstream, &mut from_upstream);
                     }
                     result => {
                         debug!(error = ?result.err(), "upstream connection lost");
-                        relay.upstream_gone(Outcome::UpstreamGone, "Error: upstream connection lost");
+                        relay.on_lost(Side::Upstream);
                     }
                 }
             }
-            read = read_some(&mut client_reader, &mut from_client), if client_readable => {
+            read = from_client.fill(&mut client_reader), if client_readable => {
                 match read {
                     Ok(n) if n > 0 => {
                         client_liveness.heard();
-                        relay.process(Side::Client, &mut from_client);
-                        release_if_idle(&mut from_client);
+                        relay.on_read(Side::Client, &mut from_client);
                     }
                     result => {
                         debug!(error = ?result.err(), "subscriber connection lost");
-                        relay.client_gone(Outcome::ClientGone, "subscriber gone");
+                        relay.on_lost(Side::Client);
                     }
                 }
             }
-            result = relay.client.outbox.flush(&mut client_writer),
-                if !relay.client.outbox.is_empty() && !relay.client.gone =>
-            {
+            result = relay.client.outbox.flush(&mut client_writer), if client_writable => {
                 if let Err(err) = result {
                     debug!(error = %err, "subscriber connection lost");
-                    relay.client_gone(Outcome::ClientGone, "subscriber gone");
+                    relay.on_lost(Side::Client);
                 }
             }
-            result = relay.upstream.outbox.flush(&mut upstream_writer),
-                if !relay.upstream.outbox.is_empty() && !relay.upstream.gone =>
-            {
+            result = relay.upstream.outbox.flush(&mut upstream_writer), if upstream_writable => {
                 if let Err(err) = result {
                     debug!(error = %err, "upstream connection lost");
-                    relay.upstream_gone(Outcome::UpstreamGone, "Error: upstream connection lost");
+                    relay.on_lost(Side::Upstream);
                 }
             }
-            alive = client_liveness.tick(), if relay.client.reading() => {
-                // A subscriber with frames still queued toward it is slow to read, not silent; it is pinged
-                // again once it has caught up.
-                let excused = std::mem::take(&mut client_paused) || !relay.client.outbox.is_empty();
-                if alive || excused {
-                    if relay.client.outbox.is_empty() {
-                        relay.client.control(OpCode::Ping, b"");
-                    }
-                } else {
-                    // Like Zero's terminate(): no close handshake with a peer that stopped answering.
-                    debug!("subscriber did not answer a ping");
-                    relay.client_gone(Outcome::ClientUnresponsive, "subscriber unresponsive");
-                }
+            heard = client_liveness.tick(), if relay.is_reading(Side::Client) => {
+                relay.on_liveness_check(Side::Client, heard);
             }
-            alive = upstream_liveness.tick(), if relay.upstream.reading() => {
-                let excused = std::mem::take(&mut upstream_paused);
-                if !alive && !excused {
-                    debug!("upstream silent");
-                    relay.upstream_gone(Outcome::UpstreamSilent, "Error: upstream silent");
-                }
+            heard = upstream_liveness.tick(), if relay.is_reading(Side::Upstream) => {
+                relay.on_liveness_check(Side::Upstream, heard);
             }
             _ = &mut shutdown, if !shutting_down => {
                 shutting_down = true;
-                relay.shutdown();
+                relay.on_shutdown();
             }
         }
     }
-    let outcome = relay.outcome.take().unwrap_or(Outcome::ClientGone);
+    let outcome = relay.outcome.take().unwrap_or(SubscriptionEnd::ClientGone);
     drop(relay);
     info!(outcome = ?outcome, "subscription ended");
     outcome
-}
-
-/// An idle connection keeps no read buffer.
-fn release_if_idle(buf: &mut BytesMut) {
-    if buf.is_empty() {
-        *buf = BytesMut::new();
-    }
 }
 
 /// The upstream has answered the subscription: end the task's reservation if this is its first subscription after
@@ -679,7 +789,7 @@ fn on_subscribed(ctx: &RelayContext, subscription: &SubscriberContext) -> Option
     let handle = ctx.subscribers.connect(SubscriberInfo {
         id: id.clone(),
         task_id: subscription.task_id.clone(),
-        mode: subscription.mode.as_str().to_string(),
+        mode: subscription.mode,
         replica_version: replica_version.clone(),
         watermark: watermark.clone(),
     });
@@ -740,95 +850,488 @@ fn merge_half(pending: &mut VecDeque<(u64, String)>) {
     });
 }
 
-/// Follows message boundaries across fragments and hands each complete text message, up to `limit` bytes, to an
-/// inspection; the frames themselves are relayed as they came. Only a fragmented message is copied.
-struct Messages {
-    limit: usize,
-    /// The text message being collected from fragments; `None` inside it once it grew past `limit`.
-    partial: Option<Option<BytesMut>>,
-}
-
-impl Messages {
-    fn new(limit: usize) -> Self {
-        Self {
-            limit,
-            partial: None,
-        }
-    }
-
-    fn push(&mut self, fin: bool, opcode: OpCode, payload: &[u8], inspect: impl FnOnce(&[u8])) {
-        match opcode {
-            OpCode::Text | OpCode::Binary => {
-                self.partial = None;
-                if opcode != OpCode::Text {
-                    if !fin {
-                        self.partial = Some(None);
-                    }
-                } else if fin {
-                    if payload.len() <= self.limit {
-                        inspect(payload);
-                    }
-                } else {
-                    self.partial =
-                        Some((payload.len() <= self.limit).then(|| BytesMut::from(payload)));
-                }
-            }
-            OpCode::Continuation => {
-                let Some(partial) = &mut self.partial else {
-                    return;
-                };
-                if let Some(buffer) = partial {
-                    if buffer.len() + payload.len() > self.limit {
-                        *partial = None;
-                    } else {
-                        buffer.extend_from_slice(payload);
-                    }
-                }
-                if fin {
-                    if let Some(Some(message)) = self.partial.take() {
-                        inspect(&message);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn collected(messages: &mut Messages, frames: &[(bool, OpCode, &str)]) -> Vec<String> {
-        let mut seen = Vec::new();
-        for (fin, opcode, payload) in frames {
-            messages.push(*fin, *opcode, payload.as_bytes(), |m| {
-                seen.push(String::from_utf8_lossy(m).into_owned())
-            });
+    const TEXT: u8 = 0x1;
+    const CONTINUATION: u8 = 0x0;
+    const CLOSE: u8 = 0x8;
+    const PING: u8 = 0x9;
+    const PONG: u8 = 0xa;
+    /// `server.max_message_bytes` in the table below.
+    const MAX_MESSAGE: usize = 1024;
+
+    fn frame(fin: bool, opcode: u8, mask: Option<[u8; 4]>, payload: &[u8]) -> Vec<u8> {
+        let mut frame = vec![if fin { 0x80 } else { 0 } | opcode];
+        let masked = if mask.is_some() { 0x80 } else { 0 };
+        match payload.len() {
+            n @ 0..=125 => frame.push(masked | n as u8),
+            n @ 126..=0xffff => {
+                frame.push(masked | 126);
+                frame.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                frame.push(masked | 127);
+                frame.extend_from_slice(&(n as u64).to_be_bytes());
+            }
         }
-        seen
+        let mut payload = payload.to_vec();
+        if let Some(key) = mask {
+            frame.extend_from_slice(&key);
+            fastwebsockets::unmask(&mut payload, key);
+        }
+        frame.extend_from_slice(&payload);
+        frame
     }
 
-    #[test]
-    fn fragments_are_joined_for_inspection_within_the_limit() {
-        let mut messages = Messages::new(10);
-        let seen = collected(
-            &mut messages,
-            &[
-                (true, OpCode::Text, "whole"),
-                (false, OpCode::Text, "{\"ack\""),
-                (true, OpCode::Continuation, ":1}"),
-                (false, OpCode::Text, "123456"),
-                (true, OpCode::Continuation, "78901"),
-                (true, OpCode::Text, "toolong-----"),
-                (false, OpCode::Binary, "bin"),
-                (true, OpCode::Continuation, "ary"),
-                (true, OpCode::Continuation, "stray"),
-                (false, OpCode::Text, "a"),
-                (true, OpCode::Text, "b"),
-            ],
-        );
-        assert_eq!(seen, ["whole", "{\"ack\":1}", "b"]);
+    /// A frame as a subscriber sends it: masked.
+    fn c(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+        frame(fin, opcode, Some([0x11, 0x22, 0x33, 0x44]), payload)
+    }
+
+    /// A frame as the upstream sends it: unmasked.
+    fn s(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+        frame(fin, opcode, None, payload)
+    }
+
+    fn close_payload(code: u16, reason: &str) -> Vec<u8> {
+        let mut payload = code.to_be_bytes().to_vec();
+        payload.extend_from_slice(reason.as_bytes());
+        payload
+    }
+
+    /// A frame as written, read back: fin, opcode, payload (unmasked).
+    type Written = (bool, u8, Vec<u8>);
+
+    fn whole(opcode: u8, payload: &[u8]) -> Written {
+        (true, opcode, payload.to_vec())
+    }
+
+    fn closing(code: u16, reason: &str) -> Written {
+        (true, CLOSE, close_payload(code, reason))
+    }
+
+    /// Parses written bytes back into frames, checking that they are masked exactly when `masked`.
+    fn written(mut bytes: &[u8], masked: bool) -> Vec<Written> {
+        let mut frames = Vec::new();
+        while !bytes.is_empty() {
+            let header = ws::parse_header(bytes, masked, usize::MAX >> 2)
+                .expect("a valid frame")
+                .expect("a whole header");
+            let mut payload = bytes[header.len..header.frame_len()].to_vec();
+            if let Some(key) = header.mask {
+                fastwebsockets::unmask(&mut payload, key);
+            }
+            frames.push((header.fin, header.opcode as u8, payload));
+            bytes = &bytes[header.frame_len()..];
+        }
+        frames
+    }
+
+    /// One socket event, or a check of what the I/O loop would do next.
+    enum Step {
+        /// These bytes are read from a side.
+        Read(Side, Vec<u8>),
+        Lost(Side),
+        /// A side's liveness check, with whether it was heard since the previous one.
+        Liveness(Side, bool),
+        Shutdown,
+        /// Writes toward a side stop (its peer reads nothing), or resume.
+        Stall(Side),
+        Unstall(Side),
+        /// Whether the loop reads the side now.
+        Readable(Side, bool),
+    }
+    use Side::{Client, Upstream};
+    use Step::*;
+
+    struct Row {
+        name: &'static str,
+        query: &'static str,
+        steps: Vec<Step>,
+        to_client: Vec<Written>,
+        to_upstream: Vec<Written>,
+        outcome: Option<SubscriptionEnd>,
+        done: bool,
+        /// The acknowledged watermarks the subscriber registry holds afterwards, by Zero's `id`.
+        acked: &'static [(&'static str, &'static str)],
+        /// Whether task t1's reservation, open before the connection, is still held.
+        reservation_held: bool,
+    }
+
+    fn context() -> RelayContext {
+        let config = crate::config::from_toml_str(
+            "[litestream]\nbackup_url = \"s3://b/r\"\n[discovery]\nmode = \"off\"\n",
+            Some(Default::default()),
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        let mut relay = config.relay;
+        relay.max_buffered_bytes = 64;
+        RelayContext {
+            settings: Arc::new(Settings {
+                upstream: config.upstream,
+                relay,
+                ping_interval: Duration::from_secs(1),
+                max_message_bytes: MAX_MESSAGE,
+            }),
+            registry: Registry::new(Duration::ZERO),
+            subscribers: Subscribers::default(),
+            instruments: crate::metrics::Instruments::default(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    const STATUS: &[u8] = br#"{"id":1,"msg":["status",{"tag":"status"}]}"#;
+
+    fn commit(id: u64, watermark: &str) -> Vec<u8> {
+        format!(
+            r#"{{"id":{id},"msg":["commit",{{"tag":"commit"}},{{"watermark":"{watermark}"}}]}}"#
+        )
+        .into_bytes()
+    }
+
+    fn rows() -> Vec<Row> {
+        use SubscriptionEnd as End;
+        let refused = |code, reason: &str| CloseWith::new(code, reason);
+        let split = s(true, CONTINUATION, b":1}");
+        let commits = [STATUS.to_vec(), commit(2, "0b"), commit(3, "0c")];
+        vec![
+            Row {
+                name: "data passes both ways as received; each hop answers its own pings",
+                query: "id=s1",
+                steps: vec![
+                    Read(
+                        Upstream,
+                        [s(true, TEXT, b"status"), s(true, PING, b"up")].concat(),
+                    ),
+                    Read(
+                        Client,
+                        [c(true, TEXT, b"ack"), c(true, PING, b"down")].concat(),
+                    ),
+                ],
+                to_client: vec![whole(TEXT, b"status"), whole(PONG, b"down")],
+                to_upstream: vec![whole(PONG, b"up"), whole(TEXT, b"ack")],
+                outcome: None,
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "fragments pass as fragments; a frame split across reads leaves whole",
+                query: "",
+                steps: vec![
+                    Read(
+                        Upstream,
+                        [s(false, TEXT, b"{\"a\""), split[..3].to_vec()].concat(),
+                    ),
+                    Read(Upstream, split[3..].to_vec()),
+                ],
+                to_client: vec![
+                    (false, TEXT, b"{\"a\"".to_vec()),
+                    whole(CONTINUATION, b":1}"),
+                ],
+                to_upstream: vec![],
+                outcome: None,
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "the upstream's close reaches the subscriber, and the answer goes back",
+                query: "",
+                steps: vec![
+                    Read(Upstream, s(true, CLOSE, &close_payload(1000, "bye"))),
+                    Read(Client, c(true, CLOSE, &close_payload(1000, "bye"))),
+                ],
+                to_client: vec![closing(1000, "bye")],
+                to_upstream: vec![closing(1000, "bye")],
+                outcome: Some(End::UpstreamClosed { code: Some(1000) }),
+                done: true,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "the subscriber's close reaches the upstream; nothing after it is read",
+                query: "",
+                steps: vec![
+                    Read(
+                        Client,
+                        [
+                            c(true, TEXT, b"a"),
+                            c(true, CLOSE, &close_payload(4000, "x")),
+                            c(true, TEXT, b"b"),
+                        ]
+                        .concat(),
+                    ),
+                    Readable(Client, false),
+                    Read(Upstream, s(true, CLOSE, &close_payload(4000, "x"))),
+                ],
+                to_client: vec![closing(4000, "x")],
+                to_upstream: vec![whole(TEXT, b"a"), closing(4000, "x")],
+                outcome: Some(End::ClientClosed { code: Some(4000) }),
+                done: true,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "a lost subscriber's upstream is closed with 1001",
+                query: "",
+                steps: vec![Lost(Client), Read(Upstream, s(true, CLOSE, b""))],
+                to_client: vec![],
+                to_upstream: vec![closing(1001, "subscriber gone")],
+                outcome: Some(End::ClientGone),
+                done: true,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "a lost upstream is reported to the subscriber with 1011",
+                query: "",
+                steps: vec![Lost(Upstream), Read(Client, c(true, CLOSE, b""))],
+                to_client: vec![closing(1011, "Error: upstream connection lost")],
+                to_upstream: vec![],
+                outcome: Some(End::UpstreamGone),
+                done: true,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "a subscriber is pinged while it answers, dropped when it does not",
+                query: "",
+                steps: vec![Liveness(Client, true), Liveness(Client, false)],
+                to_client: vec![whole(PING, b"")],
+                to_upstream: vec![closing(1001, "subscriber unresponsive")],
+                outcome: Some(End::ClientUnresponsive),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "a silent upstream is dropped, the subscriber told with 1011",
+                query: "",
+                steps: vec![Liveness(Upstream, true), Liveness(Upstream, false)],
+                to_client: vec![closing(1011, "Error: upstream silent")],
+                to_upstream: vec![],
+                outcome: Some(End::UpstreamSilent),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "a slow subscriber holds its upstream back; neither is faulted for it",
+                query: "",
+                steps: vec![
+                    Stall(Client),
+                    Read(Upstream, s(true, TEXT, &[b'x'; 100])),
+                    Readable(Upstream, false),
+                    Liveness(Upstream, false),
+                    Liveness(Client, false),
+                    Unstall(Client),
+                    Readable(Upstream, true),
+                ],
+                to_client: vec![whole(TEXT, &[b'x'; 100])],
+                to_upstream: vec![],
+                outcome: None,
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "shutdown closes both sides with 1001",
+                query: "",
+                steps: vec![Shutdown],
+                to_client: vec![closing(1001, "sidecar shutting down")],
+                to_upstream: vec![closing(1001, "sidecar shutting down")],
+                outcome: Some(End::Shutdown),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "an unmasked frame from the subscriber: 1002 to it, 1001 upstream",
+                query: "",
+                steps: vec![Read(Client, s(true, TEXT, b"{}"))],
+                to_client: vec![closing(1002, "unmasked frame from a client")],
+                to_upstream: vec![closing(1001, "subscriber gone")],
+                outcome: Some(End::ClientProtocolError(refused(
+                    1002,
+                    "unmasked frame from a client",
+                ))),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "a masked frame from the upstream: 1002 to it, 1011 to the subscriber",
+                query: "",
+                steps: vec![Read(Upstream, c(true, TEXT, b"{}"))],
+                to_client: vec![closing(1011, "Error: upstream: masked frame from a server")],
+                to_upstream: vec![closing(1002, "masked frame from a server")],
+                outcome: Some(End::UpstreamProtocolError(refused(
+                    1002,
+                    "masked frame from a server",
+                ))),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "a frame over server.max_message_bytes is refused from its header",
+                query: "",
+                steps: vec![Read(
+                    Client,
+                    c(true, TEXT, &[b'x'; MAX_MESSAGE + 1])[..8].to_vec(),
+                )],
+                to_client: vec![closing(1009, "message too big")],
+                to_upstream: vec![closing(1001, "subscriber gone")],
+                outcome: Some(End::ClientProtocolError(refused(1009, "message too big"))),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "a close with an invalid code is answered with 1002",
+                query: "",
+                steps: vec![Read(Client, c(true, CLOSE, &1005u16.to_be_bytes()))],
+                to_client: vec![closing(1002, "invalid close code")],
+                to_upstream: vec![closing(1001, "subscriber gone")],
+                outcome: Some(End::ClientProtocolError(refused(
+                    1002,
+                    "invalid close code",
+                ))),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "an initial subscription's first answer ends its task's reservation",
+                query: "taskID=t1&id=s1&replicaVersion=01&watermark=0a&initial=true",
+                steps: vec![
+                    Read(
+                        Upstream,
+                        commits
+                            .iter()
+                            .map(|m| s(true, TEXT, m))
+                            .collect::<Vec<_>>()
+                            .concat(),
+                    ),
+                    // A fragmented ack counts too.
+                    Read(
+                        Client,
+                        [c(false, TEXT, b"{\"ack\""), c(true, CONTINUATION, b":2}")].concat(),
+                    ),
+                ],
+                to_client: commits.iter().map(|m| whole(TEXT, m)).collect(),
+                to_upstream: vec![
+                    (false, TEXT, b"{\"ack\"".to_vec()),
+                    whole(CONTINUATION, b":2}"),
+                ],
+                outcome: None,
+                done: false,
+                acked: &[("s1", "0b")],
+                reservation_held: false,
+            },
+            Row {
+                name: "a subscription that is not initial leaves the reservation alone",
+                query: "taskID=t1&id=s1&replicaVersion=01&watermark=0a",
+                steps: vec![Read(Upstream, s(true, TEXT, STATUS))],
+                to_client: vec![whole(TEXT, STATUS)],
+                to_upstream: vec![],
+                outcome: None,
+                done: false,
+                acked: &[("s1", "0a")],
+                reservation_held: true,
+            },
+        ]
+    }
+
+    /// Drives one relayed connection through each row's events as the I/O loop would, writing every outbox after
+    /// each step unless its side is stalled.
+    #[tokio::test]
+    async fn a_relayed_connection_answers_each_event() {
+        for row in rows() {
+            let name = row.name;
+            let ctx = context();
+            let _lease = ctx.registry.open("t1", Instant::now());
+            let mut relay = Relay::new(&ctx, protocol::parse_subscriber_context(Some(row.query)));
+            let mut from_client = Inbox::new(true, MAX_MESSAGE, Reads::Bulk);
+            let mut from_upstream = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
+            let (mut to_client, mut to_upstream) = (Vec::new(), Vec::new());
+            let (mut client_stalled, mut upstream_stalled) = (false, false);
+            for step in row.steps {
+                match step {
+                    Read(side, bytes) => {
+                        assert!(relay.wants_read(side), "{name}: {side:?} is not read now");
+                        let inbox = match side {
+                            Client => &mut from_client,
+                            Upstream => &mut from_upstream,
+                        };
+                        assert_eq!(inbox.fill(&mut &bytes[..]).await.unwrap(), bytes.len());
+                        relay.on_read(side, inbox);
+                    }
+                    Lost(side) => relay.on_lost(side),
+                    Liveness(side, heard) => relay.on_liveness_check(side, heard),
+                    Shutdown => relay.on_shutdown(),
+                    Stall(Client) => client_stalled = true,
+                    Unstall(Client) => client_stalled = false,
+                    Stall(Upstream) => upstream_stalled = true,
+                    Unstall(Upstream) => upstream_stalled = false,
+                    Readable(side, expected) => {
+                        assert_eq!(
+                            relay.wants_read(side),
+                            expected,
+                            "{name}: {side:?} readable"
+                        )
+                    }
+                }
+                if relay.wants_write(Client) && !client_stalled {
+                    relay.client.outbox.flush(&mut to_client).await.unwrap();
+                }
+                if relay.wants_write(Upstream) && !upstream_stalled {
+                    relay.upstream.outbox.flush(&mut to_upstream).await.unwrap();
+                }
+            }
+            assert_eq!(
+                written(&to_client, false),
+                row.to_client,
+                "{name}: to the subscriber"
+            );
+            assert_eq!(
+                written(&to_upstream, true),
+                row.to_upstream,
+                "{name}: to the upstream"
+            );
+            assert_eq!(relay.outcome, row.outcome, "{name}");
+            assert_eq!(relay.is_done(), row.done, "{name}: done");
+            let acked: Vec<(String, String)> = row
+                .acked
+                .iter()
+                .map(|(id, w)| (id.to_string(), w.to_string()))
+                .collect();
+            assert_eq!(ctx.subscribers.acked_by_id(), acked, "{name}: acked");
+            assert_eq!(
+                ctx.registry.len() == 1,
+                row.reservation_held,
+                "{name}: reservation"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn relayed_frames_are_not_re_encoded() {
+        // A 5-byte payload under a 16-bit length, which no encoder writes: passed on exactly as it came.
+        let odd = [&[0x81u8, 126, 0, 5][..], b"hello"].concat();
+        let ctx = context();
+        let mut relay = Relay::new(&ctx, SubscriberContext::default());
+        let mut inbox = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
+        inbox.fill(&mut &odd[..]).await.unwrap();
+        relay.on_read(Side::Upstream, &mut inbox);
+        let mut out = Vec::new();
+        relay.client.outbox.flush(&mut out).await.unwrap();
+        assert_eq!(out, odd);
     }
 
     #[test]
@@ -853,7 +1356,7 @@ mod tests {
         let handle = subscribers.connect(SubscriberInfo {
             id: "s".into(),
             task_id: None,
-            mode: "serving".into(),
+            mode: protocol::Mode::Serving,
             replica_version: "01".into(),
             watermark: "0a".into(),
         });

@@ -1,22 +1,39 @@
-//! Snapshot reservations: the registry the cleanup policy reads, and the `/snapshot` WebSocket handler.
+//! Snapshot reservations: the registry the cleanup policy reads, and the `/snapshot` WebSocket: its request
+//! checks, its upgrade ([`serve`]) and the socket held open for the reservation.
 //!
 //! A reservation protects a view-syncer's restore: while it is open, change-log rows the restored backup may need
 //! must stay. It ends when its socket closes, when a retry with the same taskID replaces it, or when the task's
 //! first `initial=true` subscription arrives — only that last way proves how long a restore takes, so only it can
 //! raise the cleanup delay (PROTOCOL.md §5.3).
+//!
+//! Requests Zero would reject are refused with HTTP 400 *before* the upgrade, with Zero's own message as the body:
+//! a 0.20 view-syncer whose snapshot socket is accepted and then closed without a status waits forever
+//! (PROTOCOL.md W9), while a refused upgrade makes it fail and restart.
+//!
+//! The socket is read, assembled and written with [`crate::ws`]'s pieces, as the relay's are: an idle reservation
+//! keeps neither a read nor a write buffer, since thousands may wait for hours.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fastwebsockets::{OpCode, WebSocket};
+use bytes::{Bytes, BytesMut};
+use fastwebsockets::{OpCode, Role, WebSocket};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, Instrument};
 
-use crate::protocol::{self, close};
-use crate::ws::{self, Assembled, Assembler, CloseWith, Liveness, PeerClose};
+use crate::protocol::{self, close, Version};
+use crate::server::plain;
+use crate::ws::{
+    self, Assembler, CloseWith, Inbox, Liveness, Outbox, OwnedFrame, PeerClose, ReadError, Reads,
+};
 
 /// Zero's `MIN_CLEANUP_DELAY_MS`: the delay never goes below what a reconnecting subscriber needs.
 pub const MIN_CLEANUP_DELAY: Duration = Duration::from_secs(30);
@@ -277,9 +294,53 @@ pub struct SnapshotContext {
     pub shutdown: CancellationToken,
 }
 
+/// Answers a `/snapshot` upgrade request: refused (HTTP 400 with Zero's message, 503 while shutting down), or
+/// upgraded, the reservation then held on its own task in `tracker`.
+pub fn serve(
+    mut req: Request<Incoming>,
+    version: &Version,
+    peer: SocketAddr,
+    ctx: &SnapshotContext,
+    tracker: &TaskTracker,
+) -> Response<Full<Bytes>> {
+    let (version, task_id) = match protocol::check_snapshot(version, req.uri().query()) {
+        Ok(checked) => checked,
+        Err(message) => {
+            debug!(%message, "snapshot request refused");
+            return plain(StatusCode::BAD_REQUEST, message);
+        }
+    };
+    if ctx.shutdown.is_cancelled() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    let (response, upgrade) = match fastwebsockets::upgrade::upgrade(&mut req) {
+        Ok(pair) => pair,
+        Err(err) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("bad WebSocket upgrade: {err}\n"),
+            )
+        }
+    };
+    let ctx = ctx.clone();
+    let span = info_span!("reservation", task_id = %task_id, %peer);
+    tracker.spawn(
+        async move {
+            match upgrade.await {
+                Ok(ws) => {
+                    handle_snapshot(ctx, version, task_id, ws).await;
+                }
+                Err(err) => debug!(error = %err, "upgrade failed"),
+            }
+        }
+        .instrument(span),
+    );
+    response.map(|_| Full::default())
+}
+
 /// How a reservation socket ended, for logs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+enum ReservationEnd {
     ClosedByPeer,
     Ended(EndReason),
     Shutdown,
@@ -321,35 +382,42 @@ async fn status_frame(ctx: &SnapshotContext, version: u64) -> Option<String> {
     ))
 }
 
+/// How a reservation's socket is left once the loop has decided that it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// At once: the peer is gone or stopped answering.
+    Drop,
+    /// Once what is queued is written (an answer to the peer's close, or a close after a broken frame).
+    Flush,
+    /// Once what is queued (ending with our close) is written and the peer's close has arrived, or briefly.
+    Linger,
+}
+
 /// Serves one reservation: status frame, then hold the socket open with pings until something ends it. A v4+
 /// status that cannot be built yet is held back (the socket is pinged meanwhile) rather than sent incomplete;
 /// a reservation is never closed without a status for lack of one.
-pub async fn handle_snapshot<S>(
+async fn handle_snapshot<S>(
     ctx: SnapshotContext,
     version: u64,
     task_id: String,
     ws: WebSocket<S>,
-) -> Outcome
+) -> ReservationEnd
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let mut lease = ctx.registry.open(&task_id, Instant::now());
     info!(floor = lease.floor().unwrap_or(""), "reservation opened");
-    // The socket is read with a buffer that exists only while bytes are pending: an open reservation mostly
-    // waits, and thousands may be open at once.
-    let (reader, mut writer) = tokio::io::split(ws.into_inner());
-    let mut reader = ws::FrameReader::new(reader, ctx.max_message_bytes);
-    // v3's status needs nothing but config: it goes out at once. A v4+ status that cannot be built yet is
-    // retried in the loop below. Boxed: the database read is a large future that idle reservations never need.
+    // The socket is read with a buffer that exists only while bytes are pending, and written through an outbox
+    // that keeps none once flushed: an open reservation mostly waits, and thousands may be open at once.
+    let (mut reader, mut writer) = tokio::io::split(ws.into_inner());
+    let mut inbox = Inbox::new(true, ctx.max_message_bytes, Reads::Small);
+    let mut outbox = Outbox::new(Role::Server);
+    // v3's status needs nothing but config: it is queued at once, and the loop's first flush writes it. A v4+
+    // status that cannot be built yet is retried in the loop below. Boxed: the database read is a large future
+    // that idle reservations never need.
     let mut status_sent = false;
     if let Some(status) = Box::pin(status_frame(&ctx, version)).await {
-        if ws::write_frame(&mut writer, ws::text(status))
-            .await
-            .is_err()
-        {
-            info!(outcome = ?Outcome::Gone, "reservation closed");
-            return Outcome::Gone;
-        }
+        outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
         status_sent = true;
     } else {
         info!("snapshot status held back until the change DB answers");
@@ -361,104 +429,110 @@ where
     let mut assembler = Assembler::new(ctx.max_message_bytes);
     let mut acked = false;
 
-    // `Some(close)`: send that close (a code, or none) and wait briefly for the peer's; `None`: just drop.
-    let (outcome, close) = loop {
+    let (outcome, leave) = loop {
         tokio::select! {
             biased;
             _ = ctx.shutdown.cancelled() => {
-                let with = CloseWith::new(close::GOING_AWAY, "sidecar shutting down");
-                break (Outcome::Shutdown, Some(Some(with)));
+                outbox.push_close(Some(&CloseWith::new(close::GOING_AWAY, "sidecar shutting down")));
+                break (ReservationEnd::Shutdown, Leave::Linger);
             }
             reason = lease.ended() => {
                 // Zero closes an ended or replaced reservation without a status code (PROTOCOL.md §5.3).
-                break (Outcome::Ended(reason), Some(None));
+                outbox.push_close(None);
+                break (ReservationEnd::Ended(reason), Leave::Linger);
             }
             _ = status_retry.tick(), if !status_sent => {
                 if let Some(status) = Box::pin(status_frame(&ctx, version)).await {
-                    if ws::write_frame(&mut writer, ws::text(status)).await.is_err() {
-                        break (Outcome::Gone, None);
-                    }
+                    outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
                     status_sent = true;
                 }
             }
             alive = liveness.tick() => {
                 if !alive {
                     // Like Zero's terminate(): no close handshake with a peer that stopped answering.
-                    break (Outcome::Unresponsive, None);
+                    break (ReservationEnd::Unresponsive, Leave::Drop);
                 }
-                if ws::write_frame(&mut writer, ws::ping()).await.is_err() {
-                    break (Outcome::Gone, None);
+                outbox.push_control(OpCode::Ping, b"");
+            }
+            result = outbox.flush(&mut writer), if !outbox.is_empty() => {
+                if result.is_err() {
+                    break (ReservationEnd::Gone, Leave::Drop);
                 }
             }
-            result = reader.read_frame() => {
+            result = inbox.read_frame(&mut reader) => {
                 let frame = match result {
                     Ok(frame) => frame,
-                    Err(ws::ReadError::Protocol(with)) => {
+                    Err(ReadError::Protocol(with)) => {
                         debug!(reason = %with.reason, "bad frame");
                         // The stream is unusable after a framing error: close and drop without lingering.
-                        let _ = ws::write_frame(&mut writer, ws::close_frame(&with)).await;
-                        break (Outcome::ProtocolError(with), None);
+                        outbox.push_close(Some(&with));
+                        break (ReservationEnd::ProtocolError(with), Leave::Flush);
                     }
-                    Err(ws::ReadError::Gone) => break (Outcome::Gone, None),
+                    Err(ReadError::Gone) => break (ReservationEnd::Gone, Leave::Drop),
                 };
                 liveness.heard();
-                match assembler.push(frame) {
-                    Err(with) => break (Outcome::ProtocolError(with.clone()), Some(Some(with))),
-                    Ok(Assembled::Incomplete) => {}
-                    Ok(Assembled::Control(frame)) => match frame.opcode {
-                        OpCode::Ping => {
-                            let pong = fastwebsockets::Frame::pong(fastwebsockets::Payload::Bytes(frame.payload));
-                            if ws::write_frame(&mut writer, pong).await.is_err() {
-                                break (Outcome::Gone, None);
-                            }
+                match frame.opcode {
+                    OpCode::Ping => outbox.push_control(OpCode::Pong, &frame.payload),
+                    OpCode::Pong => {}
+                    OpCode::Close => match ws::read_close(frame.payload) {
+                        PeerClose::Valid { payload, .. } => {
+                            outbox.push(true, OpCode::Close, payload);
+                            break (ReservationEnd::ClosedByPeer, Leave::Flush);
                         }
-                        OpCode::Close => match ws::read_close(frame.payload) {
-                            PeerClose::Valid { payload, .. } => {
-                                let echo = fastwebsockets::Frame::close_raw(fastwebsockets::Payload::Bytes(payload));
-                                let _ = ws::write_frame(&mut writer, echo).await;
-                                break (Outcome::ClosedByPeer, None);
-                            }
-                            PeerClose::Invalid(with) => {
-                                let _ = ws::write_frame(&mut writer, ws::close_frame(&with)).await;
-                                break (Outcome::ProtocolError(with), None);
-                            }
-                        },
-                        _ => {}
+                        PeerClose::Invalid(with) => {
+                            outbox.push_close(Some(&with));
+                            break (ReservationEnd::ProtocolError(with), Leave::Flush);
+                        }
                     },
-                    Ok(Assembled::Message(OpCode::Text, payload)) => {
-                        match check_ack(&payload, acked || !status_sent) {
-                            Ok(()) => acked = true,
-                            Err(with) => break (Outcome::ProtocolError(with.clone()), Some(Some(with))),
+                    OpCode::Text | OpCode::Binary | OpCode::Continuation => {
+                        match read_ack(&mut assembler, &frame, acked || !status_sent) {
+                            Ok(ack) => acked |= ack,
+                            Err(with) => {
+                                outbox.push_close(Some(&with));
+                                break (ReservationEnd::ProtocolError(with), Leave::Linger);
+                            }
                         }
-                    }
-                    Ok(Assembled::Message(_, _)) => {
-                        let with = CloseWith::new(close::UNSUPPORTED_DATA, "binary frames are not supported");
-                        break (Outcome::ProtocolError(with.clone()), Some(Some(with)));
                     }
                 }
             }
         }
     };
-    if let Some(with) = close {
-        let frame = match &with {
-            Some(with) => ws::close_frame(with),
-            None => fastwebsockets::Frame::close_raw(fastwebsockets::Payload::Owned(Vec::new())),
-        };
-        if ws::write_frame(&mut writer, frame).await.is_ok() {
-            // Wait briefly for the peer's close so that ours is not lost to a reset.
-            let linger = async {
-                while let Ok(frame) = reader.read_frame().await {
-                    if frame.opcode == OpCode::Close {
-                        break;
-                    }
+    if leave != Leave::Drop && outbox.flush(&mut writer).await.is_ok() && leave == Leave::Linger {
+        // Wait briefly for the peer's close so that ours is not lost to a reset.
+        let linger = async {
+            while let Ok(frame) = inbox.read_frame(&mut reader).await {
+                if frame.opcode == OpCode::Close {
+                    break;
                 }
-            };
-            let _ = tokio::time::timeout(ws::CLOSE_LINGER, linger).await;
-        }
+            }
+        };
+        let _ = tokio::time::timeout(ws::CLOSE_LINGER, linger).await;
     }
     drop(lease);
     info!(outcome = ?outcome, "reservation closed");
     outcome
+}
+
+/// Takes a data frame from a reservation client: `Ok(true)` once it completes the ack of the status. Anything
+/// else a client may not send is refused with its close: a binary message, a second ack, a broken fragment.
+fn read_ack(
+    assembler: &mut Assembler,
+    frame: &OwnedFrame,
+    already_acked: bool,
+) -> Result<bool, CloseWith> {
+    let read = assembler.push_checked(
+        frame.fin,
+        frame.opcode,
+        &frame.payload,
+        |opcode, message| match opcode {
+            OpCode::Text => check_ack(message, already_acked),
+            _ => Err(CloseWith::new(
+                close::UNSUPPORTED_DATA,
+                "binary frames are not supported",
+            )),
+        },
+    );
+    Ok(read.and_then(Option::transpose)?.is_some())
 }
 
 /// The only message a reservation client sends is the ack of the status, id 1, once.

@@ -1,19 +1,20 @@
-//! A value one task writes and others read: the monitor's and discovery loop's state, read by `/keepalive`,
-//! `/metrics`, systemd's status line and tests.
+//! What the periodic loops share: [`Cell`], a value one task writes and others read (the monitor's and the
+//! discovery loop's state, read by `/keepalive`, `/metrics`, systemd's status line and tests), and [`Every`], the
+//! rhythm of such a loop.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Cheap to clone; readers get a copy, so the lock is held only for the copy and never across an `.await`.
 #[derive(Debug, Default)]
-pub struct Shared<T>(Arc<Mutex<T>>);
+pub struct Cell<T>(Arc<Mutex<T>>);
 
-impl<T> Clone for Shared<T> {
+impl<T> Clone for Cell<T> {
     fn clone(&self) -> Self {
         Self(self.0.clone())
     }
 }
 
-impl<T: Clone> Shared<T> {
+impl<T: Clone> Cell<T> {
     pub fn get(&self) -> T {
         self.lock().clone()
     }

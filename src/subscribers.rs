@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cleanup;
+use crate::protocol::Mode;
 
 /// What a subscription said about itself in its query string (PROTOCOL.md §6.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +20,7 @@ pub struct SubscriberInfo {
     /// Zero's `id` parameter, for logs.
     pub id: String,
     pub task_id: Option<String>,
-    pub mode: String,
+    pub mode: Mode,
     pub replica_version: String,
     /// The watermark it subscribed from: durable on the subscriber already.
     pub watermark: String,
@@ -157,7 +158,7 @@ mod tests {
         SubscriberInfo {
             id: id.into(),
             task_id: None,
-            mode: "serving".into(),
+            mode: Mode::Serving,
             replica_version: "01".into(),
             watermark: watermark.into(),
         }

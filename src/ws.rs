@@ -1,12 +1,23 @@
-//! WebSocket plumbing shared by the snapshot and relay handlers, after fastwebsockets has done the upgrade: frame
-//! headers, a cancel-safe frame reader, message assembly under a size limit, ping liveness, the close code each
-//! protocol violation earns, and an outgoing frame queue with a cancel-safe flush.
+//! WebSocket plumbing for the snapshot and relay handlers, after fastwebsockets has done the upgrade: frame
+//! headers, a cancel-safe reader, message assembly under a size limit, an outgoing frame queue with a cancel-safe
+//! flush, ping liveness, and the close code each protocol violation earns. Both handlers read, assemble and write
+//! with the same pieces:
+//!
+//! | piece            | `/snapshot` ([`crate::reservations`])        | `/changes` ([`crate::relay`])               |
+//! |------------------|----------------------------------------------|---------------------------------------------|
+//! | [`Inbox`]        | `read_frame`: a frame at a time; small reads | `fill`, frames taken in place; 32 KiB reads |
+//! | [`parse_header`] | inside `read_frame`                          | `header_at`, over the frames of each read   |
+//! | [`Assembler`]    | `push_checked`: the ack, rule breaks closed  | `push`: commits and acks across fragments   |
+//! | [`Outbox`]       | status, pings, pongs, closes                 | relayed frames, pongs, pings, closes        |
+//! | [`Liveness`]     | the subscriber's socket                      | both hops                                   |
+//! | [`read_close`]   | the peer's close                             | each side's close                           |
 //!
 //! fastwebsockets' own `read_frame` is not cancel-safe (dropping it mid-frame loses header bytes) and keeps an
-//! 8 KiB buffer per socket for its lifetime. [`FrameReader`] is cancel-safe and holds a buffer only while bytes
-//! are pending, which matters for thousands of idle reservation sockets. Writing a frame is not cancel-safe either; a handler that must keep reading while a peer is slow to read queues
-//! frames in an [`Outbox`] and flushes it as one more `select!` branch. A relay, which passes frames on rather
-//! than decoding them, reads their headers in place with [`parse_header`].
+//! 8 KiB buffer per socket for its lifetime. An [`Inbox`] is cancel-safe and keeps no buffer between frames
+//! beyond its pending read's room, and an [`Outbox`] none once flushed, which matters for thousands of idle
+//! reservation sockets. Writing a frame is not cancel-safe either: a handler queues frames in an [`Outbox`] and
+//! flushes it as one more `select!` branch, so it keeps reading while a peer is slow to read. Relayed frames are
+//! never decoded and re-encoded: their headers are read in place and they are queued as received.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -18,7 +29,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use fastwebsockets::{Frame, OpCode, Payload, Role};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::protocol::close;
@@ -98,79 +109,138 @@ pub fn read_close(payload: BytesMut) -> PeerClose {
 }
 
 /// Codes a peer may put on the wire: 1000-1003, 1007-1011, 1012-1014 and the registered/private ranges.
-pub fn is_valid_close_code(code: u16) -> bool {
+fn is_valid_close_code(code: u16) -> bool {
     matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
 }
 
-/// Collects a message from a frame and its continuations, refusing to grow past the limit.
+/// Follows message boundaries across fragments (RFC 6455 §5.4) and hands each whole message of at most `limit`
+/// bytes to a callback: a frame's own payload when the frame is the whole message, else the fragments joined
+/// (the only copy). Control frames are not part of messages; callers handle them before.
 #[derive(Debug)]
 pub struct Assembler {
     limit: usize,
-    partial: Option<(OpCode, BytesMut)>,
+    fragmented: Fragmented,
 }
 
-/// One step of message assembly.
+/// Where the assembler stands between two frames.
 #[derive(Debug)]
-pub enum Assembled {
-    /// A complete text or binary message.
-    Message(OpCode, BytesMut),
-    /// A fragment was buffered; more must follow.
-    Incomplete,
-    /// A control frame, passed through untouched (it may arrive between fragments).
-    Control(OwnedFrame),
+enum Fragmented {
+    /// Between messages.
+    No,
+    /// Inside a fragmented message, collecting it.
+    Collecting { opcode: OpCode, buffer: BytesMut },
+    /// Inside a fragmented message that grew past the limit: its fragments are followed, not kept.
+    Skipping,
 }
 
 impl Assembler {
     pub fn new(limit: usize) -> Self {
         Self {
             limit,
-            partial: None,
+            fragmented: Fragmented::No,
         }
     }
 
-    pub fn push(&mut self, frame: OwnedFrame) -> Result<Assembled, CloseWith> {
-        match frame.opcode {
-            OpCode::Close | OpCode::Ping | OpCode::Pong => Ok(Assembled::Control(frame)),
+    /// Takes one data frame from a peer whose frames are passed on, not policed (a relay): a message longer than
+    /// the limit is skipped, a continuation outside a message ignored, and a new message starts afresh even
+    /// inside a fragmented one. Returns what `on_message` returned, once a message is whole.
+    pub fn push<T>(
+        &mut self,
+        fin: bool,
+        opcode: OpCode,
+        payload: &[u8],
+        on_message: impl FnOnce(OpCode, &[u8]) -> T,
+    ) -> Option<T> {
+        match opcode {
             OpCode::Text | OpCode::Binary => {
-                if self.partial.is_some() {
-                    return Err(CloseWith::new(
-                        close::PROTOCOL_ERROR,
-                        "new message inside a fragmented one",
-                    ));
-                }
-                if frame.fin {
-                    return finish(frame.opcode, frame.payload);
-                }
-                self.partial = Some((frame.opcode, frame.payload));
-                Ok(Assembled::Incomplete)
-            }
-            OpCode::Continuation => {
-                let Some((opcode, mut buffer)) = self.partial.take() else {
-                    return Err(CloseWith::new(
-                        close::PROTOCOL_ERROR,
-                        "continuation without a message",
-                    ));
-                };
-                if buffer.len() + frame.payload.len() > self.limit {
-                    return Err(CloseWith::new(close::MESSAGE_TOO_BIG, "message too big"));
-                }
-                buffer.extend_from_slice(&frame.payload);
-                if frame.fin {
-                    finish(opcode, buffer)
+                self.fragmented = if payload.len() > self.limit {
+                    if fin {
+                        Fragmented::No
+                    } else {
+                        Fragmented::Skipping
+                    }
+                } else if fin {
+                    self.fragmented = Fragmented::No;
+                    return Some(on_message(opcode, payload));
                 } else {
-                    self.partial = Some((opcode, buffer));
-                    Ok(Assembled::Incomplete)
-                }
+                    Fragmented::Collecting {
+                        opcode,
+                        buffer: BytesMut::from(payload),
+                    }
+                };
+                None
             }
+            OpCode::Continuation => match &mut self.fragmented {
+                Fragmented::No => None,
+                Fragmented::Skipping => {
+                    if fin {
+                        self.fragmented = Fragmented::No;
+                    }
+                    None
+                }
+                Fragmented::Collecting { buffer, .. } => {
+                    if buffer.len() + payload.len() > self.limit {
+                        self.fragmented = if fin {
+                            Fragmented::No
+                        } else {
+                            Fragmented::Skipping
+                        };
+                        return None;
+                    }
+                    buffer.extend_from_slice(payload);
+                    if !fin {
+                        return None;
+                    }
+                    let Fragmented::Collecting { opcode, buffer } =
+                        std::mem::replace(&mut self.fragmented, Fragmented::No)
+                    else {
+                        unreachable!("matched as collecting above");
+                    };
+                    Some(on_message(opcode, &buffer))
+                }
+            },
+            OpCode::Close | OpCode::Ping | OpCode::Pong => None,
         }
     }
-}
 
-fn finish(opcode: OpCode, payload: BytesMut) -> Result<Assembled, CloseWith> {
-    if opcode == OpCode::Text && std::str::from_utf8(&payload).is_err() {
-        return Err(CloseWith::new(close::INVALID_PAYLOAD, "invalid UTF-8"));
+    /// Takes one data frame from a peer this side serves and polices: a frame that breaks the fragmentation rules
+    /// or makes its message longer than the limit, and a text message that is not UTF-8, are refused with the
+    /// close they earn.
+    pub fn push_checked<T>(
+        &mut self,
+        fin: bool,
+        opcode: OpCode,
+        payload: &[u8],
+        on_message: impl FnOnce(OpCode, &[u8]) -> T,
+    ) -> Result<Option<T>, CloseWith> {
+        let protocol = |reason: &str| Err(CloseWith::new(close::PROTOCOL_ERROR, reason));
+        let too_big = || Err(CloseWith::new(close::MESSAGE_TOO_BIG, "message too big"));
+        match (opcode, &self.fragmented) {
+            (
+                OpCode::Text | OpCode::Binary,
+                Fragmented::Collecting { .. } | Fragmented::Skipping,
+            ) => {
+                return protocol("new message inside a fragmented one");
+            }
+            (OpCode::Continuation, Fragmented::No) => {
+                return protocol("continuation without a message");
+            }
+            (OpCode::Text | OpCode::Binary, _) if payload.len() > self.limit => return too_big(),
+            (OpCode::Continuation, Fragmented::Collecting { buffer, .. })
+                if buffer.len() + payload.len() > self.limit =>
+            {
+                return too_big();
+            }
+            _ => {}
+        }
+        self.push(fin, opcode, payload, |opcode, message| {
+            if opcode == OpCode::Text && std::str::from_utf8(message).is_err() {
+                return Err(CloseWith::new(close::INVALID_PAYLOAD, "invalid UTF-8"));
+            }
+            Ok(on_message(opcode, message))
+        })
+        .transpose()
     }
-    Ok(Assembled::Message(opcode, payload))
 }
 
 /// A frame header read in place from a buffer (RFC 6455 §5.2).
@@ -258,7 +328,7 @@ pub fn parse_header(
     }))
 }
 
-/// Why [`FrameReader::read_frame`] stopped.
+/// Why [`Inbox::read_frame`] stopped.
 #[derive(Debug)]
 pub enum ReadError {
     /// The connection ended or failed: nobody to tell.
@@ -267,52 +337,134 @@ pub enum ReadError {
     Protocol(CloseWith),
 }
 
-/// Reads a client's frames with a buffer that exists only while bytes are pending, so that an idle socket (a
-/// snapshot reservation waiting hours for its restore) holds no read buffer at all. Cancel-safe: bytes are taken
-/// out of the buffer only as whole frames, and `read_buf` loses nothing when dropped, so `read_frame` may sit in a
-/// `select!` beside timers and signals.
-pub struct FrameReader<R> {
-    reader: R,
-    buf: BytesMut,
-    max_payload: usize,
+/// How an [`Inbox`] sizes its reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    /// A socket that mostly waits and gets a few small frames (a reservation): room for 256 bytes at a time.
+    Small,
+    /// A socket carrying a stream (the relay): up to 32 KiB per read.
+    Bulk,
 }
 
-impl<R: tokio::io::AsyncRead + Unpin> FrameReader<R> {
-    pub fn new(reader: R, max_payload: usize) -> Self {
+impl Reads {
+    /// Room a read is given, `(at least, else make this much)`.
+    fn room(self) -> (usize, usize) {
+        match self {
+            Reads::Small => (64, 256),
+            Reads::Bulk => (4 << 10, 32 << 10),
+        }
+    }
+}
+
+/// Bytes read from one peer's socket and not yet taken out as frames. The buffer is given back whenever it
+/// empties, so an idle socket (a snapshot reservation waiting hours for its restore, a quiet subscription) holds
+/// only the room its pending read is given ([`Reads`]). Cancel-safe: bytes leave the buffer only as whole frames,
+/// and a read loses nothing when dropped, so [`Inbox::fill`] and [`Inbox::read_frame`] may sit in a `select!`
+/// beside timers and signals.
+///
+/// Two ways to take frames out: [`Inbox::read_frame`], one whole frame at a time, unmasked and owned; or, for a
+/// relay passing frames on as received, [`Inbox::header_at`] over [`Inbox::buffered`] to walk the frames of a
+/// read in place, then [`Inbox::take_frames`] (data frames as received) and [`Inbox::take_frame`] (one frame
+/// to answer).
+#[derive(Debug)]
+pub struct Inbox {
+    buf: BytesMut,
+    /// The peer is a client: its frames must be masked (and a server's must not be).
+    from_client: bool,
+    /// Largest payload accepted in one frame; a larger one is refused (1009) from its header alone.
+    max_payload: usize,
+    reads: Reads,
+}
+
+impl Inbox {
+    pub fn new(from_client: bool, max_payload: usize, reads: Reads) -> Self {
         Self {
-            reader,
             buf: BytesMut::new(),
+            from_client,
             max_payload,
+            reads,
         }
     }
 
-    /// The next whole frame from a client (masked, as RFC 6455 requires), unmasked.
-    pub async fn read_frame(&mut self) -> Result<OwnedFrame, ReadError> {
+    /// Reads what the socket has, making room first if the buffer is nearly full. `Ok(0)`: the peer closed the
+    /// connection. Cancel-safe.
+    pub async fn fill<R: AsyncRead + Unpin>(&mut self, reader: &mut R) -> std::io::Result<usize> {
+        let (min_room, room) = self.reads.room();
+        if self.buf.capacity() - self.buf.len() < min_room {
+            self.buf.reserve(room);
+        }
+        reader.read_buf(&mut self.buf).await
+    }
+
+    /// The bytes read and not yet taken out.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// The header of the frame starting `at` bytes into [`Inbox::buffered`] (see [`parse_header`]).
+    pub fn header_at(&self, at: usize) -> Result<Option<Header>, CloseWith> {
+        parse_header(&self.buf[at..], self.from_client, self.max_payload)
+    }
+
+    /// Makes room for the rest of the frame at the front, whose `header` has arrived.
+    pub fn wait_for(&mut self, header: &Header) {
+        self.buf
+            .reserve(header.frame_len().saturating_sub(self.buf.len()));
+    }
+
+    /// Takes out the first `len` bytes, whole frames, exactly as received (headers and masks included).
+    pub fn take_frames(&mut self, len: usize) -> Bytes {
+        let frames = self.buf.split_to(len).freeze();
+        self.release_if_empty();
+        frames
+    }
+
+    /// Takes out the whole frame at the front, whose `header` was read, with its payload unmasked. A control
+    /// frame's payload (at most 125 bytes) is copied, so that keeping it (a close to echo) does not keep the
+    /// read buffer.
+    pub fn take_frame(&mut self, header: &Header) -> OwnedFrame {
+        let mut frame = self.buf.split_to(header.frame_len());
+        let mut payload = if header.is_control() {
+            BytesMut::from(&frame[header.len..])
+        } else {
+            frame.split_off(header.len)
+        };
+        if let Some(key) = header.mask {
+            fastwebsockets::unmask(&mut payload, key);
+        }
+        self.release_if_empty();
+        OwnedFrame {
+            fin: header.fin,
+            opcode: header.opcode,
+            payload,
+        }
+    }
+
+    /// Drops everything buffered: nothing after a close or a broken frame is read.
+    pub fn discard(&mut self) {
+        self.buf = BytesMut::new();
+    }
+
+    /// Gives the allocation back: most sockets read a few frames, then wait.
+    fn release_if_empty(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        }
+    }
+
+    /// The next whole frame, unmasked.
+    pub async fn read_frame<R: AsyncRead + Unpin>(
+        &mut self,
+        reader: &mut R,
+    ) -> Result<OwnedFrame, ReadError> {
         loop {
-            if let Some(header) =
-                parse_header(&self.buf, true, self.max_payload).map_err(ReadError::Protocol)?
-            {
+            if let Some(header) = self.header_at(0).map_err(ReadError::Protocol)? {
                 if self.buf.len() >= header.frame_len() {
-                    let mut frame = self.buf.split_to(header.frame_len());
-                    let mut payload = frame.split_off(header.len);
-                    if let Some(key) = header.mask {
-                        fastwebsockets::unmask(&mut payload, key);
-                    }
-                    if self.buf.is_empty() {
-                        // Give the allocation back: most sockets read a few small frames, then wait.
-                        self.buf = BytesMut::new();
-                    }
-                    return Ok(OwnedFrame {
-                        fin: header.fin,
-                        opcode: header.opcode,
-                        payload,
-                    });
+                    return Ok(self.take_frame(&header));
                 }
-                self.buf.reserve(header.frame_len() - self.buf.len());
-            } else if self.buf.capacity() - self.buf.len() < 64 {
-                self.buf.reserve(256);
+                self.wait_for(&header);
             }
-            match tokio::io::AsyncReadExt::read_buf(&mut self.reader, &mut self.buf).await {
+            match self.fill(reader).await {
                 Ok(0) | Err(_) => return Err(ReadError::Gone),
                 Ok(_) => {}
             }
@@ -320,22 +472,11 @@ impl<R: tokio::io::AsyncRead + Unpin> FrameReader<R> {
     }
 }
 
-/// Writes one server frame (unmasked).
-pub async fn write_frame<W: tokio::io::AsyncWrite + Unpin>(
-    writer: &mut W,
-    mut frame: Frame<'_>,
-) -> std::io::Result<()> {
-    frame.writev(writer).await?;
-    tokio::io::AsyncWriteExt::flush(writer).await
-}
-
 /// Payloads up to this size are copied next to their header so that many small frames leave in one write; larger
 /// ones are queued as they are and written with `writev`, never copied.
 const COPY_MAX: usize = 4096;
 /// Slices handed to one `writev` call.
 const MAX_SLICES: usize = 64;
-/// An idle outbox keeps at most this much buffer capacity; a burst's larger buffer is given back.
-const IDLE_CAPACITY: usize = 4096;
 
 /// Frames queued for one socket, in order, written by [`Outbox::flush`]. Queuing never blocks and flushing is
 /// cancel-safe (a partly written frame stays queued and is finished by the next flush), so a handler can flush as
@@ -465,9 +606,8 @@ impl Outbox {
             }
             self.consume(written);
         }
-        if self.tail.capacity() > IDLE_CAPACITY {
-            self.tail = BytesMut::new();
-        }
+        // An idle outbox keeps no buffer: a reservation's socket writes a frame every ping interval at most.
+        self.tail = BytesMut::new();
         Pin::new(writer).poll_flush(cx)
     }
 
@@ -531,19 +671,6 @@ impl Liveness {
     }
 }
 
-pub fn ping() -> Frame<'static> {
-    Frame::new(true, OpCode::Ping, None, Payload::Owned(Vec::new()))
-}
-
-pub fn text(payload: impl Into<Vec<u8>>) -> Frame<'static> {
-    Frame::text(Payload::Owned(payload.into()))
-}
-
-pub fn close_frame(with: &CloseWith) -> Frame<'static> {
-    let reason = crate::protocol::close_reason(&with.reason);
-    Frame::close(with.code, reason.as_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -565,71 +692,121 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_read_loses_nothing_and_an_idle_reader_holds_no_buffer() {
         use tokio::io::AsyncWriteExt;
-        let (client, server) = tokio::io::duplex(1024);
-        let (mut client, server) = (client, server);
-        let mut reader = FrameReader::new(server, 1 << 20);
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        let mut inbox = Inbox::new(true, 1 << 20, Reads::Small);
         let frame = client_frame(true, 0x1, br#"{"ack":1}"#);
         client.write_all(&frame[..4]).await.unwrap();
         // The read is dropped half-way through the frame, as a `select!` does when a timer wins.
         assert!(
-            tokio::time::timeout(Duration::from_millis(20), reader.read_frame())
+            tokio::time::timeout(Duration::from_millis(20), inbox.read_frame(&mut server))
                 .await
                 .is_err()
         );
         client.write_all(&frame[4..]).await.unwrap();
-        let read = reader.read_frame().await.unwrap();
+        let read = inbox.read_frame(&mut server).await.unwrap();
         assert_eq!(
             (read.opcode, &read.payload[..]),
             (OpCode::Text, &br#"{"ack":1}"#[..])
         );
-        assert_eq!(reader.buf.capacity(), 0, "an idle reader keeps no buffer");
+        assert_eq!(inbox.buf.capacity(), 0, "an idle reader keeps no buffer");
         // A frame over the limit is refused from its header alone; a server-style unmasked frame is refused.
-        let mut small = FrameReader::new(&b"\x81\xff\x00\x00\x00\x00\x10\x00\x00\x00"[..], 1024);
+        let mut small = Inbox::new(true, 1024, Reads::Small);
         assert!(matches!(
-            small.read_frame().await,
+            small
+                .read_frame(&mut &b"\x81\xff\x00\x00\x00\x00\x10\x00\x00\x00"[..])
+                .await,
             Err(ReadError::Protocol(CloseWith { code: 1009, .. }))
         ));
-        let mut unmasked = FrameReader::new(&b"\x81\x01x"[..], 1024);
+        let mut unmasked = Inbox::new(true, 1024, Reads::Small);
         assert!(matches!(
-            unmasked.read_frame().await,
+            unmasked.read_frame(&mut &b"\x81\x01x"[..]).await,
             Err(ReadError::Protocol(CloseWith { code: 1002, .. }))
         ));
         drop(client);
-        assert!(matches!(reader.read_frame().await, Err(ReadError::Gone)));
+        assert!(matches!(
+            inbox.read_frame(&mut server).await,
+            Err(ReadError::Gone)
+        ));
     }
 
-    fn frame(fin: bool, opcode: OpCode, payload: &[u8]) -> OwnedFrame {
-        OwnedFrame {
-            fin,
-            opcode,
-            payload: BytesMut::from(payload),
+    #[test]
+    fn frames_are_taken_in_place_as_received_or_one_at_a_time() {
+        let mut bytes = client_frame(true, 0x1, b"a");
+        bytes.extend_from_slice(&[0x89, 0x82, 1, 2, 3, 4, b'p' ^ 1, b'q' ^ 2]);
+        bytes.extend_from_slice(&client_frame(false, 0x1, b"bc")[..4]);
+        let mut inbox = Inbox::new(true, 100, Reads::Bulk);
+        inbox.buf.extend_from_slice(&bytes);
+        let first = inbox.header_at(0).unwrap().unwrap();
+        let ping = inbox.header_at(first.frame_len()).unwrap().unwrap();
+        assert_eq!(ping.opcode, OpCode::Ping);
+        assert_eq!(&inbox.take_frames(first.frame_len())[..], &bytes[..7]);
+        let ping = inbox.take_frame(&ping);
+        assert_eq!((ping.opcode, &ping.payload[..]), (OpCode::Ping, &b"pq"[..]));
+        // A partial header: more bytes are needed.
+        assert_eq!(inbox.header_at(0), Ok(None));
+        inbox.discard();
+        assert_eq!(inbox.buf.capacity(), 0);
+    }
+
+    /// Every text message an assembler hands over, as a relay's inspection sees them.
+    fn texts(assembler: &mut Assembler, frames: &[(bool, OpCode, &str)]) -> Vec<String> {
+        let mut seen = Vec::new();
+        for (fin, opcode, payload) in frames {
+            assembler.push(*fin, *opcode, payload.as_bytes(), |opcode, message| {
+                if opcode == OpCode::Text {
+                    seen.push(String::from_utf8_lossy(message).into_owned())
+                }
+            });
         }
+        seen
+    }
+
+    #[test]
+    fn fragments_are_joined_for_inspection_within_the_limit() {
+        let mut assembler = Assembler::new(10);
+        let seen = texts(
+            &mut assembler,
+            &[
+                (true, OpCode::Text, "whole"),
+                (false, OpCode::Text, "{\"ack\""),
+                (true, OpCode::Continuation, ":1}"),
+                (false, OpCode::Text, "123456"),
+                (true, OpCode::Continuation, "78901"),
+                (true, OpCode::Text, "toolong-----"),
+                (false, OpCode::Binary, "bin"),
+                (true, OpCode::Continuation, "ary"),
+                (true, OpCode::Continuation, "stray"),
+                (false, OpCode::Text, "a"),
+                (true, OpCode::Text, "b"),
+            ],
+        );
+        assert_eq!(seen, ["whole", "{\"ack\":1}", "b"]);
+    }
+
+    /// What a checked push gives: `Ok(None)` while a message is incomplete, the whole message, or the close.
+    fn checked(
+        assembler: &mut Assembler,
+        fin: bool,
+        opcode: OpCode,
+        payload: &[u8],
+    ) -> Result<Option<(OpCode, Vec<u8>)>, CloseWith> {
+        assembler.push_checked(fin, opcode, payload, |opcode, message| {
+            (opcode, message.to_vec())
+        })
     }
 
     #[test]
     fn fragments_are_joined_within_the_limit() {
         let mut a = Assembler::new(10);
-        assert!(matches!(
-            a.push(frame(false, OpCode::Text, b"{\"ack\"")),
-            Ok(Assembled::Incomplete)
-        ));
-        assert!(matches!(
-            a.push(frame(true, OpCode::Ping, b"")),
-            Ok(Assembled::Control(_))
-        ));
-        match a.push(frame(true, OpCode::Continuation, b":1}")) {
-            Ok(Assembled::Message(OpCode::Text, payload)) => {
-                assert_eq!(&payload[..], b"{\"ack\":1}")
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            a.push(frame(false, OpCode::Text, b"12345")),
-            Ok(Assembled::Incomplete)
-        ));
-        let err = a
-            .push(frame(true, OpCode::Continuation, b"678901"))
-            .unwrap_err();
+        assert_eq!(checked(&mut a, false, OpCode::Text, b"{\"ack\""), Ok(None));
+        // A control frame between fragments is not part of the message.
+        assert_eq!(checked(&mut a, true, OpCode::Ping, b""), Ok(None));
+        assert_eq!(
+            checked(&mut a, true, OpCode::Continuation, b":1}"),
+            Ok(Some((OpCode::Text, b"{\"ack\":1}".to_vec())))
+        );
+        assert_eq!(checked(&mut a, false, OpCode::Text, b"12345"), Ok(None));
+        let err = checked(&mut a, true, OpCode::Continuation, b"678901").unwrap_err();
         assert_eq!(err.code, close::MESSAGE_TOO_BIG);
     }
 
@@ -637,23 +814,28 @@ mod tests {
     fn fragment_protocol_errors() {
         let mut a = Assembler::new(100);
         assert_eq!(
-            a.push(frame(true, OpCode::Continuation, b"x"))
+            checked(&mut a, true, OpCode::Continuation, b"x")
                 .unwrap_err()
                 .code,
             close::PROTOCOL_ERROR
         );
-        a.push(frame(false, OpCode::Text, b"a")).unwrap();
+        checked(&mut a, false, OpCode::Text, b"a").unwrap();
         assert_eq!(
-            a.push(frame(true, OpCode::Text, b"b")).unwrap_err().code,
+            checked(&mut a, true, OpCode::Text, b"b").unwrap_err().code,
             close::PROTOCOL_ERROR
         );
         let mut a = Assembler::new(100);
-        a.push(frame(false, OpCode::Text, &[0xe2, 0x82])).unwrap();
+        checked(&mut a, false, OpCode::Text, &[0xe2, 0x82]).unwrap();
         assert_eq!(
-            a.push(frame(true, OpCode::Continuation, &[0xff]))
+            checked(&mut a, true, OpCode::Continuation, &[0xff])
                 .unwrap_err()
                 .code,
             close::INVALID_PAYLOAD
+        );
+        // Binary messages are handed over as they are.
+        assert_eq!(
+            checked(&mut a, true, OpCode::Binary, &[0xff]),
+            Ok(Some((OpCode::Binary, vec![0xff])))
         );
     }
 

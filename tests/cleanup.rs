@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::pg::TestSchema;
 use common::*;
 use litestream_sidecar::cleanup::{Bound, Decision, HoldReason};
+use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::subscribers::SubscriberInfo;
 
 /// Fast checks; the 30 s minimum delay is satisfied by backup times in the past and a start time moved back.
@@ -27,7 +28,7 @@ fn subscriber(id: &str, watermark: &str) -> SubscriberInfo {
     SubscriberInfo {
         id: id.into(),
         task_id: None,
-        mode: "serving".into(),
+        mode: Mode::Serving,
         replica_version: "01".into(),
         watermark: watermark.into(),
     }

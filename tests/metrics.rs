@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use common::pg::TestSchema;
 use common::*;
+use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::subscribers::SubscriberInfo;
 
 async fn scrape(sidecar: &Sidecar) -> prometheus_parse::Scrape {
@@ -140,7 +141,7 @@ async fn backups_purges_holds_and_registration() {
     let _sub = sidecar.subscribers.connect(SubscriberInfo {
         id: "vs".into(),
         task_id: None,
-        mode: "serving".into(),
+        mode: Mode::Serving,
         replica_version: "01".into(),
         watermark: "0c".into(),
     });

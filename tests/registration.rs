@@ -9,6 +9,7 @@ use common::pg::{self, TestSchema};
 use common::*;
 use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::discovery::Registration;
+use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::subscribers::SubscriberInfo;
 
 const OURS: &str = "127.0.0.1:4851";
@@ -106,7 +107,7 @@ fn subscriber(watermark: &str) -> SubscriberInfo {
     SubscriberInfo {
         id: "vs".into(),
         task_id: None,
-        mode: "serving".into(),
+        mode: Mode::Serving,
         replica_version: "01".into(),
         watermark: watermark.into(),
     }

@@ -55,7 +55,7 @@ pub struct Sidecar {
     pub status: litestream_sidecar::monitor::StatusHandle,
     pub discovery: litestream_sidecar::discovery::StateHandle,
     shutdown: CancellationToken,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<Result<(), litestream_sidecar::Error>>,
 }
 
 pub async fn start(config: Config) -> Sidecar {
