@@ -9,6 +9,7 @@
 //! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads and flushes, limits, liveness, closing).
 //! - [`reservations`]: the reservation registry and the `/snapshot` WebSocket, from its upgrade on.
 //! - [`server`]: the HTTP accept loop for every listener, routing and the plain endpoints.
+//! - `http`: the plain-text answers the router and the handlers write themselves.
 //! - [`relay`]: the `/changes` relay to Zero's change-streamer, from the subscriber's upgrade on.
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
@@ -17,7 +18,7 @@
 //! - [`monitor`]: the loop that scrapes, decides and purges.
 //! - [`discovery`]: registration in the shard's address table (`ownerAddress`).
 //! - [`notify`]: systemd's readiness, status and watchdog notifications.
-//! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge.
+//! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge or with it clamped.
 //! - [`metrics`]: the sidecar's own Prometheus metrics: instruments, the state read at scrape time, the page.
 //! - [`shared`]: state one loop writes and others read, and the rhythm of the periodic loops.
 
@@ -28,6 +29,7 @@ pub mod change_db;
 pub mod cleanup;
 pub mod config;
 pub mod discovery;
+mod http;
 pub mod inspect;
 pub mod litestream;
 pub mod metrics;

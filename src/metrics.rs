@@ -12,7 +12,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
@@ -65,8 +65,7 @@ pub struct Instruments {
 impl Default for Instruments {
     fn default() -> Self {
         Self {
-            // 1 s to ~9 h: restores take seconds to hours.
-            reservation_seconds: Histogram::new(exponential_buckets(1.0, 2.0, 16)),
+            reservation_seconds: crate::reservations::duration_histogram(),
             relay_frames: Family::default(),
             relay_bytes: Family::default(),
             upstream_connect_errors: Counter::default(),

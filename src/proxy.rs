@@ -19,8 +19,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
+use crate::http::plain;
 use crate::litestream::{self, Scraper};
-use crate::server::{plain, Handler};
+use crate::server::Handler;
 
 /// The Prometheus text format litestream serves by default.
 const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";

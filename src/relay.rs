@@ -37,10 +37,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::config::{RelayConfig, UpstreamConfig};
+use crate::http::plain;
 use crate::inspect::{inspect, Downstream};
 use crate::protocol::{self, close, SubscriberContext, Version};
 use crate::reservations::Registry;
-use crate::server::plain;
 use crate::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
 use crate::ws::{self, Assembler, CloseWith, Inbox, Io, Liveness, Outbox, PeerClose, Reads};
 

@@ -29,8 +29,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, info_span, Instrument};
 
+use crate::http::plain;
 use crate::protocol::{self, close, Version};
-use crate::server::plain;
 use crate::ws::{
     self, Assembler, CloseWith, Inbox, Liveness, Outbox, OwnedFrame, PeerClose, ReadError, Reads,
 };
@@ -80,13 +80,16 @@ struct Entry {
     end: oneshot::Sender<EndReason>,
 }
 
+/// The buckets of the reservation durations: 1 s to ~9 h, as restores take seconds to hours.
+pub fn duration_histogram() -> prometheus_client::metrics::histogram::Histogram {
+    use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+    Histogram::new(exponential_buckets(1.0, 2.0, 16))
+}
+
 impl Registry {
     /// `initial_delay` comes from configuration; it is raised to Zero's 30 s minimum.
     pub fn new(initial_delay: Duration) -> Self {
-        Self::with_durations(
-            initial_delay,
-            crate::metrics::Instruments::default().reservation_seconds,
-        )
+        Self::with_durations(initial_delay, duration_histogram())
     }
 
     /// Like [`Registry::new`], observing how long each reservation was held into `durations`.

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, warn, Instrument};
 
+use crate::http::plain;
 use crate::protocol::{self, Route};
 use crate::relay::{self, RelayContext};
 use crate::reservations::{self, SnapshotContext};
@@ -229,15 +230,4 @@ fn keepalive(ctx: &Context) -> Response<Full<Bytes>> {
         None => plain(StatusCode::OK, "OK"),
         Some(problem) => plain(StatusCode::OK, format!("OK; {problem}\n")),
     }
-}
-
-/// A `text/plain` response: every answer the sidecar writes itself, refusals included.
-pub(crate) fn plain(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(body.into()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
 }
