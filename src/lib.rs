@@ -135,6 +135,10 @@ impl App {
         &self.registry
     }
 
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// The relayed subscribers and their acknowledged watermarks.
     pub fn subscribers(&self) -> &Subscribers {
         &self.subscribers

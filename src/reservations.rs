@@ -216,6 +216,17 @@ impl Registry {
             .collect()
     }
 
+    /// The newest backed-up watermark seen: what a restore started now gets at least.
+    pub fn newest_backup(&self) -> Option<String> {
+        self.lock().newest_backup.clone()
+    }
+
+    fn set_floor(&self, task_id: &str, id: u64, floor: Option<String>) {
+        if let Some(entry) = self.lock().open.get_mut(task_id).filter(|e| e.id == id) {
+            entry.floor = floor;
+        }
+    }
+
     /// How far a running purge may go while these reservations are open: below the lowest floor, or not at all
     /// while one protects every row. Asked before every purge batch, so a reservation opened mid-purge counts.
     pub fn purge_ceiling(&self) -> crate::change_db::Ceiling {
@@ -267,6 +278,14 @@ impl Lease {
     /// The watermark this reservation was pinned at (see [`Reservation::floor`]).
     pub fn floor(&self) -> Option<&str> {
         self.floor.as_deref()
+    }
+
+    /// Moves the floor (`None`: protect every row). Purges ask the registry before every batch, so a floor
+    /// lowered here holds from the next batch on.
+    pub fn set_floor(&mut self, floor: Option<String>) {
+        self.registry
+            .set_floor(&self.task_id, self.id, floor.clone());
+        self.floor = floor;
     }
 
     /// Resolves when the registry ends this reservation (replaced or subscribed).
@@ -355,29 +374,51 @@ enum ReservationEnd {
 /// How often a v4+ status that cannot be built yet (change DB not readable) is tried again.
 const STATUS_RETRY: Duration = Duration::from_secs(1);
 
-/// Builds the status frame for `version`: v3's shape, or v4+'s with the change DB's replica version and earliest
-/// catch-up watermark. `None` while the change DB cannot answer.
-async fn status_frame(ctx: &SnapshotContext, version: u64) -> Option<String> {
+/// Builds the status frame for `version` and pins the reservation where that status needs it; `None` while it
+/// cannot be built yet, and the handler tries again (pinging the socket meanwhile).
+///
+/// Withheld for every version until litestream has reported a backup, as Zero 1.8+ withholds it: a view-syncer
+/// handed a status with nothing to restore fails and retries with a new reservation.
+///
+/// v3's status carries only the backup URL: the reservation keeps the floor it opened with, or the newest backup
+/// when none was known then. v4+'s also carries `minWatermark`, from which a view-syncer that keeps its own replica
+/// catches up, so the reservation protects every row from there: while the change DB is read the floor is lowered
+/// to "everything" (a running purge stops before its next batch, and the read waits for the batch in flight), then
+/// set to the lower of the newest backup and the `minWatermark` sent.
+async fn status_frame(ctx: &SnapshotContext, version: u64, lease: &mut Lease) -> Option<String> {
+    let newest = ctx.registry.newest_backup()?;
     if version < 4 {
+        if lease.floor().is_none() {
+            lease.set_floor(Some(newest));
+        }
         return Some(protocol::snapshot_status_v3(&ctx.backup_url));
     }
     let db = ctx.change_db.as_ref()?;
-    let replica_version = match db.replica_version().await {
-        Ok(Some(v)) => v,
-        Ok(None) => return None,
-        Err(err) => {
-            debug!(error = %err, "snapshot status waits for the change DB");
-            return None;
+    let pinned = lease.floor().map(str::to_owned);
+    lease.set_floor(None);
+    let read = async {
+        let replica_version = match db.replica_version().await {
+            Ok(Some(v)) => v,
+            Ok(None) => return None,
+            Err(err) => {
+                debug!(error = %err, "snapshot status waits for the change DB");
+                return None;
+            }
+        };
+        match db.min_watermark().await {
+            // An empty change log can be caught up from the replica version itself (PROTOCOL.md §12).
+            Ok(min) => Some((replica_version.clone(), min.unwrap_or(replica_version))),
+            Err(err) => {
+                debug!(error = %err, "snapshot status waits for the change DB");
+                None
+            }
         }
     };
-    let min_watermark = match db.min_watermark().await {
-        // An empty change log can be caught up from the replica version itself (PROTOCOL.md §12).
-        Ok(min) => min.unwrap_or_else(|| replica_version.clone()),
-        Err(err) => {
-            debug!(error = %err, "snapshot status waits for the change DB");
-            return None;
-        }
+    let Some((replica_version, min_watermark)) = read.await else {
+        lease.set_floor(pinned);
+        return None;
     };
+    lease.set_floor(Some(newest.min(min_watermark.clone())));
     Some(protocol::snapshot_status_v4(
         &ctx.backup_url,
         &replica_version,
@@ -419,9 +460,11 @@ where
     // status that cannot be built yet is retried in the loop below. Boxed: the database read is a large future
     // that idle reservations never need.
     let mut status_sent = false;
-    if let Some(status) = Box::pin(status_frame(&ctx, version)).await {
+    if let Some(status) = Box::pin(status_frame(&ctx, version, &mut lease)).await {
         outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
         status_sent = true;
+    } else if ctx.registry.newest_backup().is_none() {
+        info!("snapshot status withheld until litestream reports a first backup");
     } else {
         info!("snapshot status held back until the change DB answers");
     }
@@ -445,7 +488,7 @@ where
                 break (ReservationEnd::Ended(reason), Leave::Linger);
             }
             _ = status_retry.tick(), if !status_sent => {
-                if let Some(status) = Box::pin(status_frame(&ctx, version)).await {
+                if let Some(status) = Box::pin(status_frame(&ctx, version, &mut lease)).await {
                     outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
                     status_sent = true;
                 }

@@ -172,13 +172,22 @@ fn the_reference_config_is_accepted_by_the_binary() {
 
 #[tokio::test]
 async fn sigterm_closes_reservations_with_1001_and_exits_0() {
+    // Statuses wait for a first backup.
+    let litestream = common::MetricsServer::start(&common::progress_page(&[(
+        "0a",
+        common::epoch_now() - 60.0,
+    )]))
+    .await;
     for signal in ["-TERM", "-INT"] {
         let dir = tempfile::tempdir().unwrap();
         let path = write(
             dir.path(),
             "sidecar.toml",
-            "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
-             [discovery]\nmode = \"off\"\n[log]\nformat = \"json\"\n",
+            &format!(
+                "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
+                 metrics_url = \"{}\"\n[discovery]\nmode = \"off\"\n[log]\nformat = \"json\"\n",
+                litestream.url()
+            ),
         );
         let mut child = std::process::Command::new(BIN)
             .args(["--config", &path])
@@ -337,6 +346,12 @@ fn systemd_notify_ready_watchdog_and_stopping() {
 /// Both log formats carry the same fields (span fields included), and the change DB password never appears.
 #[tokio::test]
 async fn logs_carry_fields_in_both_formats_and_never_the_password() {
+    // Statuses wait for a first backup.
+    let litestream = common::MetricsServer::start(&common::progress_page(&[(
+        "0a",
+        common::epoch_now() - 60.0,
+    )]))
+    .await;
     for format in ["text", "json"] {
         let dir = tempfile::tempdir().unwrap();
         let path = write(
@@ -344,8 +359,10 @@ async fn logs_carry_fields_in_both_formats_and_never_the_password() {
             "sidecar.toml",
             &format!(
                 "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
+                 metrics_url = \"{}\"\n\
                  [discovery]\nmode = \"off\"\n[change_db]\nurl = \"postgres://zero:hunter2secret@127.0.0.1:9/zero\"\n\
-                 [log]\nformat = \"{format}\"\nfilter = \"debug\"\n"
+                 [log]\nformat = \"{format}\"\nfilter = \"debug\"\n",
+                litestream.url()
             ),
         );
         let mut child = std::process::Command::new(BIN)

@@ -517,3 +517,130 @@ async fn the_purge_rechecks_the_owner_task_and_deletes_nothing_after_a_takeover(
     shutdown.cancel();
     db.drop().await;
 }
+
+/// Reads frames, answering pings, until a text frame arrives; `None` if `pings` pings came first.
+async fn text_after_pings(raw: &mut RawClient, pings: usize) -> Option<String> {
+    let mut seen = 0;
+    loop {
+        let (opcode, payload) = raw.read_frame().await.expect("the socket stays open");
+        match opcode {
+            0x9 => {
+                raw.write_frame(true, 0xA, b"").await;
+                seen += 1;
+                if seen >= pings {
+                    return None;
+                }
+            }
+            0x1 => return Some(String::from_utf8(payload).unwrap()),
+            other => panic!("unexpected opcode {other}"),
+        }
+    }
+}
+
+/// Zero >= 1.8 withholds the snapshot status until a restorable backup exists: a view-syncer handed one with
+/// nothing to restore fails and retries with a new reservation. Every version waits, pinged meanwhile.
+#[tokio::test]
+async fn statuses_are_withheld_until_litestream_reports_a_first_backup() {
+    let db = TestSchema::create(Some(6), None).await;
+    db.insert_transaction("0b", 1).await;
+    let litestream = MetricsServer::start("# litestream without a backup yet\n").await;
+    let sidecar = start(discovery_config(
+        &db,
+        "off",
+        &format!(
+            "[server]\nping_interval = \"100ms\"\n[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n",
+            litestream.url()
+        ),
+    ))
+    .await;
+    let mut v3 = RawClient::connect(sidecar.addr, "/replication/v3/snapshot?taskID=v3").await;
+    let mut v6 = RawClient::connect(sidecar.addr, "/replication/v6/snapshot?taskID=v6").await;
+    // Both sockets are read in turn, a ping at a time, so that neither misses its pongs.
+    for _ in 0..3 {
+        assert_eq!(
+            text_after_pings(&mut v3, 1).await,
+            None,
+            "no v3 status without a backup"
+        );
+        assert_eq!(
+            text_after_pings(&mut v6, 1).await,
+            None,
+            "no v6 status without a backup"
+        );
+    }
+    assert_eq!(sidecar.registry.len(), 2);
+
+    litestream.set_page(&progress_page(&[("0b", epoch_now() - 10.0)]));
+    let (mut status3, mut status6) = (None, None);
+    for _ in 0..100 {
+        if status3.is_none() {
+            status3 = text_after_pings(&mut v3, 1).await;
+        }
+        if status6.is_none() {
+            status6 = text_after_pings(&mut v6, 1).await;
+        }
+        if status3.is_some() && status6.is_some() {
+            break;
+        }
+    }
+    assert_eq!(
+        status3.as_deref(),
+        Some(r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica"}]}"#)
+    );
+    assert_eq!(status6, Some(format!("{V4_STATUS}\"0b\"}}]}}")));
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+/// A view-syncer that keeps its replica catches up from the `minWatermark` it was sent, not from the backup: the
+/// reservation's floor is what the status announced, so no purge goes past it while the reservation is open.
+#[tokio::test]
+async fn a_v4_reservation_protects_the_min_watermark_it_announced() {
+    let db = TestSchema::create(Some(6), None).await;
+    for w in ["0a", "0b", "0c", "0d"] {
+        db.insert_transaction(w, 1).await;
+    }
+    let old = epoch_now() - 120.0;
+    let litestream = MetricsServer::start(&progress_page(&[("0c", old)])).await;
+    let sidecar = start_aged(
+        discovery_config(
+            &db,
+            "off",
+            &format!(
+                "[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nenabled = false\n",
+                litestream.url()
+            ),
+        ),
+        Duration::from_secs(120),
+    )
+    .await;
+    eventually("backup seen", || {
+        sidecar
+            .status
+            .get()
+            .newest_backup
+            .map(|(w, _)| w)
+            .as_deref()
+            == Some("0c")
+    })
+    .await;
+    let mut v3 = connect(&sidecar.url("/replication/v3/snapshot?taskID=v3")).await;
+    next_text(&mut v3).await;
+    let mut v6 = connect(&sidecar.url("/replication/v6/snapshot?taskID=v6")).await;
+    assert_eq!(next_text(&mut v6).await, format!("{V4_STATUS}\"0a\"}}]}}"));
+    let floors: std::collections::HashMap<String, Option<String>> = sidecar
+        .registry
+        .open_reservations()
+        .into_iter()
+        .map(|r| (r.task_id, r.floor))
+        .collect();
+    // v3 protects from the backup it restores; v6 from the minWatermark it announced.
+    assert_eq!(floors["v3"].as_deref(), Some("0c"));
+    assert_eq!(floors["v6"].as_deref(), Some("0a"));
+    assert_eq!(
+        sidecar.registry.purge_ceiling(),
+        litestream_sidecar::change_db::Ceiling::Below("0a".into())
+    );
+    sidecar.stop().await;
+    db.drop().await;
+}
