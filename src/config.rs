@@ -64,6 +64,7 @@ pub struct RawLitestream {
     pub db: String,
     pub name: String,
     pub proxy_listen: String,
+    pub proxy_mode: ProxyMode,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -136,6 +137,18 @@ pub enum WithoutSubscribers {
     AfterGrace,
 }
 
+/// `litestream.proxy_mode`: what Zero sees of the watermark gauge behind the metrics proxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    /// No `litestream_replica_progress` at all: Zero never schedules a purge (Zero 0.20's deployment).
+    #[default]
+    Hide,
+    /// One sample at the watermark the sidecar has already purged below, with its real backup time: Zero's backup
+    /// verification, staleness checks and readiness see a live backup, and a purge it schedules deletes nothing.
+    Clamp,
+}
+
 /// `cleanup.reservations`: how open snapshot reservations constrain cleanup.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -187,6 +200,7 @@ impl Default for RawLitestream {
             db: String::new(),
             name: String::new(),
             proxy_listen: "localhost:4850".into(),
+            proxy_mode: ProxyMode::Hide,
         }
     }
 }
@@ -302,6 +316,7 @@ pub struct LitestreamConfig {
     pub filter: Filter,
     /// `host:port` where Zero's BackupMonitor fetches `/metrics`; every address the host resolves to is bound.
     pub proxy_listen: String,
+    pub proxy_mode: ProxyMode,
 }
 
 /// `litestream.db` / `litestream.name`: which samples count. With several databases or replicas on one litestream,
@@ -754,6 +769,7 @@ impl RawConfig {
                     },
                     proxy_listen: proxy_listen
                         .map(|_| self.litestream.proxy_listen.trim().to_string())?,
+                    proxy_mode: self.litestream.proxy_mode,
                 },
                 zero: ZeroConfig {
                     app_id: app_id?,

@@ -166,7 +166,12 @@ impl App {
             litestream.max_page_bytes,
         )
         .map_err(Error::MetricsUrl)?;
-        let proxy = Arc::new(proxy::Proxy { scraper });
+        let proxy = Arc::new(proxy::Proxy {
+            scraper,
+            mode: litestream.proxy_mode,
+            filter: litestream.filter.clone(),
+            status: self.status.clone(),
+        });
         for listener in proxy_listeners {
             let addr = listener.local_addr().map_err(Error::Listener)?;
             info!(%addr, "metrics proxy listening");

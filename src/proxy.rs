@@ -1,5 +1,6 @@
 //! The metrics proxy on Zero's litestream port: litestream's page with the `litestream_replica_progress` family
-//! removed, byte for byte otherwise.
+//! removed (`hide`) or reduced to the watermark the sidecar has already purged below (`clamp`), byte for byte
+//! otherwise.
 //!
 //! Zero 0.20's replication-manager polls `http://localhost:{ZERO_LITESTREAM_PORT}/metrics` and purges the change
 //! log on its own, blind to the reservations the sidecar holds. Behind this proxy it sees a healthy litestream
@@ -19,6 +20,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
+use crate::config::{Filter, ProxyMode};
 use crate::http::plain;
 use crate::litestream::{self, Scraper};
 use crate::server::Handler;
@@ -58,6 +60,10 @@ pub async fn bind(listen: &str) -> std::io::Result<Vec<TcpListener>> {
 /// The proxy's [`Handler`] for [`crate::server::serve_http`]: `GET /metrics` is litestream's page, filtered.
 pub struct Proxy {
     pub scraper: Scraper,
+    pub mode: ProxyMode,
+    pub filter: Filter,
+    /// Where `clamp` reads the watermark purged below and its backup time.
+    pub status: crate::monitor::StatusHandle,
 }
 
 impl Handler for Proxy {
@@ -77,7 +83,15 @@ impl Handler for Proxy {
         }
         match self.scraper.fetch().await {
             Ok(page) => {
-                let body = match litestream::strip_progress_family(&page) {
+                let filtered = match self.mode {
+                    ProxyMode::Hide => litestream::strip_progress_family(&page),
+                    ProxyMode::Clamp => {
+                        let through = self.status.get().purged_through;
+                        let through = through.as_ref().map(|(w, at)| (w.as_str(), *at));
+                        litestream::clamp_progress_family(&page, &self.filter, through)
+                    }
+                };
+                let body = match filtered {
                     std::borrow::Cow::Borrowed(_) => page,
                     std::borrow::Cow::Owned(stripped) => Bytes::from(stripped),
                 };

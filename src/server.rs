@@ -139,10 +139,16 @@ impl Readiness {
         let state = self.discovery.get();
         if !state.db_up {
             missing.push("change DB unreachable or Zero's schema not there yet");
-        } else if self.discovery_mode != crate::discovery::Mode::Off
-            && state.registration != Some(crate::discovery::Registration::Registered)
-        {
-            missing.push("ownerAddress does not name this sidecar");
+        } else if state.registration != Some(crate::discovery::Registration::Registered) {
+            match self.discovery_mode {
+                crate::discovery::Mode::Off => {}
+                // View-syncers reach the sidecar by URI whoever owns the log: serving them is what lets a new
+                // replication-manager take over, so only cleanup waits for the owner.
+                crate::discovery::Mode::Owner => {}
+                crate::discovery::Mode::Verify | crate::discovery::Mode::Adopt => {
+                    missing.push("ownerAddress does not name this sidecar")
+                }
+            }
         }
         missing
     }

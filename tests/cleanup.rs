@@ -505,3 +505,42 @@ async fn without_subscribers_after_grace_purges_below_the_aged_backup() {
     );
     sidecar.stop().await;
 }
+
+/// `litestream.proxy_mode = "clamp"`: before the first purge Zero sees no watermark; afterwards exactly one, the one
+/// the sidecar purged below, with its real backup time, so a purge Zero schedules can only repeat the sidecar's.
+#[tokio::test]
+async fn the_clamped_proxy_shows_only_what_the_sidecar_already_purged() {
+    let db = seeded().await;
+    let old = epoch_now() - 120.0;
+    let litestream =
+        MetricsServer::start(&progress_page(&[("0c", old), ("0e", epoch_now() - 1.0)])).await;
+    let sidecar = start_aged(
+        config(&format!(
+            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\nproxy_mode = \"clamp\"\n\
+             [cleanup]\nreconnect_grace = \"2s\"\nbatch_rows = 3\n",
+            db.config(),
+            litestream.url()
+        )),
+        Duration::from_secs(60),
+    )
+    .await;
+    let (status, page) = http(sidecar.proxy_addr, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(!page.contains("watermark="), "nothing purged yet: {page}");
+
+    let _sub = sidecar.subscribers.connect(subscriber("vs-1", "0e"));
+    eventually_async("purge below 0c", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
+    })
+    .await;
+    let (_, page) = http(sidecar.proxy_addr, "GET", "/metrics").await;
+    let samples: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("litestream_replica_progress{"))
+        .collect();
+    assert_eq!(samples.len(), 1, "{page}");
+    assert!(samples[0].contains("watermark=\"0c\""), "{page}");
+    let secs: f64 = samples[0].rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((secs - old).abs() < 0.01, "{secs} vs {old}");
+    sidecar.stop().await;
+}

@@ -472,6 +472,8 @@ async fn owner_mode_purges_only_while_the_fronted_replication_manager_owns_the_l
     })
     .await;
     assert_eq!(db.watermarks().await, ["0b", "0c", "0d"]);
+    // View-syncers reach the sidecar by URI whoever owns the log: it stays ready, only cleanup waits.
+    assert_eq!(http(sidecar.addr, "GET", "/keepalive").await.0, 200);
     sidecar.stop().await;
     db.drop().await;
 }

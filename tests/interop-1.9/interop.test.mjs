@@ -436,7 +436,7 @@ scenario('7. cold start with the first backup late: the view-syncer waits for a 
   assert.deepEqual(zeroCleanupLines(cold), []);
   await cold.close();
   extra.splice(extra.indexOf(cold), 1);
-}, {timeout: 300_000, skip: 'needs withheld statuses'});
+}, {timeout: 300_000});
 
 // The stand-in is the litestream Zero runs: the scenarios rely on its listing, restore and metrics.
 assert.ok(existsSync(STANDIN));
