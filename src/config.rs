@@ -94,7 +94,7 @@ pub struct RawCleanup {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawDiscovery {
-    pub mode: Mode,
+    pub mode: DiscoveryMode,
     pub advertise_address: String,
     pub interval: String,
 }
@@ -164,7 +164,7 @@ pub enum ReservationMode {
 /// `discovery.mode`: whether the sidecar only reads `ownerAddress` or may replace it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub enum DiscoveryMode {
     /// Read `ownerAddress` and report; the operator points `ZERO_CHANGE_STREAMER_ADDRESS` at the sidecar.
     #[default]
     Verify,
@@ -238,7 +238,7 @@ impl Default for RawCleanup {
 impl Default for RawDiscovery {
     fn default() -> Self {
         Self {
-            mode: Mode::Verify,
+            mode: DiscoveryMode::Verify,
             advertise_address: String::new(),
             interval: "5s".into(),
         }
@@ -380,7 +380,7 @@ pub struct CleanupConfig {
 
 #[derive(Debug, Clone)]
 pub struct DiscoveryConfig {
-    pub mode: Mode,
+    pub mode: DiscoveryMode,
     /// `host:port` view-syncers use to reach the sidecar: what `ownerAddress` must say.
     pub advertise_address: String,
     /// How often the address table is read.
@@ -679,7 +679,7 @@ impl RawConfig {
         let advertise_address = problems.field(
             "discovery.advertise_address",
             match (self.discovery.mode, advertise) {
-                (Mode::Off | Mode::Owner, "") => Ok(String::new()),
+                (DiscoveryMode::Off | DiscoveryMode::Owner, "") => Ok(String::new()),
                 (_, "") => Err("must be set (the host:port view-syncers reach the sidecar at) unless mode = \"off\" or \"owner\"".into()),
                 (_, address) => match validate_owner_address(address).and_then(|_| {
                     let bare = address.trim_start_matches("wss://").trim_start_matches("ws://");

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::address::same_address;
 use crate::change_db::{ChangeDb, DbState};
-pub use crate::config::Mode;
+use crate::config::DiscoveryMode;
 
 /// `versionHistory.dataVersion` from which the change-streamer stores under row locks (PROTOCOL.md §12).
 pub const ROW_LOCK_DATA_VERSION: i32 = 6;
@@ -85,7 +85,7 @@ pub struct Continuity {
 }
 
 impl Continuity {
-    pub fn observe(&mut self, registered: bool, now: Instant) {
+    pub fn record(&mut self, registered: bool, now: Instant) {
         match (registered, self.since) {
             (true, None) => self.since = Some(now),
             (false, _) => self.since = None,
@@ -116,7 +116,7 @@ pub struct State {
 pub type StateHandle = crate::shared::Cell<State>;
 
 pub struct Discovery {
-    pub mode: Mode,
+    pub mode: DiscoveryMode,
     /// The sidecar's advertise address.
     pub ours: String,
     /// The co-located change-streamer's advertised address (what Zero writes when not told otherwise).
@@ -140,7 +140,7 @@ impl Discovery {
             let now = Instant::now();
             // `status` logs its own state changes (down, schema missing, up).
             let db_up = self.db.status().await == DbState::Up;
-            if self.mode == Mode::Off {
+            if self.mode == DiscoveryMode::Off {
                 self.state.update(|s| s.db_up = db_up);
                 continue;
             }
@@ -158,7 +158,7 @@ impl Discovery {
             let Some(ownership) = ownership else {
                 self.state.update(|s| {
                     s.db_up = db_up;
-                    s.continuity.observe(false, now);
+                    s.continuity.record(false, now);
                 });
                 continue;
             };
@@ -167,7 +167,7 @@ impl Discovery {
                 None => Observed::NoAddress,
             };
 
-            if self.mode == Mode::Adopt {
+            if self.mode == DiscoveryMode::Adopt {
                 let data_version = self.db.data_version().await.ok().flatten();
                 match adopt(&observed, &self.ours, &self.upstream, data_version) {
                     Adopt::Nothing => {}
@@ -195,7 +195,7 @@ impl Discovery {
                 }
             }
 
-            if self.mode == Mode::Owner {
+            if self.mode == DiscoveryMode::Owner {
                 let current = match registration(&observed, &self.upstream) {
                     // Zero writes both together; an address without an owner is not a takeover to trust.
                     Registration::Registered if ownership.owner.is_none() => {
@@ -238,11 +238,11 @@ impl Discovery {
                             to = owner.as_deref().unwrap_or(""),
                             "the change log has a new owner; cleanup waits again"
                         );
-                        s.continuity.observe(false, now);
+                        s.continuity.record(false, now);
                     }
                     let since = if first { self.started.min(now) } else { now };
                     s.continuity
-                        .observe(current == Registration::Registered, since);
+                        .record(current == Registration::Registered, since);
                     s.registration = Some(current);
                     s.owner = owner;
                 });
@@ -275,7 +275,7 @@ impl Discovery {
                 s.db_up = true;
                 let since = if first { self.started.min(now) } else { now };
                 s.continuity
-                    .observe(current == Registration::Registered, since);
+                    .record(current == Registration::Registered, since);
                 s.registration = Some(current);
             });
         }
@@ -354,14 +354,14 @@ mod tests {
     async fn continuity_restarts_when_registration_is_lost() {
         let mut c = Continuity::default();
         let t0 = Instant::now();
-        c.observe(true, t0);
+        c.record(true, t0);
         assert_eq!(c.since(), Some(t0));
-        c.observe(true, t0 + Duration::from_secs(70));
+        c.record(true, t0 + Duration::from_secs(70));
         // Still counted from t0.
         assert_eq!(c.since(), Some(t0));
-        c.observe(false, t0 + Duration::from_secs(80));
+        c.record(false, t0 + Duration::from_secs(80));
         assert_eq!(c.since(), None);
-        c.observe(true, t0 + Duration::from_secs(90));
+        c.record(true, t0 + Duration::from_secs(90));
         assert_eq!(c.since(), Some(t0 + Duration::from_secs(90)));
     }
 }

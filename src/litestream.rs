@@ -124,7 +124,7 @@ pub fn parse_progress(page: &str, filter: &Filter) -> Result<Parsed, ScrapeError
     for (index, line) in page.lines().enumerate() {
         let number = index + 1;
         let line = line.strip_suffix('\r').unwrap_or(line);
-        let Some((kind, name_end)) = classify(line.as_bytes()) else {
+        let Some((kind, name_end)) = line_kind(line.as_bytes()) else {
             // Other families only tell whether this is a metrics page at all; once one line has shown that, the
             // rest need no parsing (the expensive part on a large page).
             if saw_metric_line {
@@ -336,7 +336,7 @@ enum LineKind {
 ///
 /// Looser than the text format where Zero's parser or Go's is looser: leading blanks (both trim lines), `#` and the
 /// keyword separated by any blanks (Go's parser), so nothing Zero could read as the gauge slips past the proxy.
-fn classify(line: &[u8]) -> Option<(LineKind, usize)> {
+fn line_kind(line: &[u8]) -> Option<(LineKind, usize)> {
     let family = PROGRESS_FAMILY.as_bytes();
     let start = skip_blanks(line, 0);
     if line.get(start) == Some(&b'#') {
@@ -508,7 +508,7 @@ fn quote(line: &str) -> String {
 ///
 /// Zero's BackupMonitor reads the page through the proxy: with the family gone it finds no gauge and schedules no
 /// purge of its own, so the sidecar is the only cleanup authority (PROTOCOL.md §11.6). Lines are matched
-/// generously (see `classify`), because a line the proxy lets through that Zero reads as the gauge would bring
+/// generously (see `line_kind`), because a line the proxy lets through that Zero reads as the gauge would bring
 /// Zero's reservation-blind cleanup back.
 pub fn strip_progress_family(page: &[u8]) -> Cow<'_, [u8]> {
     let mut out: Option<Vec<u8>> = None;
@@ -520,7 +520,7 @@ pub fn strip_progress_family(page: &[u8]) -> Cow<'_, [u8]> {
             .iter()
             .position(|&b| b == b'\n')
             .map_or(page.len(), |at| start + at + 1);
-        if classify(&page[start..end]).is_some() {
+        if line_kind(&page[start..end]).is_some() {
             let buf = out.get_or_insert_with(|| Vec::with_capacity(page.len()));
             buf.extend_from_slice(&page[kept_from..start]);
             kept_from = end;
@@ -583,7 +583,7 @@ pub fn clamp_progress_family<'a>(
 /// The labels of the first progress sample on `page` that `filter` takes.
 fn first_progress_labels(page: &[u8], filter: &Filter) -> Option<BTreeMap<String, String>> {
     page.split(|&b| b == b'\n').find_map(|line| {
-        let (LineKind::Sample, end) = classify(line)? else {
+        let (LineKind::Sample, end) = line_kind(line)? else {
             return None;
         };
         let rest = std::str::from_utf8(&line[end..]).ok()?;

@@ -111,7 +111,7 @@ pub struct Sources {
     pub registry: crate::reservations::Registry,
     pub subscribers: crate::subscribers::Subscribers,
     pub status: crate::monitor::StatusHandle,
-    pub discovery_mode: crate::discovery::Mode,
+    pub discovery_mode: crate::config::DiscoveryMode,
     pub discovery: crate::discovery::StateHandle,
 }
 
@@ -134,7 +134,7 @@ impl Sources {
             purge_consecutive_failures: status.purge_failures.consecutive,
             purge_failing: status.purge_failures.last.as_ref().map(|l| l.class),
             holds: status.holds,
-            registered: (self.discovery_mode != crate::discovery::Mode::Off).then(|| {
+            registered: (self.discovery_mode != crate::config::DiscoveryMode::Off).then(|| {
                 discovery.registration == Some(crate::discovery::Registration::Registered)
             }),
             change_db_up: discovery.db_up,

@@ -185,7 +185,7 @@ pub struct Monitor {
     batch_rows: i64,
     /// When the sidecar started: restores that began before a restart are covered by waiting the cleanup delay.
     started: Instant,
-    discovery_mode: crate::discovery::Mode,
+    discovery_mode: crate::config::DiscoveryMode,
     discovery: crate::discovery::StateHandle,
     /// The address purges check `ownerAddress` against in modes `verify` and `adopt`.
     advertise_address: String,
@@ -194,14 +194,14 @@ pub struct Monitor {
 }
 
 /// What one check saw besides the backlog, in the policy's own types.
-struct Observed {
+struct Gathered {
     ownership: Ownership,
     cleanup_delay: Duration,
     reservations: Vec<HeldReservation>,
     subscribers: Vec<Subscriber>,
 }
 
-impl Observed {
+impl Gathered {
     /// `task=floor` for each reservation, for logs.
     fn reservation_list(&self) -> String {
         let list: Vec<String> = self.reservations.iter().map(ToString::to_string).collect();
@@ -263,7 +263,7 @@ impl Monitor {
         while every.tick(&shutdown).await {
             let now = Instant::now();
             self.scrape(&mut backlog, &mut said, now).await;
-            let observed = self.observe(now);
+            let observed = self.gather(now);
             let decision = cleanup::decide(&Inputs {
                 now,
                 wall_now: SystemTime::now(),
@@ -344,17 +344,17 @@ impl Monitor {
     }
 
     /// Everything else the policy reads, at one instant.
-    fn observe(&self, now: Instant) -> Observed {
-        Observed {
-            ownership: self.ownership(now),
+    fn gather(&self, now: Instant) -> Gathered {
+        Gathered {
+            ownership: self.ownership_now(now),
             cleanup_delay: self.registry.cleanup_delay(),
             reservations: self.registry.for_policy(),
             subscribers: self.subscribers.for_policy(now, self.reconnect_grace),
         }
     }
 
-    fn ownership(&self, now: Instant) -> Ownership {
-        if self.discovery_mode == crate::discovery::Mode::Off {
+    fn ownership_now(&self, now: Instant) -> Ownership {
+        if self.discovery_mode == crate::config::DiscoveryMode::Off {
             return Ownership::Unchecked;
         }
         let state = self.discovery.get();
@@ -368,7 +368,7 @@ impl Monitor {
     async fn act(
         &self,
         decision: Decision,
-        observed: &Observed,
+        observed: &Gathered,
         backlog: &mut Backlog,
         said: &mut Said,
         shutdown: &CancellationToken,
@@ -396,11 +396,11 @@ impl Monitor {
         // replication-manager's address held by the task discovery saw (owner).
         let owner = self.discovery.get().owner;
         let expected = match self.discovery_mode {
-            crate::discovery::Mode::Off => None,
-            crate::discovery::Mode::Verify | crate::discovery::Mode::Adopt => {
+            crate::config::DiscoveryMode::Off => None,
+            crate::config::DiscoveryMode::Verify | crate::config::DiscoveryMode::Adopt => {
                 Some(Expected::from(self.advertise_address.as_str()))
             }
-            crate::discovery::Mode::Owner => Some(Expected {
+            crate::config::DiscoveryMode::Owner => Some(Expected {
                 address: &self.upstream_address,
                 owner: Some(owner.as_deref().unwrap_or_default()),
             }),

@@ -61,19 +61,19 @@ pub struct Reservation {
 /// `.await`.
 #[derive(Clone)]
 pub struct Registry {
-    inner: Arc<Mutex<Inner>>,
+    inner: Arc<Mutex<Book>>,
     /// Every ended reservation's duration, for `/metrics`.
     durations: prometheus_client::metrics::histogram::Histogram,
 }
 
-struct Inner {
+struct Book {
     next_id: u64,
-    open: HashMap<String, Entry>,
+    open: HashMap<String, Held>,
     cleanup_delay: Duration,
     newest_backup: Option<String>,
 }
 
-struct Entry {
+struct Held {
     id: u64,
     started: Instant,
     floor: Option<String>,
@@ -99,7 +99,7 @@ impl Registry {
     ) -> Self {
         Self {
             durations,
-            inner: Arc::new(Mutex::new(Inner {
+            inner: Arc::new(Mutex::new(Book {
                 next_id: 0,
                 open: HashMap::new(),
                 cleanup_delay: initial_delay.max(MIN_CLEANUP_DELAY),
@@ -108,7 +108,7 @@ impl Registry {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
         // A panic while holding this lock leaves plain data behind; keep serving with it.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -120,7 +120,7 @@ impl Registry {
         inner.next_id += 1;
         let id = inner.next_id;
         let floor = inner.newest_backup.clone();
-        let entry = Entry {
+        let entry = Held {
             id,
             started: now,
             floor: floor.clone(),
@@ -129,7 +129,7 @@ impl Registry {
         let previous = inner.open.insert(task_id.to_string(), entry);
         drop(inner);
         if let Some(previous) = previous {
-            self.observe(previous.started, now);
+            self.record_duration(previous.started, now);
             let _ = previous.end.send(EndReason::Replaced);
         }
         Lease {
@@ -166,12 +166,12 @@ impl Registry {
                     floor = entry.floor.as_deref().unwrap_or(""),
                     "reservation released"
                 );
-                self.observe(entry.started, Instant::now());
+                self.record_duration(entry.started, Instant::now());
             }
         }
     }
 
-    fn observe(&self, started: Instant, ended: Instant) {
+    fn record_duration(&self, started: Instant, ended: Instant) {
         self.durations
             .observe(ended.saturating_duration_since(started).as_secs_f64());
     }

@@ -110,13 +110,13 @@ async fn serve_connection<H: Handler>(
 /// (unless discovery is off) `ownerAddress` naming the sidecar.
 pub struct Readiness {
     listening: AtomicBool,
-    discovery_mode: crate::discovery::Mode,
+    discovery_mode: crate::config::DiscoveryMode,
     discovery: crate::discovery::StateHandle,
 }
 
 impl Readiness {
     pub fn new(
-        discovery_mode: crate::discovery::Mode,
+        discovery_mode: crate::config::DiscoveryMode,
         discovery: crate::discovery::StateHandle,
     ) -> Self {
         Self {
@@ -141,11 +141,11 @@ impl Readiness {
             missing.push("change DB unreachable or Zero's schema not there yet");
         } else if state.registration != Some(crate::discovery::Registration::Registered) {
             match self.discovery_mode {
-                crate::discovery::Mode::Off => {}
+                crate::config::DiscoveryMode::Off => {}
                 // View-syncers reach the sidecar by URI whoever owns the log: serving them is what lets a new
                 // replication-manager take over, so only cleanup waits for the owner.
-                crate::discovery::Mode::Owner => {}
-                crate::discovery::Mode::Verify | crate::discovery::Mode::Adopt => {
+                crate::config::DiscoveryMode::Owner => {}
+                crate::config::DiscoveryMode::Verify | crate::config::DiscoveryMode::Adopt => {
                     missing.push("ownerAddress does not name this sidecar")
                 }
             }

@@ -27,7 +27,7 @@ pub struct SubscriberInfo {
 }
 
 #[derive(Debug, Clone)]
-struct Entry {
+struct Seen {
     info: SubscriberInfo,
     acked: String,
     departed: Option<Instant>,
@@ -36,17 +36,17 @@ struct Entry {
 /// Shared registry of relayed subscribers. Cheap to clone; the lock is never held across an `.await`.
 #[derive(Clone, Default)]
 pub struct Subscribers {
-    inner: Arc<Mutex<Inner>>,
+    inner: Arc<Mutex<Roster>>,
 }
 
 #[derive(Default)]
-struct Inner {
+struct Roster {
     next_id: u64,
-    entries: HashMap<u64, Entry>,
+    entries: HashMap<u64, Seen>,
 }
 
 impl Subscribers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Roster> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -58,7 +58,7 @@ impl Subscribers {
         let acked = info.watermark.clone();
         inner.entries.insert(
             id,
-            Entry {
+            Seen {
                 info,
                 acked,
                 departed: None,

@@ -910,9 +910,9 @@ mod tests {
     }
 
     /// A written frame parsed back: fin, opcode, mask, unmasked payload.
-    type Parsed = (bool, u8, Option<[u8; 4]>, Vec<u8>);
+    type Decoded = (bool, u8, Option<[u8; 4]>, Vec<u8>);
 
-    fn parse(mut bytes: &[u8]) -> Vec<Parsed> {
+    fn parse(mut bytes: &[u8]) -> Vec<Decoded> {
         let mut frames = Vec::new();
         while !bytes.is_empty() {
             let fin = bytes[0] & 0x80 != 0;

@@ -291,7 +291,7 @@ impl<'a> From<&'a str> for Expected<'a> {
 
 /// The shard's address table row: where view-syncers are sent, and which replication-manager task owns the log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Ownership {
+pub struct OwnerRow {
     /// `ownerAddress`; `None` if the row is missing or NULL.
     pub address: Option<String>,
     /// `owner`, the replication-manager's task ID; `None` if the row is missing or NULL.
@@ -414,7 +414,7 @@ impl ChangeDb {
             let row = client
                 .query_one(&self.inner.sql.tables_present, &[&t[0], &t[1], &t[2]])
                 .await
-                .map_err(|e| self.classify("checking the schema", e))?;
+                .map_err(|e| self.query_error("checking the schema", e))?;
             if row.get::<_, bool>(0) {
                 Ok(())
             } else {
@@ -442,15 +442,15 @@ impl ChangeDb {
     }
 
     /// `ownerAddress` and `owner` of the address table row, read together.
-    pub async fn ownership(&self) -> Result<Ownership, DbError> {
+    pub async fn ownership(&self) -> Result<OwnerRow, DbError> {
         let result = async {
             let client = self.client().await?;
             read_ownership(&*client, &self.inner.sql)
                 .await
-                .map_err(|e| self.classify("reading ownerAddress", e))
+                .map_err(|e| self.query_error("reading ownerAddress", e))
         }
         .await;
-        self.observe(result)
+        self.noting_schema(result)
     }
 
     /// The change-streamer's replica version from `replicationConfig`; `None` if the row is missing.
@@ -460,11 +460,11 @@ impl ChangeDb {
             let row = client
                 .query_opt(&self.inner.sql.replica_version, &[])
                 .await
-                .map_err(|e| self.classify("reading replicaVersion", e))?;
+                .map_err(|e| self.query_error("reading replicaVersion", e))?;
             Ok(row.map(|r| r.get(0)))
         }
         .await;
-        self.observe(result)
+        self.noting_schema(result)
     }
 
     /// The oldest watermark in `changeLog` (byte-wise); `None` when the log is empty.
@@ -475,11 +475,11 @@ impl ChangeDb {
             let row = client
                 .query_one(&sql.min_watermark, &[])
                 .await
-                .map_err(|e| self.classify("reading min(watermark)", e))?;
+                .map_err(|e| self.query_error("reading min(watermark)", e))?;
             Ok(row.get(0))
         }
         .await;
-        self.observe(result)
+        self.noting_schema(result)
     }
 
     /// `versionHistory.dataVersion`: 5 for Zero 0.20-0.25 (SERIALIZABLE storer), 6 from 0.26 (row locks).
@@ -489,7 +489,7 @@ impl ChangeDb {
         match client.query_opt(&self.inner.sql.data_version, &[]).await {
             Ok(row) => Ok(row.map(|r| r.get(0))),
             Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(None),
-            Err(e) => Err(self.classify("reading versionHistory", e)),
+            Err(e) => Err(self.query_error("reading versionHistory", e)),
         }
     }
 
@@ -501,11 +501,11 @@ impl ChangeDb {
             let changed = client
                 .execute(&self.inner.sql.adopt_address, &[&from, &to])
                 .await
-                .map_err(|e| self.classify("updating ownerAddress", e))?;
+                .map_err(|e| self.query_error("updating ownerAddress", e))?;
             Ok(changed > 0)
         }
         .await;
-        let result = self.observe(result);
+        let result = self.noting_schema(result);
         if let Ok(true) = result {
             info!(from, to, "ownerAddress changed");
         }
@@ -574,7 +574,7 @@ impl ChangeDb {
             let result = self
                 .purge_batch(&target, expected_address, batch_rows)
                 .await;
-            let batch = self.observe(result).map_err(|err| match err {
+            let batch = self.noting_schema(result).map_err(|err| match err {
                 DbError::Query { context, source } => DbError::Query {
                     context: format!(
                         "{context} (purge batch {}, {} rows deleted before it)",
@@ -618,13 +618,13 @@ impl ChangeDb {
         let tx = client
             .transaction()
             .await
-            .map_err(|e| self.classify("beginning a purge batch", e))?;
+            .map_err(|e| self.query_error("beginning a purge batch", e))?;
 
         if let Some(expected) = expected {
             // A plain read: no row version, no lock, so the storer's SERIALIZABLE transaction never conflicts.
             let found = read_ownership(&tx, &self.inner.sql)
                 .await
-                .map_err(|e| self.classify("reading ownerAddress", e))?;
+                .map_err(|e| self.query_error("reading ownerAddress", e))?;
             let stop = if !found
                 .address
                 .as_deref()
@@ -658,11 +658,11 @@ impl ChangeDb {
                 let _ = tx.rollback().await;
                 return Ok(Batch::Stopped(PurgeStop::Locked));
             }
-            Err(e) => return Err(self.classify("deleting changeLog rows", e)),
+            Err(e) => return Err(self.query_error("deleting changeLog rows", e)),
         };
         tx.commit()
             .await
-            .map_err(|e| self.classify("committing a purge batch", e))?;
+            .map_err(|e| self.query_error("committing a purge batch", e))?;
         Ok(Batch::Deleted {
             rows,
             took: started.elapsed(),
@@ -697,13 +697,13 @@ impl ChangeDb {
                 let row = client
                     .query_opt(&sql.watermark_collation, &[&sql.tables[0]])
                     .await
-                    .map_err(|e| self.classify("reading the watermark collation", e))?
+                    .map_err(|e| self.query_error("reading the watermark collation", e))?
                     .ok_or_else(|| self.schema_missing())?;
                 let (quoted, name): (String, String) = (row.get(0), row.get(1));
                 let agrees: bool = client
                     .query_one(&byte_order_probe(&quoted), &[])
                     .await
-                    .map_err(|e| self.classify("checking the watermark collation", e))?
+                    .map_err(|e| self.query_error("checking the watermark collation", e))?
                     .get(0);
                 if agrees {
                     debug!(collation = %name, "watermark collation orders as bytes");
@@ -735,7 +735,7 @@ impl ChangeDb {
         }
     }
 
-    fn classify(&self, context: &str, err: tokio_postgres::Error) -> DbError {
+    fn query_error(&self, context: &str, err: tokio_postgres::Error) -> DbError {
         if err.is_closed() {
             return DbError::Unavailable {
                 reason: with_cause(&err),
@@ -755,7 +755,7 @@ impl ChangeDb {
     }
 
     /// Logs the schema appearing or disappearing, once per change.
-    fn observe<T>(&self, result: Result<T, DbError>) -> Result<T, DbError> {
+    fn noting_schema<T>(&self, result: Result<T, DbError>) -> Result<T, DbError> {
         match &result {
             Ok(_) => self.inner.note(Logged::Up),
             Err(DbError::SchemaMissing { .. }) => {
@@ -777,9 +777,9 @@ impl ChangeDb {
 async fn read_ownership(
     client: &impl GenericClient,
     sql: &Sql,
-) -> Result<Ownership, tokio_postgres::Error> {
+) -> Result<OwnerRow, tokio_postgres::Error> {
     let row = client.query_opt(&sql.owner_address, &[]).await?;
-    Ok(row.map_or_else(Ownership::default, |r| Ownership {
+    Ok(row.map_or_else(OwnerRow::default, |r| OwnerRow {
         address: r.get(0),
         owner: r.get(1),
     }))
