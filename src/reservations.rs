@@ -721,3 +721,132 @@ mod tests {
         );
     }
 }
+
+/// Statuses protect what they announce, over any interleaving of reservations, the two steps of building a v4+
+/// status (protect everything, then read `min(watermark)` and pin there, as `status_frame` does), batched purges
+/// that ask the registry before every batch (as `ChangeDb::purge_within` does) and new change-log rows: no row at
+/// or above an open reservation's announced `minWatermark` is ever deleted.
+#[cfg(test)]
+mod announced_floors {
+    use super::*;
+    use proptest::prelude::*;
+
+    use crate::change_db::Ceiling;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A view-syncer opens a reservation (task `n % 4`).
+        Open(usize),
+        /// Its status handler protects everything before reading the change DB.
+        Protect(usize),
+        /// It reads `min(watermark)` (a purge batch may run before the next step).
+        Read(usize),
+        /// It pins the reservation at what it read and announces it.
+        Announce(usize),
+        /// Its socket closes.
+        Close(usize),
+        /// A purge towards the `n`th row's watermark starts; its batches run as `Batch` steps.
+        StartPurge(usize),
+        /// One batch of the running purge: at most two rows.
+        Batch,
+        /// A new transaction is stored.
+        Append,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            1 => (0..4usize).prop_map(Step::Open),
+            1 => (0..4usize).prop_map(Step::Protect),
+            1 => (0..4usize).prop_map(Step::Read),
+            1 => (0..4usize).prop_map(Step::Announce),
+            1 => (0..4usize).prop_map(Step::Close),
+            1 => (0..40usize).prop_map(Step::StartPurge),
+            3 => Just(Step::Batch),
+            1 => Just(Step::Append),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn no_row_at_or_above_an_announced_min_watermark_is_purged(steps in prop::collection::vec(step(), 1..120)) {
+            let registry = Registry::new(Duration::from_secs(30));
+            registry.saw_backup("zz");
+            // The change log: sorted watermarks, each of the same width so that byte order is numeric order.
+            let mut log: Vec<String> = (0..10).map(|i| format!("{i:04}")).collect();
+            let mut next = 10;
+            // Per task: the lease, what its handler read, and what it announced.
+            let mut leases: Vec<Option<(Lease, Option<String>, Option<String>)>> = (0..4).map(|_| None).collect();
+            let mut purge: Option<String> = None;
+            for (n, step) in steps.into_iter().enumerate() {
+                match step {
+                    Step::Open(t) => {
+                        leases[t] = Some((registry.open(&format!("t{t}"), at(n as u64)), None, None));
+                    }
+                    Step::Protect(t) => {
+                        if let Some((lease, _, _)) = leases[t].as_mut() {
+                            lease.set_floor(None);
+                        }
+                    }
+                    Step::Read(t) => {
+                        if let Some((lease, read, _)) = leases[t].as_mut() {
+                            // Only once protected, as the handler does.
+                            if lease.floor().is_none() {
+                                *read = Some(log.first().cloned().unwrap_or_else(|| "0000".into()));
+                            }
+                        }
+                    }
+                    Step::Announce(t) => {
+                        if let Some((lease, read, announced)) = leases[t].as_mut() {
+                            if let Some(min) = read.take() {
+                                lease.set_floor(Some(min.clone()));
+                                *announced = Some(min);
+                            }
+                        }
+                    }
+                    Step::Close(t) => leases[t] = None,
+                    Step::StartPurge(i) => purge = log.get(i).cloned(),
+                    Step::Batch => {
+                        if let Some(before) = purge.clone() {
+                            let target = match registry.purge_ceiling() {
+                                Ceiling::None => Some(before),
+                                Ceiling::Everything => None,
+                                Ceiling::Below(floor) => Some(floor.min(before)),
+                            };
+                            match target {
+                                None => purge = None,
+                                Some(target) => {
+                                    let doomed = log.iter().take_while(|w| **w < target).take(2).count();
+                                    log.drain(..doomed);
+                                    if doomed < 2 {
+                                        purge = None;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Step::Append => {
+                        log.push(format!("{next:04}"));
+                        next += 1;
+                    }
+                }
+                for (lease, _, announced) in leases.iter().flatten() {
+                    if let Some(announced) = announced {
+                        // Every row from the announced watermark on is still there: the first row left is at or
+                        // below it (rows are only ever removed from the front).
+                        prop_assert!(
+                            log.first().is_some_and(|first| first <= announced),
+                            "{} announced {announced}, the log now starts at {:?}",
+                            lease.task_id,
+                            log.first()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn at(secs: u64) -> Instant {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now) + Duration::from_secs(secs)
+    }
+}
