@@ -733,6 +733,9 @@ mod announced_floors {
 
     use crate::change_db::Ceiling;
 
+    /// A status handler's state: its lease, what it read, and what it announced.
+    type Handler = (Lease, Option<String>, Option<String>);
+
     #[derive(Debug, Clone)]
     enum Step {
         /// A view-syncer opens a reservation (task `n % 4`).
@@ -775,7 +778,7 @@ mod announced_floors {
             let mut log: Vec<String> = (0..10).map(|i| format!("{i:04}")).collect();
             let mut next = 10;
             // Per task: the lease, what its handler read, and what it announced.
-            let mut leases: Vec<Option<(Lease, Option<String>, Option<String>)>> = (0..4).map(|_| None).collect();
+            let mut leases: Vec<Option<Handler>> = (0..4).map(|_| None).collect();
             let mut purge: Option<String> = None;
             for (n, step) in steps.into_iter().enumerate() {
                 match step {
