@@ -405,7 +405,32 @@ scenario('6. URI topology: view-syncers use ZERO_CHANGE_STREAMER_URI, the sideca
   await assertLoopbackOnly({});
 }, {timeout: 300_000});
 
-scenario('7. cold start with the first backup late: the view-syncer waits for a status and restores once', async () => {
+scenario('7. clamp: Zero sees a live backup at what the sidecar already purged, and never more', async () => {
+  // The URI topology of scenario 6, with the proxy clamping the gauge instead of hiding it.
+  await t.stopSidecar();
+  t.proxyMode = 'clamp';
+  t.writeSidecarConfig();
+  await t.startSidecar();
+  const w = await t.insert([[80, 'eighty', 80]]);
+  await t.waitBackedUp(w);
+  await eventually(`the sidecar to purge below ${w}`, () => events('change log purged').some(e => field(e, 'before') === w),
+    {timeout: 150_000, interval: 500});
+  // Zero's BackupMonitor reads the proxy every 60 s: it sees exactly what the sidecar purged below.
+  const replicated = new RegExp(`replicated watermark=${w} `);
+  await eventually('Zero to read the clamped watermark', () => logLines('replication-manager', replicated).length > 0,
+    {timeout: 150_000, interval: 1_000});
+  const purged = new Set(events('change log purged').map(e => field(e, 'before')));
+  for (const line of logLines('replication-manager', /replicated watermark=\S+/)) {
+    const seen = line.match(/replicated watermark=(\S+)/)[1];
+    assert.ok(purged.has(seen), `Zero saw ${seen}, below which the sidecar had not purged: ${line}`);
+  }
+  assert.ok((await t.changeLogWatermarks())[0] >= w, 'the rows the sidecar purged are gone');
+  assert.ok((await t.changeLogWatermarks()).length > 0, 'the newest rows stay');
+  assert.deepEqual(logLines('replication-manager', /wedged|UnrecoverableError|no restorable backup/), []);
+  assert.ok(t.procs.get('replication-manager').running, 'the replication-manager keeps running');
+}, {timeout: 360_000});
+
+scenario('8. cold start with the first backup late: the view-syncer waits for a status and restores once', async () => {
   const FIRST_UPLOAD_DELAY_MS = 25_000;
   const cold = new Topology('cold', {standinEnv: {INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
   extra.push(cold);

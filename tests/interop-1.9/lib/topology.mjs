@@ -227,6 +227,7 @@ check_interval = "1s"
 scrape_timeout = "2s"
 name = "file"
 proxy_listen = "localhost:${this.ports.proxy}"
+proxy_mode = "${this.proxyMode ?? 'hide'}"
 
 [zero]
 app_id = "${APP_ID}"
