@@ -189,12 +189,14 @@ async fn sigterm_closes_reservations_with_1001_and_exits_0() {
                 litestream.url()
             ),
         );
-        let mut child = std::process::Command::new(BIN)
-            .args(["--config", &path])
-            .env_clear()
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = Reaped(
+            std::process::Command::new(BIN)
+                .args(["--config", &path])
+                .env_clear()
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
         // The JSON log names the bound address.
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let addr = loop {
@@ -232,6 +234,31 @@ async fn sigterm_closes_reservations_with_1001_and_exits_0() {
         assert_eq!(status, Some(0), "{signal}");
         let logs = drain.join().unwrap();
         assert!(logs.contains("shutting down"), "{logs}");
+    }
+}
+
+/// A sidecar process that is killed when the test that started it ends, also when the test fails first.
+struct Reaped(std::process::Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
@@ -300,14 +327,16 @@ fn systemd_notify_ready_watchdog_and_stopping() {
         "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
          [discovery]\nmode = \"off\"\n[change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n",
     );
-    let mut child = Command::new(BIN)
-        .args(["--config", &path])
-        .env_clear()
-        .env("NOTIFY_SOCKET", &socket_path)
-        .env("WATCHDOG_USEC", "200000")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped(
+        Command::new(BIN)
+            .args(["--config", &path])
+            .env_clear()
+            .env("NOTIFY_SOCKET", &socket_path)
+            .env("WATCHDOG_USEC", "200000")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut received = Vec::new();
     let next = || {
         let mut buf = [0u8; 4096];
@@ -365,12 +394,14 @@ async fn logs_carry_fields_in_both_formats_and_never_the_password() {
                 litestream.url()
             ),
         );
-        let mut child = std::process::Command::new(BIN)
-            .args(["--config", &path])
-            .env_clear()
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = Reaped(
+            std::process::Command::new(BIN)
+                .args(["--config", &path])
+                .env_clear()
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut lines = Vec::new();
         let addr = loop {
