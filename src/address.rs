@@ -49,7 +49,7 @@ pub fn validate_owner_address(text: &str) -> Result<String, String> {
 }
 
 /// `host:port` of an address as Zero writes it: bare, or with a `ws://`/`wss://` prefix from Zero 0.22 on.
-fn host_port(address: &str) -> &str {
+pub fn host_port(address: &str) -> &str {
     let address = address.trim();
     let address = address
         .strip_prefix("ws://")

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::address::{parse_host_port, validate_host_port, validate_owner_address};
+use crate::address::{host_port, parse_host_port, validate_host_port, validate_owner_address};
 
 /// Prefix of the environment variables that override file keys: `LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL`
 /// overrides `[litestream] backup_url`.
@@ -681,10 +681,9 @@ impl RawConfig {
             match (self.discovery.mode, advertise) {
                 (DiscoveryMode::Off | DiscoveryMode::Owner, "") => Ok(String::new()),
                 (_, "") => Err("must be set (the host:port view-syncers reach the sidecar at) unless mode = \"off\" or \"owner\"".into()),
-                (_, address) => match validate_owner_address(address).and_then(|_| {
-                    let bare = address.trim_start_matches("wss://").trim_start_matches("ws://");
-                    parse_host_port(bare.trim_end_matches('/'))
-                }) {
+                (_, address) => match validate_owner_address(address)
+                    .and_then(|_| parse_host_port(host_port(address)))
+                {
                     Ok((host, _)) if matches!(host.as_str(), "0.0.0.0" | "::") => {
                         Err(format!("{address:?} is not an address other hosts can connect to"))
                     }
