@@ -167,6 +167,36 @@ pub struct Inputs<'a> {
     pub last_purged: Option<&'a str>,
 }
 
+/// How far open reservations let a purge that is already running go, asked before each of its batches: a
+/// reservation can open (or announce a lower floor) while a purge runs, after the [`Decision`] was taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ceiling {
+    /// No reservation limits it.
+    None,
+    /// Delete nothing more: a reservation protects every row, or mode `pause` has one open.
+    Everything,
+    /// Delete only rows below this watermark, the lowest open floor.
+    Below(String),
+}
+
+/// The [`Ceiling`] for a running purge while `reservations` are open, by the same rule [`decide`] applies to them.
+pub fn ceiling(mode: ReservationMode, reservations: &[HeldReservation]) -> Ceiling {
+    if reservations.is_empty() {
+        return Ceiling::None;
+    }
+    if mode == ReservationMode::Pause {
+        return Ceiling::Everything;
+    }
+    let mut lowest: Option<&str> = None;
+    for reservation in reservations {
+        let Some(floor) = reservation.floor.as_deref() else {
+            return Ceiling::Everything;
+        };
+        lowest = Some(lowest.map_or(floor, |l| l.min(floor)));
+    }
+    lowest.map_or(Ceiling::None, |floor| Ceiling::Below(floor.to_owned()))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Delete change-log rows with `watermark < before`; rows at `before` stay.
@@ -1039,6 +1069,19 @@ mod tests {
         // Byte-wise order: "110" (36) is after "0z" (35).
         backlog.purged("0z");
         assert_eq!(backlog.record(seen(&[backup("110", 10)])), 1);
+    }
+
+    #[test]
+    fn a_running_purge_stops_at_the_lowest_floor_or_at_once() {
+        use ReservationMode::{Pause, Pin};
+        assert_eq!(ceiling(Pin, &[]), Ceiling::None);
+        assert_eq!(ceiling(Pause, &[]), Ceiling::None);
+        let floored = [reservation("c", Some("0c")), reservation("e", Some("0e"))];
+        assert_eq!(ceiling(Pin, &floored), Ceiling::Below("0c".into()));
+        // Mode pause: any open reservation pauses cleanup, a running purge included.
+        assert_eq!(ceiling(Pause, &floored), Ceiling::Everything);
+        let floorless = [reservation("c", Some("0c")), reservation("early", None)];
+        assert_eq!(ceiling(Pin, &floorless), Ceiling::Everything);
     }
 
     #[test]

@@ -408,7 +408,7 @@ impl Monitor {
         let outcome = match self
             .change_db
             .purge_within(&before, expected, self.batch_rows, shutdown, || {
-                self.registry.purge_ceiling()
+                cleanup::ceiling(self.mode, &self.registry.for_policy())
             })
             .await
         {

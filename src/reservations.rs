@@ -227,24 +227,6 @@ impl Registry {
         }
     }
 
-    /// How far a running purge may go while these reservations are open: below the lowest floor, or not at all
-    /// while one protects every row. Asked before every purge batch, so a reservation opened mid-purge counts.
-    pub fn purge_ceiling(&self) -> crate::change_db::Ceiling {
-        use crate::change_db::Ceiling;
-        let inner = self.lock();
-        let mut ceiling = Ceiling::None;
-        for entry in inner.open.values() {
-            match &entry.floor {
-                None => return Ceiling::Everything,
-                Some(floor) => match &ceiling {
-                    Ceiling::Below(lowest) if lowest <= floor => {}
-                    _ => ceiling = Ceiling::Below(floor.clone()),
-                },
-            }
-        }
-        ceiling
-    }
-
     /// Records a backed-up watermark seen in litestream's metrics; reservations opened from now on are pinned at
     /// the newest one (watermarks compare as bytes).
     pub fn saw_backup(&self, watermark: &str) {
@@ -673,21 +655,6 @@ mod tests {
     }
 
     #[test]
-    fn the_purge_ceiling_is_the_lowest_floor_or_everything() {
-        use crate::change_db::Ceiling;
-        let registry = Registry::new(Duration::from_secs(30));
-        assert_eq!(registry.purge_ceiling(), Ceiling::None);
-        let floorless = registry.open("early", at(1));
-        assert_eq!(registry.purge_ceiling(), Ceiling::Everything);
-        drop(floorless);
-        registry.saw_backup("0c");
-        let _c = registry.open("c", at(2));
-        registry.saw_backup("0e");
-        let _e = registry.open("e", at(3));
-        assert_eq!(registry.purge_ceiling(), Ceiling::Below("0c".into()));
-    }
-
-    #[test]
     fn reservations_are_pinned_at_the_newest_backup_known_when_they_open() {
         let registry = Registry::new(Duration::ZERO);
         let _early = registry.open("early", at(0));
@@ -731,7 +698,7 @@ mod announced_floors {
     use super::*;
     use proptest::prelude::*;
 
-    use crate::change_db::Ceiling;
+    use crate::cleanup::{ceiling, Ceiling, ReservationMode};
 
     /// A status handler's state: its lease, what it read, and what it announced.
     type Handler = (Lease, Option<String>, Option<String>);
@@ -810,7 +777,7 @@ mod announced_floors {
                     Step::StartPurge(i) => purge = log.get(i).cloned(),
                     Step::Batch => {
                         if let Some(before) = purge.clone() {
-                            let target = match registry.purge_ceiling() {
+                            let target = match ceiling(ReservationMode::Pin, &registry.for_policy()) {
                                 Ceiling::None => Some(before),
                                 Ceiling::Everything => None,
                                 Ceiling::Below(floor) => Some(floor.min(before)),

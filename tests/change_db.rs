@@ -969,7 +969,7 @@ async fn a_purge_the_role_may_not_run_is_a_permanent_permission_failure() {
 async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    use litestream_sidecar::change_db::Ceiling;
+    use litestream_sidecar::cleanup::Ceiling;
 
     let schema = TestSchema::create(Some(5), Some(SIDECAR)).await;
     let w = with_log(&schema).await;

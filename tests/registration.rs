@@ -640,8 +640,11 @@ async fn a_v4_reservation_protects_the_min_watermark_it_announced() {
     assert_eq!(floors["v3"].as_deref(), Some("0c"));
     assert_eq!(floors["v6"].as_deref(), Some("0a"));
     assert_eq!(
-        sidecar.registry.purge_ceiling(),
-        litestream_sidecar::change_db::Ceiling::Below("0a".into())
+        litestream_sidecar::cleanup::ceiling(
+            litestream_sidecar::cleanup::ReservationMode::Pin,
+            &sidecar.registry.for_policy()
+        ),
+        litestream_sidecar::cleanup::Ceiling::Below("0a".into())
     );
     sidecar.stop().await;
     db.drop().await;

@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::address::same_address;
+use crate::cleanup::Ceiling;
 use crate::config::ZeroConfig;
 use sql::{byte_order_probe, Sql, WatermarkSql};
 use supervisor::{Link, Logged};
@@ -296,17 +297,6 @@ pub struct OwnerRow {
     pub address: Option<String>,
     /// `owner`, the replication-manager's task ID; `None` if the row is missing or NULL.
     pub owner: Option<String>,
-}
-
-/// How far open reservations let a running purge go, asked before every batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ceiling {
-    /// No reservation limits it.
-    None,
-    /// A reservation protects every row: delete nothing more.
-    Everything,
-    /// Delete only rows below this watermark.
-    Below(String),
 }
 
 /// What one [`ChangeDb::purge`] call did.
