@@ -14,7 +14,7 @@ use tracing::{debug, error, info, warn, Level};
 
 use crate::change_db::{ChangeDb, DbError, Expected, FailureClass};
 use crate::cleanup::{
-    self, Backlog, Decision, HeldReservation, HoldReason, Inputs, Ownership, Subscriber,
+    self, Backlog, Backup, Decision, HeldReservation, HoldReason, Inputs, Ownership, Subscriber,
 };
 use crate::config::Config;
 use crate::litestream::{Filter, Scraper};
@@ -30,9 +30,8 @@ pub struct Status {
     /// Completed checks (scrape, decision and any purge).
     pub checks: u64,
     pub last_decision: Option<Decision>,
-    pub last_purged: Option<String>,
-    /// The backup the last complete purge went up to, and when it was backed up.
-    pub purged_through: Option<(String, SystemTime)>,
+    /// The backup the last complete purge went up to: rows below its watermark are gone.
+    pub purged_through: Option<Backup>,
     pub purges: u64,
     pub purged_rows: u64,
     pub scrape_errors: u64,
@@ -44,6 +43,11 @@ pub struct Status {
 }
 
 impl Status {
+    /// The watermark the last complete purge deleted below.
+    pub fn last_purged(&self) -> Option<&str> {
+        self.purged_through.as_ref().map(|b| b.watermark.as_str())
+    }
+
     /// One line on why cleanup cannot do its job, for `/keepalive` and systemd's status; `None` while purges work.
     pub fn cleanup_problem(&self) -> Option<String> {
         let last = self.purge_failures.last.as_ref()?;
@@ -196,6 +200,9 @@ pub struct Monitor {
 /// What one check saw besides the backlog, in the policy's own types.
 struct Gathered {
     ownership: Ownership,
+    /// In mode `owner`, the replication-manager task that held the change log when the ownership was read: every
+    /// purge batch checks it still does.
+    owner: Option<String>,
     cleanup_delay: Duration,
     reservations: Vec<HeldReservation>,
     subscribers: Vec<Subscriber>,
@@ -345,24 +352,22 @@ impl Monitor {
 
     /// Everything else the policy reads, at one instant.
     fn gather(&self, now: Instant) -> Gathered {
+        let discovery = self.discovery.get();
+        let registered = discovery.registration == Some(crate::discovery::Registration::Registered);
+        // Registered but not yet stamped: counts as registered just now.
+        let registered_since = registered.then(|| discovery.continuity.since().unwrap_or(now));
+        let ownership = match (self.discovery_mode, registered_since) {
+            (crate::config::DiscoveryMode::Off, _) => Ownership::Unchecked,
+            (_, None) => Ownership::NotRegistered,
+            (_, Some(since)) => Ownership::RegisteredSince(since),
+        };
         Gathered {
-            ownership: self.ownership_now(now),
+            ownership,
+            owner: discovery.owner,
             cleanup_delay: self.registry.cleanup_delay(),
             reservations: self.registry.for_policy(),
             subscribers: self.subscribers.for_policy(now, self.reconnect_grace),
         }
-    }
-
-    fn ownership_now(&self, now: Instant) -> Ownership {
-        if self.discovery_mode == crate::config::DiscoveryMode::Off {
-            return Ownership::Unchecked;
-        }
-        let state = self.discovery.get();
-        if state.registration != Some(crate::discovery::Registration::Registered) {
-            return Ownership::NotRegistered;
-        }
-        // Registered but not yet stamped: counts as registered just now.
-        Ownership::RegisteredSince(state.continuity.since().unwrap_or(now))
     }
 
     async fn act(
@@ -394,7 +399,6 @@ impl Monitor {
         }
         // Every batch re-checks who owns the change log: the sidecar's address (verify, adopt), or the
         // replication-manager's address held by the task discovery saw (owner).
-        let owner = self.discovery.get().owner;
         let expected = match self.discovery_mode {
             crate::config::DiscoveryMode::Off => None,
             crate::config::DiscoveryMode::Verify | crate::config::DiscoveryMode::Adopt => {
@@ -402,7 +406,7 @@ impl Monitor {
             }
             crate::config::DiscoveryMode::Owner => Some(Expected {
                 address: &self.upstream_address,
-                owner: Some(owner.as_deref().unwrap_or_default()),
+                owner: observed.owner.as_deref(),
             }),
         };
         let outcome = match self
@@ -444,11 +448,8 @@ impl Monitor {
                     .backups()
                     .iter()
                     .find(|b| b.watermark == before)
-                    .map(|b| (b.watermark.clone(), b.backed_up_at));
-                self.status.update(|s| {
-                    s.last_purged = Some(before);
-                    s.purged_through = through;
-                });
+                    .cloned();
+                self.status.update(|s| s.purged_through = through);
             }
             Some(stop) => info!(
                 before = %before,

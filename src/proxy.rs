@@ -87,7 +87,9 @@ impl Handler for Proxy {
                     ProxyMode::Hide => litestream::strip_progress_family(&page),
                     ProxyMode::Clamp => {
                         let through = self.status.get().purged_through;
-                        let through = through.as_ref().map(|(w, at)| (w.as_str(), *at));
+                        let through = through
+                            .as_ref()
+                            .map(|b| (b.watermark.as_str(), b.backed_up_at));
                         litestream::clamp_progress_family(&page, &self.filter, through)
                     }
                 };

@@ -66,7 +66,7 @@ async fn purges_below_the_aged_backup_that_every_subscriber_has_passed() {
     })
     .await;
     assert_eq!(db.rows().await.len(), 12);
-    assert_eq!(sidecar.status.get().last_purged.as_deref(), Some("0c"));
+    assert_eq!(sidecar.status.get().last_purged(), Some("0c"));
     // Nothing newer is backed up: the next checks hold with nothing new to purge.
     assert_eq!(
         decisions(&sidecar, 2).await,
@@ -280,7 +280,7 @@ async fn a_change_db_without_zeros_schema_is_waited_for() {
     .await;
     let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
     decisions(&sidecar, 2).await;
-    assert!(sidecar.status.get().last_purged.is_none());
+    assert!(sidecar.status.get().last_purged().is_none());
     // Zero initialises the schema: the sidecar picks it up without a restart.
     db.create_tables(Some(5), None).await;
     for w in ["0a", "0b", "0c", "0d"] {
