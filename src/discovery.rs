@@ -48,6 +48,25 @@ pub fn registration(observed: &Observed, ours: &str) -> Registration {
     }
 }
 
+/// Registration in `mode`: whether `ownerAddress` names the sidecar (`verify`, `adopt`), or names the
+/// replication-manager it fronts with an `owner` task beside it (`owner`: Zero writes both together, and an address
+/// without an owner is not a takeover to trust).
+pub fn registration_in(
+    mode: DiscoveryMode,
+    observed: &Observed,
+    owner: Option<&str>,
+    ours: &str,
+    upstream: &str,
+) -> Registration {
+    match mode {
+        DiscoveryMode::Owner => match registration(observed, upstream) {
+            Registration::Registered if owner.is_none() => Registration::Unregistered,
+            other => other,
+        },
+        _ => registration(observed, ours),
+    }
+}
+
 /// What `adopt` mode should do about one reading.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Adopt {
@@ -129,6 +148,46 @@ pub struct Discovery {
 }
 
 impl Discovery {
+    /// Logs a change of registration, with the fix for the topology of the mode.
+    fn log_registration(&self, current: &Registration, owner: Option<&str>) {
+        let owner_mode = self.mode == DiscoveryMode::Owner;
+        match (current, owner_mode) {
+            (Registration::Registered, true) => info!(
+                address = %self.upstream,
+                owner = owner.unwrap_or(""),
+                "the change log's owner is the replication-manager this sidecar fronts"
+            ),
+            (Registration::Registered, false) => {
+                info!(address = %self.ours, "registered as the change-streamer")
+            }
+            (Registration::Elsewhere(address), true) => warn!(
+                registered = %address,
+                expected = %self.upstream,
+                "ownerAddress names another replication-manager: cleanup is held. Fix: set \
+                 upstream.advertised_address to the address the replication-manager this sidecar \
+                 relays to writes as ownerAddress (its ZERO_CHANGE_STREAMER_ADDRESS, or its IP and port)"
+            ),
+            (Registration::Elsewhere(address), false) => warn!(
+                registered = %address,
+                ours = %self.ours,
+                "ownerAddress names another address: view-syncers bypass the sidecar and cleanup is held. \
+                 Fix: with Zero 0.20, set ZERO_CHANGE_STREAMER_ADDRESS={} on the replication-manager; with \
+                 Zero 0.22 and later, point view-syncers at the sidecar with \
+                 ZERO_CHANGE_STREAMER_URI=ws://{}/ and set discovery.mode = \"owner\"",
+                self.ours,
+                self.ours
+            ),
+            (Registration::Unregistered, true) => info!(
+                "no owner registered yet (first start, a resync, or the replication-manager still \
+                 waiting for ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS); waiting"
+            ),
+            (Registration::Unregistered, false) => info!(
+                "no ownerAddress registered yet (first start or after a resync); waiting for the \
+                 replication-manager"
+            ),
+        }
+    }
+
     /// Reads the address table every `interval` until `shutdown`; in `adopt` mode puts the upstream's address
     /// back on the way out if the sidecar replaced it.
     pub async fn run(self, shutdown: CancellationToken) {
@@ -195,88 +254,38 @@ impl Discovery {
                 }
             }
 
-            if self.mode == DiscoveryMode::Owner {
-                let current = match registration(&observed, &self.upstream) {
-                    // Zero writes both together; an address without an owner is not a takeover to trust.
-                    Registration::Registered if ownership.owner.is_none() => {
-                        Registration::Unregistered
-                    }
-                    other => other,
-                };
-                let owner = ownership
-                    .owner
-                    .filter(|_| current == Registration::Registered);
-                if last_registration.as_ref() != Some(&current) {
-                    match &current {
-                        Registration::Registered => info!(
-                            address = %self.upstream,
-                            owner = owner.as_deref().unwrap_or(""),
-                            "the change log's owner is the replication-manager this sidecar fronts"
-                        ),
-                        Registration::Elsewhere(address) => warn!(
-                            registered = %address,
-                            expected = %self.upstream,
-                            "ownerAddress names another replication-manager: cleanup is held. Fix: set \
-                             upstream.advertised_address to the address the replication-manager this sidecar \
-                             relays to writes as ownerAddress (its ZERO_CHANGE_STREAMER_ADDRESS, or its IP and \
-                             port)"
-                        ),
-                        Registration::Unregistered => info!(
-                            "no owner registered yet (first start, a resync, or the replication-manager still \
-                             waiting for ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS); waiting"
-                        ),
-                    }
-                }
-                let first = last_registration.is_none();
-                last_registration = Some(current.clone());
-                self.state.update(|s| {
-                    s.db_up = true;
-                    // Another task took over: its subscribers and restores start from scratch.
-                    if s.owner.is_some() && owner.is_some() && s.owner != owner {
-                        info!(
-                            from = s.owner.as_deref().unwrap_or(""),
-                            to = owner.as_deref().unwrap_or(""),
-                            "the change log has a new owner; cleanup waits again"
-                        );
-                        s.continuity.record(false, now);
-                    }
-                    let since = if first { self.started.min(now) } else { now };
-                    s.continuity
-                        .record(current == Registration::Registered, since);
-                    s.registration = Some(current);
-                    s.owner = owner;
-                });
-                continue;
-            }
-
-            let current = registration(&observed, &self.ours);
+            let current = registration_in(
+                self.mode,
+                &observed,
+                ownership.owner.as_deref(),
+                &self.ours,
+                &self.upstream,
+            );
+            // Only mode `owner` follows the task: the purge checks it, and a new one restarts the wait.
+            let owner = ownership.owner.filter(|_| {
+                self.mode == DiscoveryMode::Owner && current == Registration::Registered
+            });
             if last_registration.as_ref() != Some(&current) {
-                match &current {
-                    Registration::Registered => info!(address = %self.ours, "registered as the change-streamer"),
-                    Registration::Elsewhere(address) => warn!(
-                        registered = %address,
-                        ours = %self.ours,
-                        "ownerAddress names another address: view-syncers bypass the sidecar and cleanup is held. \
-                         Fix: with Zero 0.20, set ZERO_CHANGE_STREAMER_ADDRESS={} on the replication-manager; with \
-                         Zero 0.22 and later, point view-syncers at the sidecar with \
-                         ZERO_CHANGE_STREAMER_URI=ws://{}/ and set discovery.mode = \"owner\"",
-                        self.ours,
-                        self.ours
-                    ),
-                    Registration::Unregistered => info!(
-                        "no ownerAddress registered yet (first start or after a resync); waiting for the \
-                         replication-manager"
-                    ),
-                }
+                self.log_registration(&current, owner.as_deref());
             }
             let first = last_registration.is_none();
             last_registration = Some(current.clone());
             self.state.update(|s| {
                 s.db_up = true;
+                // Another task took over: its subscribers and restores start from scratch.
+                if s.owner.is_some() && owner.is_some() && s.owner != owner {
+                    info!(
+                        from = s.owner.as_deref().unwrap_or(""),
+                        to = owner.as_deref().unwrap_or(""),
+                        "the change log has a new owner; cleanup waits again"
+                    );
+                    s.continuity.record(false, now);
+                }
                 let since = if first { self.started.min(now) } else { now };
                 s.continuity
                     .record(current == Registration::Registered, since);
                 s.registration = Some(current);
+                s.owner = owner;
             });
         }
         if let Some(theirs) = adopted_from {
@@ -311,6 +320,32 @@ mod tests {
         assert_eq!(
             registration(&addr("10.0.0.5:4849"), ours),
             Registration::Elsewhere("10.0.0.5:4849".into())
+        );
+    }
+
+    #[test]
+    fn owner_mode_registers_the_replication_manager_with_its_task() {
+        let (ours, rm) = ("10.0.0.5:4851", "10.0.0.5:4849");
+        let owner = |observed: &Observed, task: Option<&str>| {
+            registration_in(DiscoveryMode::Owner, observed, task, ours, rm)
+        };
+        assert_eq!(
+            owner(&addr("ws://10.0.0.5:4849"), Some("rm-1")),
+            Registration::Registered
+        );
+        assert_eq!(owner(&addr(rm), None), Registration::Unregistered);
+        assert_eq!(
+            owner(&addr(ours), Some("rm-1")),
+            Registration::Elsewhere(ours.into())
+        );
+        assert_eq!(
+            owner(&Observed::NoAddress, Some("rm-1")),
+            Registration::Unregistered
+        );
+        // The other modes look for the sidecar and ignore the task.
+        assert_eq!(
+            registration_in(DiscoveryMode::Verify, &addr(ours), None, ours, rm),
+            Registration::Registered
         );
     }
 
