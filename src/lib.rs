@@ -9,7 +9,7 @@
 //! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads and flushes, limits, liveness, closing).
 //! - [`reservations`]: the reservation registry and the `/snapshot` WebSocket, from its upgrade on.
 //! - [`server`]: the HTTP accept loop for every listener, routing and the plain endpoints.
-//! - `http`: the plain-text answers the router and the handlers write themselves.
+//! - `http`: the answers the router and the handlers write themselves: plain text, and WebSocket upgrades.
 //! - [`relay`]: the `/changes` relay to Zero's change-streamer, from the subscriber's upgrade on.
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.

@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::config::{RelayConfig, UpstreamConfig};
-use crate::http::plain;
+use crate::http::{accept_upgrade, plain, spawn_upgraded};
 use crate::inspect::{inspect, Downstream};
 use crate::protocol::{self, close, SubscriberContext, Version};
 use crate::reservations::Registry;
@@ -102,14 +102,9 @@ pub async fn serve(
     if ctx.shutdown.is_cancelled() {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
     }
-    let (response, upgrade) = match fastwebsockets::upgrade::upgrade(&mut req) {
-        Ok(pair) => pair,
-        Err(err) => {
-            return plain(
-                StatusCode::BAD_REQUEST,
-                format!("bad WebSocket upgrade: {err}\n"),
-            )
-        }
+    let (response, upgrade) = match accept_upgrade(&mut req) {
+        Ok(accepted) => accepted,
+        Err(message) => return plain(StatusCode::BAD_REQUEST, message),
     };
     let settings = &ctx.settings;
     let query = req.uri().query();
@@ -136,19 +131,11 @@ pub async fn serve(
         return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
     }
     let ctx = ctx.clone();
-    tracker.spawn(
-        async move {
-            match upgrade.await {
-                Ok(ws) => {
-                    handle_changes(ctx, subscription, ws, upstream).await;
-                }
-                // The upstream socket is dropped with the task: Zero sees the subscriber leave.
-                Err(err) => debug!(error = %err, "upgrade failed"),
-            }
-        }
-        .instrument(span),
-    );
-    response.map(|_| Full::default())
+    // A failed upgrade drops the upstream socket with the task: Zero sees the subscriber leave.
+    spawn_upgraded(tracker, upgrade, span, move |ws| async move {
+        handle_changes(ctx, subscription, ws, upstream).await;
+    });
+    response
 }
 
 /// The request target sent upstream: the subscriber's path and query string, with `initial=true` turned into

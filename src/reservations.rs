@@ -27,9 +27,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, info_span, Instrument};
+use tracing::{debug, info, info_span};
 
-use crate::http::plain;
+use crate::http::{accept_upgrade, plain, spawn_upgraded};
 use crate::protocol::{self, close, Version};
 use crate::ws::{
     self, Assembler, CloseWith, Inbox, Liveness, Outbox, OwnedFrame, PeerClose, ReadError, Reads,
@@ -317,29 +317,16 @@ pub fn serve(
     if ctx.shutdown.is_cancelled() {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
     }
-    let (response, upgrade) = match fastwebsockets::upgrade::upgrade(&mut req) {
-        Ok(pair) => pair,
-        Err(err) => {
-            return plain(
-                StatusCode::BAD_REQUEST,
-                format!("bad WebSocket upgrade: {err}\n"),
-            )
-        }
+    let (response, upgrade) = match accept_upgrade(&mut req) {
+        Ok(accepted) => accepted,
+        Err(message) => return plain(StatusCode::BAD_REQUEST, message),
     };
     let ctx = ctx.clone();
     let span = info_span!("reservation", task_id = %task_id, %peer);
-    tracker.spawn(
-        async move {
-            match upgrade.await {
-                Ok(ws) => {
-                    handle_snapshot(ctx, version, task_id, ws).await;
-                }
-                Err(err) => debug!(error = %err, "upgrade failed"),
-            }
-        }
-        .instrument(span),
-    );
-    response.map(|_| Full::default())
+    spawn_upgraded(tracker, upgrade, span, move |ws| async move {
+        handle_snapshot(ctx, version, task_id, ws).await;
+    });
+    response
 }
 
 /// How a reservation socket ended, for logs and tests.
