@@ -537,8 +537,8 @@ pub fn strip_progress_family(page: &[u8]) -> Cow<'_, [u8]> {
 }
 
 /// `page` with the progress family replaced by one sample that says `through` was backed up at its backup time:
-/// the watermark the sidecar has already purged below. Labels come from the first progress sample that `filter`
-/// takes; the rest of the page is kept byte for byte, as [`strip_progress_family`] keeps it. Without a purge yet,
+/// the watermark the sidecar has already purged below. Its `db` and `name` are those of the first sample
+/// [`parse_progress`] takes; the rest of the page is kept byte for byte, as [`strip_progress_family`] keeps it. Without a purge yet,
 /// or without such a sample, the family is removed as in `hide` mode.
 ///
 /// Zero's own cleanup then sees a live, advancing backup — its upload verification, its one-hour check, its
@@ -553,10 +553,20 @@ pub fn clamp_progress_family<'a>(
     let Some((watermark, backed_up_at)) = through else {
         return stripped;
     };
-    let Some(mut labels) = first_progress_labels(page, filter) else {
+    // The replica's own sample, as the monitor reads it: the clamped one names the same `db` and `name`.
+    let Some(real) = std::str::from_utf8(page)
+        .ok()
+        .and_then(|text| parse_progress(text, filter).ok())
+        .and_then(|parsed| parsed.progress.into_iter().next())
+    else {
         return stripped;
     };
-    labels.insert("watermark".into(), watermark.to_owned());
+    let labels: BTreeMap<String, String> = [("db", real.db), ("name", real.name)]
+        .into_iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(key, value)| (key.to_owned(), value))
+        .chain([("watermark".to_owned(), watermark.to_owned())])
+        .collect();
     let secs = backed_up_at
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -578,19 +588,6 @@ pub fn clamp_progress_family<'a>(
     };
     out.splice(at..at, family.into_bytes());
     Cow::Owned(out)
-}
-
-/// The labels of the first progress sample on `page` that `filter` takes.
-fn first_progress_labels(page: &[u8], filter: &Filter) -> Option<BTreeMap<String, String>> {
-    page.split(|&b| b == b'\n').find_map(|line| {
-        let (LineKind::Sample, end) = line_kind(line)? else {
-            return None;
-        };
-        let rest = std::str::from_utf8(&line[end..]).ok()?;
-        let (labels, _) = parse_sample(rest.trim_end_matches('\r')).ok()?;
-        let label = |key: &str| labels.get(key).map_or("", String::as_str);
-        filter.matches(label("db"), label("name")).then_some(labels)
-    })
 }
 
 // ---------------------------------------------------------------------------------------------------------------
