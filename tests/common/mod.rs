@@ -21,11 +21,14 @@ use tokio_util::sync::CancellationToken;
 
 pub const BACKUP_URL: &str = "s3://acme-zero/replica";
 
+/// The default config's litestream: nothing listens there (port 9, discard).
+pub const NO_LITESTREAM: &str = "http://127.0.0.1:9/metrics";
+
 /// A config for tests: loopback listeners on free ports, `extra` (TOML) merged over it.
 pub fn config(extra: &str) -> Config {
     let base = format!(
         "[litestream]\nbackup_url = \"{BACKUP_URL}\"\nproxy_listen = \"127.0.0.1:0\"\n\
-         metrics_url = \"http://127.0.0.1:9/metrics\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+         metrics_url = \"{NO_LITESTREAM}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
          [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n[discovery]\nmode = \"off\"\n"
     );
     let mut merged: toml::Table = base.parse().unwrap();
@@ -78,7 +81,7 @@ pub async fn start_app(app: App) -> Sidecar {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let registry = app.registry().clone();
-    if app.config().litestream.metrics_url.port_u16() == Some(9) {
+    if app.config().litestream.metrics_url == NO_LITESTREAM {
         registry.saw_backup(SEEDED_BACKUP);
     }
     let subscribers = app.subscribers().clone();

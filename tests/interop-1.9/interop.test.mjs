@@ -7,7 +7,8 @@ import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {existsSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from './lib/procs.mjs';
+import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from '../interop-lib/procs.mjs';
+import {field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../interop-lib/util.mjs';
 import {CDC, STANDIN, Topology, ZERO_CLI, eventually, progressSamples} from './lib/topology.mjs';
 import {Pump, zeroClient} from './lib/clients.mjs';
 
@@ -18,22 +19,8 @@ let failed = false;
 let replicaVersion;
 
 /** Every JSON log event of a topology's sidecar, over all its runs. */
-function sidecarEvents(topo = t) {
-  const out = [];
-  for (let p = topo.procs.procs.get('sidecar'); p; p = p.previous) out.unshift(...p.json());
-  return out;
-}
-
-function field(event, key) {
-  if (event[key] !== undefined) return event[key];
-  if (event.span?.[key] !== undefined) return event.span[key];
-  for (const s of event.spans ?? []) if (s[key] !== undefined) return s[key];
-  return undefined;
-}
-
-function events(message, fields = {}, topo = t) {
-  return sidecarEvents(topo).filter(e => e.message === message && Object.entries(fields).every(([k, v]) => field(e, k) === v));
-}
+const sidecarEvents = (topo = t) => sidecarEventsOf(topo.procs);
+const events = (message, fields = {}, topo = t) => sidecarEventsWith(topo.procs, message, fields);
 
 /** Lines of every run of process `name` matching `pattern`. */
 function logLines(name, pattern, topo = t) {

@@ -1,5 +1,6 @@
-// Copied from tests/interop/lib/procs.mjs (the Zero 0.20 suite), plus: INTEROP_PROC names each process's tree so a
-// stop waits for all of it, and `sockets`, `environ`, `cmdline` serve the loopback and telemetry checks.
+// Shared by the Zero 0.20 (tests/interop) and Zero 1.9 (tests/interop-1.9) suites. INTEROP_PROC names each
+// process's tree so a stop waits for all of it; `sockets`, `environ` and `cmdline` serve the loopback and telemetry
+// checks.
 //
 // Processes the interop tests start: each in its own process group, its output in a log file and in memory, all of
 // them stopped at the end whatever happened. Zero forks its workers detached (a new session each), so process groups

