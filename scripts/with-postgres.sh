@@ -5,7 +5,8 @@
 #   scripts/with-postgres.sh --pg 17 cargo test          # PostgreSQL 17
 #   scripts/with-postgres.sh --pg 15,17 COMMAND          # both at once (the benchmark compares them)
 #
-# The command sees SIDECAR_TEST_DATABASE_URL (the first major's cluster), SIDECAR_TEST_PG_MAJOR (that major), and
+# The command sees SIDECAR_TEST_DATABASE_URL (the first major's cluster), SIDECAR_TEST_PG_MAJOR (that major),
+# SIDECAR_TEST_PG_BIN (that major's server binaries, for tests that run clusters of their own), and
 # SIDECAR_TEST_DATABASE_URLS ("15=postgres://…,17=postgres://…", every cluster). `--pg` defaults to $PG, else 15.
 #
 # Server binaries come from the machine when it has them (/usr/lib/postgresql/N/bin), else PostgreSQL 15 from
@@ -119,7 +120,7 @@ for major in $MAJORS; do
   url="postgres://postgres@127.0.0.1:$port/postgres"
   URLS+=("$major=$url")
   if [[ -z ${SIDECAR_TEST_DATABASE_URL:-} ]]; then
-    export SIDECAR_TEST_DATABASE_URL=$url SIDECAR_TEST_PG_MAJOR=$major
+    export SIDECAR_TEST_DATABASE_URL=$url SIDECAR_TEST_PG_MAJOR=$major SIDECAR_TEST_PG_BIN=$bin
   fi
   echo "with-postgres: PostgreSQL $version on 127.0.0.1:$port" >&2
 done
