@@ -40,7 +40,7 @@ use crate::config::{RelayConfig, UpstreamConfig};
 use crate::http::{accept_upgrade, plain, spawn_upgraded};
 use crate::inspect::{inspect, Downstream};
 use crate::protocol::{self, close, SubscriberContext, Version};
-use crate::reservations::Registry;
+use crate::reservations::{Registry, Ticket};
 use crate::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
 use crate::ws::{self, Assembler, CloseWith, Inbox, Io, Liveness, Outbox, PeerClose, Reads};
 
@@ -109,6 +109,8 @@ pub async fn serve(
     let settings = &ctx.settings;
     let query = req.uri().query();
     let subscription = protocol::parse_subscriber_context(query);
+    // Taken before anything can wait: only reservations open by now are this subscription's to end.
+    let requested = ctx.registry.ticket();
     let target = upstream_target(
         req.uri().path(),
         query,
@@ -133,7 +135,7 @@ pub async fn serve(
     let ctx = ctx.clone();
     // A failed upgrade drops the upstream socket with the task: Zero sees the subscriber leave.
     spawn_upgraded(tracker, upgrade, span, move |ws| async move {
-        handle_changes(ctx, subscription, ws, upstream).await;
+        handle_changes(ctx, subscription, requested, ws, upstream).await;
     });
     response
 }
@@ -345,6 +347,8 @@ impl Side {
 struct Relay<'a> {
     ctx: &'a RelayContext,
     subscription: SubscriberContext,
+    /// Where the reservation registry stood when the subscription was requested.
+    requested: Ticket,
     client: Peer,
     upstream: Peer,
     /// Set at the first downstream message, when the upstream has registered the subscriber.
@@ -360,10 +364,11 @@ struct Relay<'a> {
 }
 
 impl<'a> Relay<'a> {
-    fn new(ctx: &'a RelayContext, subscription: SubscriberContext) -> Self {
+    fn new(ctx: &'a RelayContext, subscription: SubscriberContext, requested: Ticket) -> Self {
         Self {
             ctx,
             subscription,
+            requested,
             client: Peer::new(Role::Server),
             upstream: Peer::new(Role::Client),
             subscribed: false,
@@ -582,7 +587,7 @@ impl<'a> Relay<'a> {
                 if !self.subscribed {
                     // The upstream answers only once it has registered the subscriber (§5.3 4a).
                     self.subscribed = true;
-                    self.acks = on_subscribed(self.ctx, &self.subscription);
+                    self.acks = on_subscribed(self.ctx, &self.subscription, self.requested);
                 }
                 if let Some(acks) = &mut self.acks {
                     self.downstream_messages.push(
@@ -661,6 +666,7 @@ impl<'a> Relay<'a> {
 async fn handle_changes(
     ctx: RelayContext,
     subscription: SubscriberContext,
+    requested: Ticket,
     client: WebSocket<Io>,
     upstream: Io,
 ) -> SubscriptionEnd {
@@ -677,7 +683,7 @@ async fn handle_changes(
     let mut shutting_down = false;
     let mut client_liveness = Liveness::new(settings.ping_interval);
     let mut upstream_liveness = Liveness::new(settings.upstream.silence_timeout);
-    let mut relay = Relay::new(&ctx, subscription);
+    let mut relay = Relay::new(&ctx, subscription, requested);
 
     while !relay.is_done() {
         // Once either side has ended, the rest of the close handshake gets a bounded time.
@@ -749,16 +755,32 @@ async fn handle_changes(
     outcome
 }
 
-/// The upstream has answered the subscription: end the task's reservation if this is its first subscription after
-/// a restore (whatever the mode, §11.6), and start tracking acks if the subscriber said where it stands.
-fn on_subscribed(ctx: &RelayContext, subscription: &SubscriberContext) -> Option<AckTracker> {
+/// The upstream has answered the subscription: start tracking acks if the subscriber said where it stands, and end
+/// the task's reservation if this is its first subscription after a restore (whatever the mode, §11.6).
+///
+/// In that order: the cleanup policy reads reservations before subscribers, so a check between the two steps sees
+/// the reservation still open or the subscriber already tracked, never neither.
+fn on_subscribed(
+    ctx: &RelayContext,
+    subscription: &SubscriberContext,
+    requested: Ticket,
+) -> Option<AckTracker> {
+    let acks = track(ctx, subscription);
     if subscription.initial {
         if let Some(task_id) = &subscription.task_id {
-            if let Some(held) = ctx.registry.end_by_subscription(task_id, Instant::now()) {
+            if let Some(held) = ctx
+                .registry
+                .end_by_subscription(task_id, requested, Instant::now())
+            {
                 info!(task_id = %task_id, held = ?held, "reservation ended by its subscription");
             }
         }
     }
+    acks
+}
+
+/// Registers the subscriber with the watermark it subscribed from, if its query said where it stands.
+fn track(ctx: &RelayContext, subscription: &SubscriberContext) -> Option<AckTracker> {
     let (Some(id), Some(replica_version), Some(watermark)) = (
         &subscription.id,
         &subscription.replica_version,
@@ -1243,7 +1265,11 @@ mod tests {
             let name = row.name;
             let ctx = context();
             let _lease = ctx.registry.open("t1", Instant::now());
-            let mut relay = Relay::new(&ctx, protocol::parse_subscriber_context(Some(row.query)));
+            let mut relay = Relay::new(
+                &ctx,
+                protocol::parse_subscriber_context(Some(row.query)),
+                ctx.registry.ticket(),
+            );
             let mut from_client = Inbox::new(true, MAX_MESSAGE, Reads::Bulk);
             let mut from_upstream = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
             let (mut to_client, mut to_upstream) = (Vec::new(), Vec::new());
@@ -1307,12 +1333,53 @@ mod tests {
         }
     }
 
+    /// A cleanup check running beside the handover from reservation to subscription (reservations read first,
+    /// then subscribers, as the monitor reads them) finds every restore still covered by one or the other.
+    #[test]
+    fn a_check_during_the_handover_sees_the_reservation_or_the_subscriber() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+        const ROUNDS: u64 = 2_000;
+        let ctx = context();
+        let opened = AtomicU64::new(0);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let checker = scope.spawn(|| {
+                let mut checks = 0u64;
+                while !done.load(SeqCst) {
+                    let covered = opened.load(SeqCst);
+                    let reservations = ctx.registry.for_policy().len() as u64;
+                    let subscribers = ctx.subscribers.connected() as u64;
+                    assert!(
+                        reservations + subscribers >= covered,
+                        "after {covered} restores a check saw {reservations} reservations and {subscribers} \
+                         subscribers"
+                    );
+                    checks += 1;
+                }
+                checks
+            });
+            let mut tracked = Vec::new();
+            for round in 0..ROUNDS {
+                let lease = ctx.registry.open("t1", Instant::now());
+                opened.fetch_add(1, SeqCst);
+                let query =
+                    format!("taskID=t1&id=s{round}&replicaVersion=01&watermark=0a&initial=true");
+                let subscription = protocol::parse_subscriber_context(Some(&query));
+                tracked.push(on_subscribed(&ctx, &subscription, ctx.registry.ticket()));
+                drop(lease);
+            }
+            done.store(true, SeqCst);
+            assert!(checker.join().unwrap() > 0);
+            assert_eq!(ctx.subscribers.connected() as u64, ROUNDS);
+        });
+    }
+
     #[tokio::test]
     async fn relayed_frames_are_not_re_encoded() {
         // A 5-byte payload under a 16-bit length, which no encoder writes: passed on exactly as it came.
         let odd = [&[0x81u8, 126, 0, 5][..], b"hello"].concat();
         let ctx = context();
-        let mut relay = Relay::new(&ctx, SubscriberContext::default());
+        let mut relay = Relay::new(&ctx, SubscriberContext::default(), ctx.registry.ticket());
         let mut inbox = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
         inbox.fill(&mut &odd[..]).await.unwrap();
         relay.on_read(Side::Upstream, &mut inbox);

@@ -141,10 +141,28 @@ impl Registry {
         }
     }
 
+    /// Where the registry stands now: a subscription takes one when it is requested, so that it ends only the
+    /// reservations that were already open then.
+    pub fn ticket(&self) -> Ticket {
+        Ticket(self.lock().next_id)
+    }
+
     /// Ends `task_id`'s reservation because its subscription arrived; a restore that took longer than the current
-    /// cleanup delay raises it. Returns how long the reservation was held, or `None` if there was none.
-    pub fn end_by_subscription(&self, task_id: &str, now: Instant) -> Option<Duration> {
+    /// cleanup delay raises it. Returns how long the reservation was held, or `None` if there was none to end.
+    ///
+    /// Only a reservation opened before the subscription was `requested` is ended: a subscription that the
+    /// upstream answers late (or whose client already left and retried with a new restore) must not end the
+    /// reservation of the restore that followed it, whose rows are still needed.
+    pub fn end_by_subscription(
+        &self,
+        task_id: &str,
+        requested: Ticket,
+        now: Instant,
+    ) -> Option<Duration> {
         let mut inner = self.lock();
+        if inner.open.get(task_id)?.id > requested.0 {
+            return None;
+        }
         let entry = inner.open.remove(task_id)?;
         let held = now.saturating_duration_since(entry.started);
         if held > inner.cleanup_delay {
@@ -245,6 +263,10 @@ impl Registry {
         self.lock().cleanup_delay
     }
 }
+
+/// A point in the registry's history, taken by [`Registry::ticket`]: reservations opened after it are newer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Ticket(u64);
 
 /// A held reservation. Dropping it removes the reservation unless something else already ended or replaced it,
 /// so no exit path of a handler (error, panic, cancellation) can leave one behind.
@@ -592,7 +614,7 @@ mod tests {
         let registry = Registry::new(Duration::from_secs(100));
         let mut lease = registry.open("t1", at(0));
         assert_eq!(
-            registry.end_by_subscription("t1", at(125)),
+            registry.end_by_subscription("t1", registry.ticket(), at(125)),
             Some(Duration::from_secs(125))
         );
         assert_eq!(lease.ended().await, EndReason::Subscribed);
@@ -601,11 +623,14 @@ mod tests {
 
         let _short = registry.open("t2", at(200));
         assert_eq!(
-            registry.end_by_subscription("t2", at(210)),
+            registry.end_by_subscription("t2", registry.ticket(), at(210)),
             Some(Duration::from_secs(10))
         );
         assert_eq!(registry.cleanup_delay(), Duration::from_secs(125));
-        assert_eq!(registry.end_by_subscription("unknown", at(300)), None);
+        assert_eq!(
+            registry.end_by_subscription("unknown", registry.ticket(), at(300)),
+            None
+        );
     }
 
     #[tokio::test]
@@ -630,6 +655,25 @@ mod tests {
         assert!(registry.is_empty());
     }
 
+    #[tokio::test]
+    async fn a_subscription_ends_only_a_reservation_opened_before_it_was_requested() {
+        let registry = Registry::new(Duration::ZERO);
+        let requested = registry.ticket();
+        // The restore retried: a new reservation for the task opened while the old subscription was pending.
+        let mut newer = registry.open("t1", at(10));
+        assert_eq!(registry.end_by_subscription("t1", requested, at(20)), None);
+        assert_eq!(registry.len(), 1);
+        assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
+        // The subscription that follows it ends it.
+        let after = registry.ticket();
+        assert_eq!(
+            registry.end_by_subscription("t1", after, at(70)),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(newer.ended().await, EndReason::Subscribed);
+        assert!(registry.is_empty());
+    }
+
     #[test]
     fn dropping_a_lease_ends_the_reservation_without_touching_the_delay() {
         let registry = Registry::new(Duration::ZERO);
@@ -637,7 +681,10 @@ mod tests {
         let _other = registry.open("t2", at(1));
         drop(lease);
         assert_eq!(registry.len(), 1);
-        assert_eq!(registry.end_by_subscription("t1", at(1000)), None);
+        assert_eq!(
+            registry.end_by_subscription("t1", registry.ticket(), at(1000)),
+            None
+        );
         assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
     }
 

@@ -60,9 +60,11 @@ async fn reservations_and_their_durations() {
 
     // One ends by its subscription after 45 s: the delay grows and the histogram counts it.
     let started = sidecar.registry.open_reservations()[0].started;
-    sidecar
-        .registry
-        .end_by_subscription("a", started + Duration::from_secs(45));
+    sidecar.registry.end_by_subscription(
+        "a",
+        sidecar.registry.ticket(),
+        started + Duration::from_secs(45),
+    );
     drop(b);
     eventually("both ended", || sidecar.registry.is_empty()).await;
     let page = scrape(&sidecar).await;

@@ -177,6 +177,37 @@ async fn an_initial_subscription_ends_its_tasks_reservation_once_the_upstream_an
 }
 
 #[tokio::test]
+async fn a_subscription_answered_after_a_newer_reservation_leaves_it_open() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path =
+        "/replication/v3/changes?taskID=vs-1&id=r&watermark=0a&replicaVersion=01&initial=true";
+    // The subscription is requested; the upstream is slow to answer it.
+    let (mut late, mut late_conn) = open(&sidecar, &mut upstream, path).await;
+    // Meanwhile the task restores again and reserves.
+    let mut reservation = connect(&sidecar.snapshot_url("vs-1")).await;
+    next_text(&mut reservation).await;
+    eventually("reservation", || sidecar.registry.len() == 1).await;
+
+    late_conn.send_msg(1, STATUS).await;
+    next_text(&mut late).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        sidecar.registry.len(),
+        1,
+        "a subscription requested before the reservation opened ended it"
+    );
+
+    // The restore's own subscription, requested after it reserved, ends it.
+    let (mut client, mut conn) = open(&sidecar, &mut upstream, path).await;
+    conn.send_msg(1, STATUS).await;
+    next_text(&mut client).await;
+    assert_eq!(expect_close(&mut reservation).await, None);
+    assert!(sidecar.registry.is_empty());
+    sidecar.stop().await;
+}
+
+#[tokio::test]
 async fn other_subscriptions_leave_reservations_alone() {
     let mut upstream = Upstream::start().await;
     let sidecar = start(upstream.config("")).await;

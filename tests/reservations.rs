@@ -129,9 +129,11 @@ async fn subscription_ends_the_reservation_and_raises_the_delay() {
     let started = sidecar.registry.open_reservations()[0].started;
 
     // The restore took 45 s: longer than the 30 s delay, so the delay becomes 45 s.
-    let held = sidecar
-        .registry
-        .end_by_subscription("vs-1", started + Duration::from_secs(45));
+    let held = sidecar.registry.end_by_subscription(
+        "vs-1",
+        sidecar.registry.ticket(),
+        started + Duration::from_secs(45),
+    );
     assert_eq!(held, Some(Duration::from_secs(45)));
     assert_eq!(expect_close(&mut ws).await, None);
     assert!(sidecar.registry.is_empty());
@@ -143,16 +145,18 @@ async fn subscription_ends_the_reservation_and_raises_the_delay() {
     eventually("reservation", || sidecar.registry.len() == 1).await;
     let started = sidecar.registry.open_reservations()[0].started;
     assert_eq!(
-        sidecar
-            .registry
-            .end_by_subscription("vs-2", started + Duration::from_secs(5)),
+        sidecar.registry.end_by_subscription(
+            "vs-2",
+            sidecar.registry.ticket(),
+            started + Duration::from_secs(5)
+        ),
         Some(Duration::from_secs(5))
     );
     assert_eq!(expect_close(&mut ws).await, None);
     assert_eq!(
         sidecar
             .registry
-            .end_by_subscription("nobody", Instant::now()),
+            .end_by_subscription("nobody", sidecar.registry.ticket(), Instant::now()),
         None
     );
     assert_eq!(sidecar.registry.cleanup_delay(), Duration::from_secs(45));
