@@ -226,6 +226,8 @@ impl Discovery {
                 None => Observed::NoAddress,
             };
 
+            // Set when this reading wrote the sidecar's address: view-syncers find the sidecar from now on only.
+            let mut adopted_now = false;
             if self.mode == DiscoveryMode::Adopt {
                 let data_version = self.db.data_version().await.ok().flatten();
                 match adopt(&observed, &self.ours, &self.upstream, data_version) {
@@ -234,6 +236,7 @@ impl Discovery {
                         Ok(true) => {
                             info!(from = %from, to = %self.ours, "ownerAddress adopted");
                             adopted_from = Some(from);
+                            adopted_now = true;
                             observed = Observed::Address(self.ours.clone());
                         }
                         Ok(false) => {}
@@ -281,7 +284,14 @@ impl Discovery {
                     );
                     s.continuity.record(false, now);
                 }
-                let since = if first { self.started.min(now) } else { now };
+                // A registration found at the first reading has held since the sidecar started (it was made for
+                // this sidecar before, or by the replication-manager's own config); one the sidecar has just
+                // written holds from now, however late the first reading came.
+                let since = if first && !adopted_now {
+                    self.started.min(now)
+                } else {
+                    now
+                };
                 s.continuity
                     .record(current == Registration::Registered, since);
                 s.registration = Some(current);

@@ -348,6 +348,40 @@ async fn adopt_replaces_only_the_upstreams_address_on_row_lock_schemas() {
 }
 
 #[tokio::test]
+async fn an_adopted_address_counts_as_registered_from_the_adoption_not_from_the_start() {
+    let db = TestSchema::create(Some(6), Some(UPSTREAM)).await;
+    for w in ["0a", "0b", "0c"] {
+        db.insert_transaction(w, 1).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[("0b", epoch_now() - 120.0)])).await;
+    let extra = format!(
+        "[upstream]\naddress = \"{UPSTREAM}\"\nadvertised_address = \"{UPSTREAM}\"\n\
+         [litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nreconnect_grace = \"1s\"\n",
+        litestream.url()
+    );
+    // Up for two minutes (its first good reading of the change DB came that late), then it adopts the address:
+    // view-syncers that streamed from the replication-manager until now get their grace to move over.
+    let sidecar = start_aged(
+        discovery_config(&db, "adopt", &extra),
+        Duration::from_secs(120),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("0c"));
+    eventually_async("adopted", || async {
+        db.replication_state().await.0.as_deref() == Some(OURS)
+    })
+    .await;
+    let checks = sidecar.status.get().checks;
+    eventually("three checks", || sidecar.status.get().checks >= checks + 3).await;
+    assert_eq!(
+        sidecar.status.get().last_decision,
+        Some(Decision::Hold(HoldReason::RecentlyRegistered))
+    );
+    assert_eq!(db.watermarks().await, ["0a", "0b", "0c"]);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
 async fn adopt_refuses_to_write_on_zero_0_20_schemas() {
     for data_version in [Some(5), None] {
         let db = TestSchema::create(data_version, Some(UPSTREAM)).await;
