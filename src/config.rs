@@ -883,6 +883,8 @@ fn parse_http_url(text: &str) -> Result<hyper::Uri, String> {
             "{text:?} must be an http:// URL with a host, e.g. http://127.0.0.1:4860/metrics"
         ));
     }
+    // The scraper is the judge of what it can scrape: whatever it would refuse once running is refused here.
+    crate::litestream::Scraper::new(uri.clone(), Duration::ZERO, 0).map_err(|e| e.to_string())?;
     Ok(uri)
 }
 

@@ -105,14 +105,17 @@ async fn async_main(config: litestream_sidecar::Config) -> ExitCode {
         }
     };
     let shutdown = CancellationToken::new();
-    let app = tokio::spawn(app.run(listener, proxy, shutdown.clone()));
-    tokio::select! {
+    let mut app = tokio::spawn(app.run(listener, proxy, shutdown.clone()));
+    // `run` returns by itself only when it could not start: then the process must not stay up without serving.
+    let ended = tokio::select! {
         signal = wait_for_signal() => {
             info!(signal, "shutting down");
             shutdown.cancel();
+            app.await
         }
-    }
-    match app.await {
+        ended = &mut app => ended,
+    };
+    match ended {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(err)) => {
             error!(error = %err, "stopped with an error");

@@ -137,6 +137,51 @@ fn check_config_reports_every_error_and_exits_2() {
     assert!(err.contains("/nonexistent/sidecar.toml"), "{err}");
 }
 
+/// What the components would refuse once running is refused with the config: a process that stays up without
+/// listening is worse than one that exits.
+#[test]
+fn a_metrics_url_the_scraper_refuses_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "creds.toml",
+        "[litestream]\nbackup_url = \"s3://b/r\"\nmetrics_url = \"http://admin:s3cret@127.0.0.1:4860/metrics\"\n\
+         [discovery]\nmode = \"off\"\n",
+    );
+    let (code, out, err) = run(&["--config", &path, "--check-config"], dir.path(), &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        err.contains("litestream.metrics_url") && err.contains("credentials"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    let (code, _, err) = run(&["--config", &path], dir.path(), &[]);
+    assert_eq!(code, 78, "{err}");
+}
+
+/// `run` refuses to start rather than serve without its scraper, and says why (`main` exits 1 on it).
+#[tokio::test]
+async fn run_stops_with_an_error_when_the_metrics_url_cannot_be_scraped() {
+    let mut config = common::config("");
+    config.litestream.metrics_url = "http://admin:s3cret@127.0.0.1:4860/metrics"
+        .parse()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        litestream_sidecar::App::new(config).run(listener, Vec::new(), shutdown),
+    )
+    .await
+    .expect("run returns by itself");
+    let err = ended.expect_err("run refuses the URL");
+    assert!(
+        matches!(err, litestream_sidecar::Error::MetricsUrl(_)),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("s3cret"), "{err}");
+}
+
 #[test]
 fn sidecar_toml_in_the_working_directory_is_the_default() {
     let dir = tempfile::tempdir().unwrap();
