@@ -89,6 +89,7 @@ pub struct RawCleanup {
     pub reconnect_grace: String,
     pub without_subscribers: WithoutSubscribers,
     pub batch_rows: i64,
+    pub state_file: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -231,6 +232,7 @@ impl Default for RawCleanup {
             reconnect_grace: "30s".into(),
             without_subscribers: WithoutSubscribers::Hold,
             batch_rows: 10_000,
+            state_file: String::new(),
         }
     }
 }
@@ -376,6 +378,9 @@ pub struct CleanupConfig {
     pub without_subscribers: WithoutSubscribers,
     /// Rows per DELETE statement, so no statement holds locks or writes WAL without bound.
     pub batch_rows: i64,
+    /// Where the learned cleanup delay and the last purge survive a restart (see [`crate::state`]); `None`: they
+    /// do not.
+    pub state_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -782,6 +787,12 @@ impl RawConfig {
                     reconnect_grace: reconnect_grace?,
                     without_subscribers: self.cleanup.without_subscribers,
                     batch_rows: batch_rows?,
+                    state_file: match self.cleanup.state_file.trim() {
+                        "" => crate::state::default_path(
+                            std::env::var("STATE_DIRECTORY").ok().as_deref(),
+                        ),
+                        path => Some(path.into()),
+                    },
                 },
                 discovery: DiscoveryConfig {
                     mode: self.discovery.mode,

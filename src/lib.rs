@@ -21,6 +21,7 @@
 //! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge or with it clamped.
 //! - [`metrics`]: the sidecar's own Prometheus metrics: instruments, the state read at scrape time, the page.
 //! - [`shared`]: state one loop writes and others read, and the rhythm of the periodic loops.
+//! - [`state`]: the learned cleanup delay and the last purge, kept in a file across restarts.
 
 #![forbid(unsafe_code)]
 
@@ -41,6 +42,7 @@ pub mod relay;
 pub mod reservations;
 pub mod server;
 pub mod shared;
+pub mod state;
 pub mod subscribers;
 pub mod ws;
 
@@ -86,6 +88,33 @@ fn status_line(missing: &[&str], status: &monitor::Status) -> String {
     }
 }
 
+/// The state the previous run left in `path`; the configured defaults when there is none or it cannot be read.
+fn restore_state(path: Option<&std::path::Path>) -> state::Saved {
+    let Some(path) = path else {
+        info!("no cleanup.state_file: a learned cleanup delay will not survive a restart");
+        return state::Saved::default();
+    };
+    match state::load(path) {
+        Ok(Some(saved)) => {
+            info!(
+                path = %path.display(),
+                cleanup_delay = ?saved.cleanup_delay,
+                last_purge = saved.last_purge.as_ref().map_or("", |b| b.watermark.as_str()),
+                "state restored"
+            );
+            saved
+        }
+        Ok(None) => {
+            info!(path = %path.display(), "no state file yet; starting from the configured cleanup delay");
+            state::Saved::default()
+        }
+        Err(err) => {
+            warn!(error = %err, "state file ignored; starting from the configured cleanup delay");
+            state::Saved::default()
+        }
+    }
+}
+
 /// The sidecar's components, built from a validated config. Tests keep clones of the handles (such as
 /// [`App::registry`]) before calling [`App::run`].
 pub struct App {
@@ -96,16 +125,22 @@ pub struct App {
     discovery: discovery::StateHandle,
     instruments: metrics::Instruments,
     started: tokio::time::Instant,
+    /// The last purge of the previous run, from the state file.
+    last_purge: Option<cleanup::Backup>,
 }
 
 impl App {
+    /// Reads the state file, if any: a cleanup delay learned before a restart still protects restores that began
+    /// before it.
     pub fn new(config: Config) -> Self {
         let instruments = metrics::Instruments::default();
+        let saved = restore_state(config.cleanup.state_file.as_deref());
         let registry = Registry::with_durations(
-            config.cleanup.initial_delay,
+            config.cleanup.initial_delay.max(saved.cleanup_delay),
             instruments.reservation_seconds.clone(),
         );
         Self {
+            last_purge: saved.last_purge,
             instruments,
             config,
             registry,
@@ -197,7 +232,8 @@ impl App {
             self.status.clone(),
             self.started,
             self.discovery.clone(),
-        );
+        )
+        .resuming_after(self.last_purge.clone());
         tracker.spawn(
             monitor
                 .run(shutdown.clone())

@@ -195,6 +195,10 @@ pub struct Monitor {
     advertise_address: String,
     /// The replication-manager's own `ownerAddress`, which purges check in mode `owner`.
     upstream_address: String,
+    /// Where the learned cleanup delay and the last purge are kept across restarts.
+    state_file: Option<std::path::PathBuf>,
+    /// The previous run's last purge: nothing at or below it is tracked again.
+    resumed: Option<Backup>,
 }
 
 /// What one check saw besides the backlog, in the policy's own types.
@@ -221,6 +225,9 @@ impl Gathered {
 struct Said {
     scrape_problem: Throttle,
     last_hold: Option<HoldReason>,
+    state_problem: Throttle,
+    /// What the state file holds, as far as this run knows.
+    stored: Option<crate::state::Saved>,
 }
 
 impl Monitor {
@@ -258,13 +265,25 @@ impl Monitor {
             discovery,
             advertise_address: config.discovery.advertise_address.clone(),
             upstream_address: config.upstream.advertised_address.clone(),
+            state_file: config.cleanup.state_file.clone(),
+            resumed: None,
         }
+    }
+
+    /// Continues after the previous run's last purge (from the state file).
+    pub fn resuming_after(mut self, last_purge: Option<Backup>) -> Self {
+        self.resumed = last_purge;
+        self
     }
 
     /// Checks every `check_interval` until `shutdown`: observe, decide, act. A purge in progress finishes its
     /// current batch first.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backlog = Backlog::default();
+        if let Some(resumed) = self.resumed.clone() {
+            backlog.purged(&resumed.watermark);
+            self.status.update(|s| s.purged_through = Some(resumed));
+        }
         let mut said = Said::default();
         let mut every = crate::shared::Every::new(self.check_interval);
         while every.tick(&shutdown).await {
@@ -292,6 +311,7 @@ impl Monitor {
             );
             self.act(decision, &observed, &mut backlog, &mut said, &shutdown)
                 .await;
+            self.save_state(&mut said, now).await;
             self.status.update(|s| s.checks += 1);
         }
     }
@@ -458,6 +478,42 @@ impl Monitor {
                 stopped = ?stop,
                 %reservations,
                 "change log purge stopped early; the next check continues"
+            ),
+        }
+    }
+
+    /// Writes the state file when the cleanup delay or the last purge changed since it was last written. A delay
+    /// learned from a restore is written within one check of being learned.
+    async fn save_state(&self, said: &mut Said, now: Instant) {
+        let Some(path) = self.state_file.clone() else {
+            return;
+        };
+        let saved = crate::state::Saved {
+            cleanup_delay: self.registry.cleanup_delay(),
+            last_purge: self.status.get().purged_through,
+        };
+        if said.stored.as_ref() == Some(&saved) {
+            return;
+        }
+        let written = saved.clone();
+        let result = tokio::task::spawn_blocking(move || crate::state::store(&path, &written))
+            .await
+            .unwrap_or_else(|join| {
+                Err(crate::state::StateError::Write {
+                    path: self.state_file.clone().unwrap_or_default(),
+                    source: std::io::Error::other(join.to_string()),
+                })
+            });
+        match result {
+            Ok(()) => {
+                said.state_problem.succeeded("state file written again");
+                said.stored = Some(saved);
+            }
+            Err(err) => said.state_problem.failed(
+                "cannot keep the learned cleanup delay across restarts",
+                err.to_string(),
+                Level::WARN,
+                now,
             ),
         }
     }

@@ -338,6 +338,8 @@ fn systemd_unit_verifies() {
         "ExecStart=/usr/local/bin/litestream-sidecar --config /etc/litestream-sidecar/sidecar.toml"
     ));
     assert!(unit.contains("RestartPreventExitStatus=78"));
+    // The learned cleanup delay survives restarts there (cleanup.state_file defaults to $STATE_DIRECTORY).
+    assert!(unit.contains("\nStateDirectory=litestream-sidecar\n"));
     assert!(unit.contains("Type=notify") && unit.contains("WatchdogSec="));
     let dir = tempfile::tempdir().unwrap();
     let copy = write(

@@ -7,3 +7,4 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod sidecar;
