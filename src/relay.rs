@@ -121,8 +121,12 @@ pub async fn serve(
         .instrument(span.clone())
         .await
     {
-        Ok(upstream) => upstream,
+        Ok(upstream) => {
+            ctx.subscribers.upstream_reached(Instant::now());
+            upstream
+        }
         Err(err) => {
+            ctx.subscribers.upstream_lost();
             ctx.instruments.upstream_connect_errors.inc();
             span.in_scope(|| warn!(error = %err, "subscription refused: upstream unavailable"));
             // The gateway could not reach a working upstream.
@@ -252,6 +256,19 @@ enum SubscriptionEnd {
     /// The subscriber sent something that is not WebSocket; it was closed with this.
     ClientProtocolError(CloseWith),
     Shutdown,
+}
+
+impl SubscriptionEnd {
+    /// The upstream ended it: closed, broke, fell silent or broke the protocol.
+    fn is_upstreams(&self) -> bool {
+        matches!(
+            self,
+            Self::UpstreamClosed { .. }
+                | Self::UpstreamGone
+                | Self::UpstreamSilent
+                | Self::UpstreamProtocolError(_)
+        )
+    }
 }
 
 /// One side of the relay: what has happened to its socket.
@@ -750,6 +767,10 @@ async fn handle_changes(
         }
     }
     let outcome = relay.outcome.take().unwrap_or(SubscriptionEnd::ClientGone);
+    if outcome.is_upstreams() {
+        // Its other subscribers are likely dropped too, and back off before they return.
+        ctx.subscribers.upstream_lost();
+    }
     drop(relay);
     info!(outcome = ?outcome, "subscription ended");
     outcome

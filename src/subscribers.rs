@@ -4,6 +4,10 @@
 //! The relay registers a subscriber when the upstream accepts it, advances its acked watermark as commits are
 //! acknowledged, and drops the handle when the connection ends; the departure is remembered for the reconnect
 //! grace so that a subscriber between two connections still holds cleanup back.
+//!
+//! A grace cannot run while the upstream is away: subscribers it dropped back off and come back only after it
+//! returns, one at a time. So once the upstream has been lost, departed subscribers are kept, and each gets its
+//! grace anew from the upstream's return: the first to reconnect does not let cleanup run past the others.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,6 +47,8 @@ pub struct Subscribers {
 struct Roster {
     next_id: u64,
     entries: HashMap<u64, Seen>,
+    /// The upstream was lost and has not been reached since.
+    upstream_lost: bool,
 }
 
 impl Subscribers {
@@ -79,13 +85,33 @@ impl Subscribers {
             .count()
     }
 
-    /// The policy's input: connected subscribers and those that left within `grace`. Older departures are
-    /// forgotten here.
+    /// The upstream dropped a subscription or could not be reached: departed subscribers stay until it is back.
+    pub fn upstream_lost(&self) {
+        self.lock().upstream_lost = true;
+    }
+
+    /// The upstream answered again: every subscriber that departed before gets its full grace from `now`.
+    pub fn upstream_reached(&self, now: Instant) {
+        let mut inner = self.lock();
+        if std::mem::take(&mut inner.upstream_lost) {
+            for departed in inner
+                .entries
+                .values_mut()
+                .filter_map(|e| e.departed.as_mut())
+            {
+                *departed = (*departed).max(now);
+            }
+        }
+    }
+
+    /// The policy's input: connected subscribers and those that left within `grace`, or at any time while the
+    /// upstream is lost (shown as departed `now`). Older departures are forgotten here.
     pub fn for_policy(&self, now: Instant, grace: Duration) -> Vec<cleanup::Subscriber> {
         let mut inner = self.lock();
+        let waiting = inner.upstream_lost;
         inner.entries.retain(|_, e| match e.departed {
             None => true,
-            Some(at) => now.saturating_duration_since(at) < grace,
+            Some(at) => waiting || now.saturating_duration_since(at) < grace,
         });
         inner
             .entries
@@ -94,7 +120,7 @@ impl Subscribers {
                 id: e.info.id.clone(),
                 acked: e.acked.clone(),
                 replica_version: e.info.replica_version.clone(),
-                departed: e.departed,
+                departed: e.departed.map(|at| if waiting { at.max(now) } else { at }),
             })
             .collect()
     }
@@ -189,5 +215,37 @@ mod tests {
         let view = subscribers.for_policy(Instant::now(), grace);
         assert_eq!(view.len(), 1);
         assert_eq!(view[0].acked, "0c");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn subscribers_dropped_with_the_upstream_get_their_grace_from_its_return() {
+        let subscribers = Subscribers::default();
+        let grace = Duration::from_secs(30);
+        let a = subscribers.connect(info("a", "0a"));
+        let b = subscribers.connect(info("b", "0b"));
+        // The upstream goes away and takes both subscriptions with it, for longer than the grace.
+        drop((a, b));
+        subscribers.upstream_lost();
+        tokio::time::advance(Duration::from_secs(300)).await;
+        let view = subscribers.for_policy(Instant::now(), grace);
+        assert_eq!(view.len(), 2, "kept while the upstream is lost");
+        assert!(view.iter().all(|s| s.is_tracked(Instant::now(), grace)));
+
+        // It is back; b reconnects at once, a is still backing off: a keeps holding cleanup for a whole grace.
+        subscribers.upstream_reached(Instant::now());
+        let _b = subscribers.connect(info("b", "0b"));
+        tokio::time::advance(Duration::from_secs(29)).await;
+        let view = subscribers.for_policy(Instant::now(), grace);
+        let tracked: Vec<_> = view
+            .iter()
+            .filter(|s| s.is_tracked(Instant::now(), grace))
+            .map(|s| (s.id.as_str(), s.departed.is_some()))
+            .collect();
+        assert!(tracked.contains(&("a", true)), "{tracked:?}");
+        // Past it, a is forgotten; reaching the upstream again changes nothing.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        subscribers.upstream_reached(Instant::now());
+        let view = subscribers.for_policy(Instant::now(), grace);
+        assert!(view.iter().all(|s| s.id != "a"), "{view:?}");
     }
 }

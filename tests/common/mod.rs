@@ -485,16 +485,33 @@ pub struct UpstreamConn {
 impl Upstream {
     /// Accepts every upgrade.
     pub async fn start() -> Upstream {
-        Self::start_with(None).await
+        Self::start_with(None, "127.0.0.1:0".parse().unwrap()).await
     }
 
     /// Answers every upgrade with this HTTP status instead.
     pub async fn refusing(status: u16) -> Upstream {
-        Self::start_with(Some(status)).await
+        Self::start_with(Some(status), "127.0.0.1:0".parse().unwrap()).await
     }
 
-    async fn start_with(refuse: Option<u16>) -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    /// Accepts every upgrade at `addr`: an upstream restarted where it was.
+    pub async fn start_at(addr: SocketAddr) -> Upstream {
+        Self::start_with(None, addr).await
+    }
+
+    async fn start_with(refuse: Option<u16>, addr: SocketAddr) -> Upstream {
+        // A stopped listener at `addr` is closed once its aborted task is dropped: shortly.
+        let mut attempts = 0;
+        let listener = loop {
+            match TcpListener::bind(addr).await {
+                Ok(listener) => break listener,
+                Err(err) if attempts < 100 => {
+                    attempts += 1;
+                    let _ = err;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(err) => panic!("cannot bind the upstream stand-in at {addr}: {err}"),
+            }
+        };
         let addr = listener.local_addr().unwrap();
         let (tx, conns) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
@@ -549,6 +566,11 @@ impl Upstream {
             .await
             .expect("no upstream connection within 10s")
             .expect("upstream stopped")
+    }
+
+    /// Stops accepting; the connections already handed out stay with their owners.
+    pub fn stop(&self) {
+        self.task.abort();
     }
 
     /// True if no subscription reached the upstream within a short while.

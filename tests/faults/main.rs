@@ -8,3 +8,4 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod sidecar;
+mod upstream;
