@@ -6,10 +6,10 @@
 //!
 //! What the relay owns: the upstream handshake, each hop's liveness (the subscriber is pinged and dropped after
 //! `server.peer_timeout` of silence, a silent upstream is dropped), close codes passed through both ways,
-//! back-pressure and its limit (a subscriber that stops reading is dropped after `relay.write_stall_timeout`), ending the subscriber's snapshot reservation
-//! once the upstream has registered it (§5.3 4a), and each subscriber's acknowledged watermark for the cleanup
-//! policy (§6.8). What it does not: decide whether a subscription is valid; the upstream does, and its answers
-//! (error frames, closes with Zero's reasons) reach the subscriber as sent.
+//! back-pressure and its limit (a subscriber that stops reading is dropped after `relay.write_stall_timeout`), ending
+//! the subscriber's snapshot reservation once the upstream has registered it (§5.3 4a), and each subscriber's
+//! acknowledged watermark for the cleanup policy (§6.8). What it does not: decide whether a subscription is valid;
+//! the upstream does, and its answers (error frames, closes with Zero's reasons) reach the subscriber as sent.
 //!
 //! One task serves both directions of a connection: two [`Inbox`]es read, two [`Outbox`]es flushed as `select!`
 //! branches, and the pings, all cancel-safe. What happens on each socket event is decided by the connection's state

@@ -1,7 +1,7 @@
 //! WebSocket plumbing for the snapshot and relay handlers, after fastwebsockets has done the upgrade: frame
 //! headers, a cancel-safe reader, message assembly under a size limit, an outgoing frame queue with a cancel-safe
-//! flush, ping liveness, a deadline for write progress, and the close code each protocol violation earns. Both handlers read, assemble and write
-//! with the same pieces:
+//! flush, ping liveness, a deadline for write progress, and the close code each protocol violation earns. Both
+//! handlers read, assemble and write with the same pieces:
 //!
 //! | piece            | `/snapshot` ([`crate::reservations`])        | `/changes` ([`crate::relay`])               |
 //! |------------------|----------------------------------------------|---------------------------------------------|
