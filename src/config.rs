@@ -24,6 +24,9 @@ pub const DEFAULT_PATHS: [&str; 2] = ["./sidecar.toml", "/etc/litestream-sidecar
 /// Zero's client drops a socket that has seen neither a ping nor a message within 33 s of opening it
 /// (PROTOCOL.md §4.4), so a longer ping interval would lose every idle reservation.
 const MAX_PING_INTERVAL: Duration = Duration::from_secs(30);
+/// Zero's server drops a client only after a whole 30 s ping interval without a pong or message, about 60 s after
+/// its last sign of life at worst (PROTOCOL.md §4.4): the sidecar's default is no stricter.
+const DEFAULT_PEER_TIMEOUT: &str = "60s";
 /// Zero's `ws` peers accept 100 MiB messages; a smaller limit would break large transactions.
 const MIN_MESSAGE_BYTES: u64 = 100 << 20;
 /// Below this a relay buffer could not gather even a few small frames per write.
@@ -49,6 +52,7 @@ pub struct RawConfig {
 pub struct RawServer {
     pub listen: String,
     pub ping_interval: String,
+    pub peer_timeout: String,
     pub max_message_bytes: u64,
     pub shutdown_grace: String,
 }
@@ -115,6 +119,7 @@ pub struct RawRelay {
     pub suppress_upstream_cleanup: bool,
     pub max_buffered_bytes: u64,
     pub max_pending_commits: u64,
+    pub write_stall_timeout: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -184,6 +189,7 @@ impl Default for RawServer {
         Self {
             listen: "0.0.0.0:4851".into(),
             ping_interval: "10s".into(),
+            peer_timeout: DEFAULT_PEER_TIMEOUT.into(),
             max_message_bytes: 128 << 20,
             shutdown_grace: "10s".into(),
         }
@@ -264,6 +270,7 @@ impl Default for RawRelay {
             suppress_upstream_cleanup: true,
             max_buffered_bytes: 64 << 10,
             max_pending_commits: 4096,
+            write_stall_timeout: "60s".into(),
         }
     }
 }
@@ -295,8 +302,11 @@ pub struct Config {
 pub struct ServerConfig {
     /// Where view-syncers reach the sidecar; default port 4851 sits next to Zero's 4848-4850.
     pub listen: SocketAddr,
-    /// How often every downstream WebSocket is pinged; a peer silent until the next ping is dropped.
+    /// How often every downstream WebSocket is pinged.
     pub ping_interval: Duration,
+    /// A downstream peer from which nothing (pong or any frame) arrived for this long is dropped, as seen at a
+    /// ping time. Longer than `ping_interval`, so that one lost pong or a short network stall drops nobody.
+    pub peer_timeout: Duration,
     /// Largest WebSocket message or frame accepted; larger ones close with 1009.
     pub max_message_bytes: usize,
     /// How long shutdown waits for connections to close before exiting anyway.
@@ -417,6 +427,9 @@ pub struct RelayConfig {
     /// Commits sent and not yet acknowledged that a subscriber's ack tracking keeps apart; past it older ones are
     /// merged, which can only delay the acknowledged watermark.
     pub max_pending_commits: usize,
+    /// A subscriber toward which bytes have been queued this long without one being written has stopped reading:
+    /// its subscription is ended rather than left to TCP's retransmission timeouts.
+    pub write_stall_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -558,6 +571,17 @@ impl RawConfig {
                 } else {
                     Ok(d)
                 }
+            }),
+        );
+        let peer_timeout = problems.field(
+            "server.peer_timeout",
+            parse_duration(&self.server.peer_timeout).and_then(|d| match ping_interval {
+                Some(ping) if d <= ping => Err(format!(
+                    "{:?} must be longer than server.ping_interval ({:?}), or a peer is dropped before it \
+                     could answer a ping",
+                    self.server.peer_timeout, self.server.ping_interval
+                )),
+                _ => Ok(d),
             }),
         );
         let max_message_bytes = problems.field(
@@ -738,6 +762,11 @@ impl RawConfig {
             },
         );
 
+        let write_stall_timeout = problems.field(
+            "relay.write_stall_timeout",
+            parse_positive_duration(&self.relay.write_stall_timeout),
+        );
+
         let format = problems.field(
             "log.format",
             match self.log.format.as_str() {
@@ -758,6 +787,7 @@ impl RawConfig {
                 server: ServerConfig {
                     listen: listen?,
                     ping_interval: ping_interval?,
+                    peer_timeout: peer_timeout?,
                     max_message_bytes: max_message_bytes?,
                     shutdown_grace: shutdown_grace?,
                 },
@@ -809,6 +839,7 @@ impl RawConfig {
                     suppress_upstream_cleanup: self.relay.suppress_upstream_cleanup,
                     max_buffered_bytes: max_buffered_bytes?,
                     max_pending_commits: max_pending_commits?,
+                    write_stall_timeout: write_stall_timeout?,
                 },
                 log: LogConfig {
                     format: format?,
@@ -958,7 +989,9 @@ mod tests {
         let config = raw.validate().unwrap();
         assert_eq!(config.server.listen, "0.0.0.0:4851".parse().unwrap());
         assert_eq!(config.server.ping_interval, Duration::from_secs(10));
+        assert_eq!(config.server.peer_timeout, Duration::from_secs(60));
         assert_eq!(config.server.max_message_bytes, 128 << 20);
+        assert_eq!(config.relay.write_stall_timeout, Duration::from_secs(60));
         // Every default written in the reference file is the code's default: only backup_url has none.
         let mut from_file = toml::Value::try_from(&raw).unwrap();
         let mut defaults = toml::Value::try_from(RawConfig::default()).unwrap();
@@ -1233,6 +1266,52 @@ mod tests {
         assert!(!config.relay.suppress_upstream_cleanup);
         assert_eq!(config.relay.max_buffered_bytes, 128 << 10);
         assert_eq!(config.upstream.address, "zero-rm:4849");
+    }
+
+    #[test]
+    fn peers_get_at_least_zeros_leniency_by_default() {
+        let config = from_toml_str(MINIMAL, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        // Zero drops a client about 60 s after its last pong or message at worst (PROTOCOL.md §4.4).
+        assert!(config.server.peer_timeout >= Duration::from_secs(60));
+        assert!(config.server.peer_timeout > config.server.ping_interval);
+        assert_eq!(config.relay.write_stall_timeout, Duration::from_secs(60));
+
+        let parse = |extra: &str| {
+            from_toml_str(&format!("{MINIMAL}{extra}"), Some(Default::default()))
+                .unwrap()
+                .validate()
+        };
+        let config = parse("[server]\nping_interval = \"1s\"\npeer_timeout = \"4s\"\n").unwrap();
+        assert_eq!(config.server.peer_timeout, Duration::from_secs(4));
+        for (ping, timeout) in [("10s", "10s"), ("10s", "5s"), ("1s", "500ms")] {
+            let errors = errors_of(&format!(
+                "{MINIMAL}[server]\nping_interval = \"{ping}\"\npeer_timeout = \"{timeout}\"\n"
+            ));
+            assert_eq!(keys(&errors), ["server.peer_timeout"], "{ping} {timeout}");
+            assert!(
+                errors[0]
+                    .problem
+                    .contains("longer than server.ping_interval"),
+                "{}",
+                errors[0]
+            );
+        }
+        // A timeout shorter than the default ping interval is refused too, with nothing else set.
+        assert_eq!(
+            keys(&errors_of(&format!(
+                "{MINIMAL}[server]\npeer_timeout = \"5s\"\n"
+            ))),
+            ["server.peer_timeout"]
+        );
+        assert_eq!(
+            keys(&errors_of(&format!(
+                "{MINIMAL}[relay]\nwrite_stall_timeout = \"0s\"\n"
+            ))),
+            ["relay.write_stall_timeout"]
+        );
     }
 
     #[test]

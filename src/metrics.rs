@@ -60,6 +60,8 @@ pub struct Instruments {
     pub relay_frames: Family<DirectionLabel, Counter>,
     pub relay_bytes: Family<DirectionLabel, Counter>,
     pub upstream_connect_errors: Counter,
+    /// Subscriptions ended because the subscriber stopped reading (`relay.write_stall_timeout`).
+    pub relay_write_stalls: Counter,
 }
 
 impl Default for Instruments {
@@ -69,6 +71,7 @@ impl Default for Instruments {
             relay_frames: Family::default(),
             relay_bytes: Family::default(),
             upstream_connect_errors: Counter::default(),
+            relay_write_stalls: Counter::default(),
         }
     }
 }
@@ -200,6 +203,11 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "Subscriptions refused because the change-streamer could not be reached or refused the upgrade",
         instruments.upstream_connect_errors.clone(),
     );
+    registry.register(
+        "relay_write_stalls",
+        "Subscriptions ended because the subscriber stopped reading: bytes waited relay.write_stall_timeout",
+        instruments.relay_write_stalls.clone(),
+    );
     let backup = Family::<Vec<(&'static str, String)>, Gauge>::default();
     if let Some((watermark, _)) = &snapshot.newest_backup {
         backup
@@ -329,6 +337,8 @@ mod tests {
         instruments.relayed(Direction::Downstream, 1, 200);
         instruments.relayed(Direction::Upstream, 1, 9);
         instruments.upstream_connect_errors.inc();
+        instruments.relay_write_stalls.inc();
+        instruments.relay_write_stalls.inc();
         let snapshot = Snapshot {
             reservations_open: 2,
             subscribers: 3,
@@ -374,6 +384,7 @@ mod tests {
             9.0
         );
         assert_eq!(v("litestream_sidecar_upstream_connect_errors_total"), 1.0);
+        assert_eq!(v("litestream_sidecar_relay_write_stalls_total"), 2.0);
         assert_eq!(
             value(
                 &scrape,

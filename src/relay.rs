@@ -4,11 +4,12 @@
 //! version no Zero serves, HTTP 502 when the upstream cannot be reached, which makes Zero's client back off
 //! instead of reconnecting every 25 ms (W10).
 //!
-//! What the relay owns: the upstream handshake, each hop's liveness (the subscriber is pinged, a silent upstream is
-//! dropped), close codes passed through both ways, back-pressure, ending the subscriber's snapshot reservation
-//! once the upstream has registered it (§5.3 4a), and each subscriber's acknowledged watermark for the cleanup
-//! policy (§6.8). What it does not: decide whether a subscription is valid; the upstream does, and its answers
-//! (error frames, closes with Zero's reasons) reach the subscriber as sent.
+//! What the relay owns: the upstream handshake, each hop's liveness (the subscriber is pinged and dropped after
+//! `server.peer_timeout` of silence, a silent upstream is dropped), close codes passed through both ways,
+//! back-pressure and its limit (a subscriber that stops reading is dropped after `relay.write_stall_timeout`), ending
+//! the subscriber's snapshot reservation once the upstream has registered it (§5.3 4a), and each subscriber's
+//! acknowledged watermark for the cleanup policy (§6.8). What it does not: decide whether a subscription is valid;
+//! the upstream does, and its answers (error frames, closes with Zero's reasons) reach the subscriber as sent.
 //!
 //! One task serves both directions of a connection: two [`Inbox`]es read, two [`Outbox`]es flushed as `select!`
 //! branches, and the pings, all cancel-safe. What happens on each socket event is decided by the connection's state
@@ -42,7 +43,9 @@ use crate::inspect::{inspect, Downstream};
 use crate::protocol::{self, close, SubscriberContext, Version};
 use crate::reservations::{Registry, Ticket};
 use crate::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
-use crate::ws::{self, Assembler, CloseWith, Inbox, Io, Liveness, Outbox, PeerClose, Reads};
+use crate::ws::{
+    self, Assembler, CloseWith, Inbox, Io, Liveness, Outbox, PeerClose, Reads, WriteStall,
+};
 
 /// Client messages longer than this are not acks; they are relayed without being read.
 const ACK_INSPECT_LIMIT: usize = 256;
@@ -63,8 +66,10 @@ pub struct RelayContext {
 pub struct Settings {
     pub upstream: UpstreamConfig,
     pub relay: RelayConfig,
-    /// How often the subscriber is pinged (`server.ping_interval`).
+    /// How often the subscriber is pinged (`server.ping_interval`); its write progress is checked as often.
     pub ping_interval: Duration,
+    /// A subscriber silent this long is dropped (`server.peer_timeout`).
+    pub peer_timeout: Duration,
     /// Largest message or frame read from either side (`server.max_message_bytes`).
     pub max_message_bytes: usize,
 }
@@ -249,8 +254,10 @@ enum SubscriptionEnd {
     ClientGone,
     /// Nothing arrived from the upstream for a whole `upstream.silence_timeout`.
     UpstreamSilent,
-    /// The subscriber did not answer a ping.
+    /// Nothing arrived from the subscriber for `server.peer_timeout`, while nothing waited toward it.
     ClientUnresponsive,
+    /// Bytes waited toward the subscriber for `relay.write_stall_timeout` without one written: it stopped reading.
+    ClientStalled,
     /// The upstream sent something that is not WebSocket; it was closed with this.
     UpstreamProtocolError(CloseWith),
     /// The subscriber sent something that is not WebSocket; it was closed with this.
@@ -468,36 +475,57 @@ impl<'a> Relay<'a> {
         }
     }
 
-    /// `side`'s liveness timer fired; `heard`: something arrived from it since the previous check. The subscriber
-    /// is pinged and dropped when it did not answer; a silent upstream is dropped.
-    fn on_liveness_check(&mut self, side: Side, heard: bool) {
-        match side {
-            Side::Client => {
-                // A subscriber with frames still queued toward it is slow to read, not silent; it is pinged
-                // again once it has caught up.
-                let excused =
-                    std::mem::take(&mut self.client.held_back) || !self.client.outbox.is_empty();
-                if heard || excused {
-                    if self.client.outbox.is_empty() {
-                        self.client.control(OpCode::Ping, b"");
-                    }
-                } else {
-                    // Like Zero's terminate(): no close handshake with a peer that stopped answering.
-                    debug!("subscriber did not answer a ping");
-                    self.client_gone(
-                        SubscriptionEnd::ClientUnresponsive,
-                        "subscriber unresponsive",
-                    );
+    /// Whether `side` could not have answered since its previous liveness check, which then counts as hearing
+    /// from it: reads from it were held back (the other side's outbox was full), or, for the subscriber, frames
+    /// still wait toward it, its pings among them. A subscriber that stops reading is the write-stall rule's
+    /// ([`Relay::on_write_stalled`]), with its own outcome and log.
+    fn excused(&mut self, side: Side) -> bool {
+        let peer = self.peer(side);
+        let held_back = std::mem::take(&mut peer.held_back);
+        held_back || (side == Side::Client && !peer.outbox.is_empty())
+    }
+
+    /// `side`'s liveness check at a ping time; `silent`: nothing arrived from it for the peer (or upstream silence)
+    /// timeout, and it was not excused. The subscriber is pinged, or dropped when silent; a silent upstream is
+    /// dropped.
+    fn on_liveness_check(&mut self, side: Side, silent: bool) {
+        match (side, silent) {
+            (Side::Client, false) => {
+                // A subscriber still reading what is queued gets its ping once it has caught up.
+                if self.client.outbox.is_empty() {
+                    self.client.control(OpCode::Ping, b"");
                 }
             }
-            Side::Upstream => {
-                let excused = std::mem::take(&mut self.upstream.held_back);
-                if !heard && !excused {
-                    debug!("upstream silent");
-                    self.upstream_gone(SubscriptionEnd::UpstreamSilent, "Error: upstream silent");
-                }
+            (Side::Client, true) => {
+                // Like Zero's terminate(): no close handshake with a peer that stopped answering.
+                debug!("subscriber silent for server.peer_timeout");
+                self.client_gone(
+                    SubscriptionEnd::ClientUnresponsive,
+                    "subscriber unresponsive",
+                );
+            }
+            (Side::Upstream, false) => {}
+            (Side::Upstream, true) => {
+                debug!("upstream silent");
+                self.upstream_gone(SubscriptionEnd::UpstreamSilent, "Error: upstream silent");
             }
         }
+    }
+
+    /// Bytes waited toward the subscriber for `relay.write_stall_timeout` without one written: it stopped
+    /// reading. It is dropped with what was queued for it (no close could reach it), and its upstream closed
+    /// normally.
+    fn on_write_stalled(&mut self) {
+        let queued = self.client.outbox.len();
+        warn!(
+            id = self.subscription.id.as_deref().unwrap_or(""),
+            task_id = self.subscription.task_id.as_deref().unwrap_or(""),
+            queued,
+            timeout = ?self.ctx.settings.relay.write_stall_timeout,
+            "subscriber stopped reading: subscription ended"
+        );
+        self.ctx.instruments.relay_write_stalls.inc();
+        self.client_gone(SubscriptionEnd::ClientStalled, "subscriber stopped reading");
     }
 
     /// The subscriber's socket broke, or it stopped answering pings: its upstream is closed.
@@ -698,8 +726,11 @@ async fn handle_changes(
     tokio::pin!(linger, shutdown);
     let mut lingering = false;
     let mut shutting_down = false;
-    let mut client_liveness = Liveness::new(settings.ping_interval);
-    let mut upstream_liveness = Liveness::new(settings.upstream.silence_timeout);
+    let mut client_liveness = Liveness::new(settings.ping_interval, settings.peer_timeout);
+    // The upstream is never pinged (Zero pings it); it is only checked, every silence timeout.
+    let silence = settings.upstream.silence_timeout;
+    let mut upstream_liveness = Liveness::new(silence, silence);
+    let mut client_writes = WriteStall::new(settings.relay.write_stall_timeout);
     let mut relay = Relay::new(&ctx, subscription, requested);
 
     while !relay.is_done() {
@@ -754,11 +785,18 @@ async fn handle_changes(
                     relay.on_lost(Side::Upstream);
                 }
             }
-            heard = client_liveness.tick(), if relay.is_reading(Side::Client) => {
-                relay.on_liveness_check(Side::Client, heard);
+            at = client_liveness.tick(), if relay.is_reading(Side::Client) => {
+                let outbox = &relay.client.outbox;
+                if client_writes.check(at, outbox.len(), outbox.written()) {
+                    relay.on_write_stalled();
+                } else {
+                    let excused = relay.excused(Side::Client);
+                    relay.on_liveness_check(Side::Client, client_liveness.is_silent(at, excused));
+                }
             }
-            heard = upstream_liveness.tick(), if relay.is_reading(Side::Upstream) => {
-                relay.on_liveness_check(Side::Upstream, heard);
+            at = upstream_liveness.tick(), if relay.is_reading(Side::Upstream) => {
+                let excused = relay.excused(Side::Upstream);
+                relay.on_liveness_check(Side::Upstream, upstream_liveness.is_silent(at, excused));
             }
             _ = &mut shutdown, if !shutting_down => {
                 shutting_down = true;
@@ -964,8 +1002,10 @@ mod tests {
         /// These bytes are read from a side.
         Read(Side, Vec<u8>),
         Lost(Side),
-        /// A side's liveness check, with whether it was heard since the previous one.
+        /// A side's liveness check, with whether it was heard within its timeout.
         Liveness(Side, bool),
+        /// The write-stall check found bytes waiting toward the subscriber for the whole timeout.
+        WriteStalled,
         Shutdown,
         /// Writes toward a side stop (its peer reads nothing), or resume.
         Stall(Side),
@@ -1005,6 +1045,7 @@ mod tests {
                 upstream: config.upstream,
                 relay,
                 ping_interval: Duration::from_secs(1),
+                peer_timeout: Duration::from_secs(4),
                 max_message_bytes: MAX_MESSAGE,
             }),
             registry: Registry::new(Duration::ZERO),
@@ -1170,6 +1211,26 @@ mod tests {
                 reservation_held: true,
             },
             Row {
+                name: "a subscriber that stops reading is not faulted by liveness but ended by the stall rule",
+                query: "id=s1",
+                steps: vec![
+                    Stall(Client),
+                    Read(Upstream, s(true, TEXT, &[b'x'; 100])),
+                    Liveness(Client, false),
+                    Liveness(Client, false),
+                    Readable(Upstream, false),
+                    WriteStalled,
+                    Readable(Client, false),
+                    Readable(Upstream, true),
+                ],
+                to_client: vec![],
+                to_upstream: vec![closing(1001, "subscriber stopped reading")],
+                outcome: Some(End::ClientStalled),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
                 name: "shutdown closes both sides with 1001",
                 query: "",
                 steps: vec![Shutdown],
@@ -1307,7 +1368,11 @@ mod tests {
                         relay.on_read(side, inbox);
                     }
                     Lost(side) => relay.on_lost(side),
-                    Liveness(side, heard) => relay.on_liveness_check(side, heard),
+                    Liveness(side, heard) => {
+                        let excused = relay.excused(side);
+                        relay.on_liveness_check(side, !heard && !excused)
+                    }
+                    WriteStalled => relay.on_write_stalled(),
                     Shutdown => relay.on_shutdown(),
                     Stall(Client) => client_stalled = true,
                     Unstall(Client) => client_stalled = false,

@@ -316,6 +316,8 @@ pub struct SnapshotContext {
     pub change_db: Option<crate::change_db::ChangeDb>,
     pub backup_url: Arc<str>,
     pub ping_interval: Duration,
+    /// A peer silent this long is dropped (`server.peer_timeout`).
+    pub peer_timeout: Duration,
     pub max_message_bytes: usize,
     pub shutdown: CancellationToken,
 }
@@ -462,7 +464,7 @@ where
     let mut status_retry = tokio::time::interval_at(Instant::now() + STATUS_RETRY, STATUS_RETRY);
     status_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
-    let mut liveness = Liveness::new(ctx.ping_interval);
+    let mut liveness = Liveness::new(ctx.ping_interval, ctx.peer_timeout);
     let mut assembler = Assembler::new(ctx.max_message_bytes);
     let mut acked = false;
 
@@ -484,8 +486,8 @@ where
                     status_sent = true;
                 }
             }
-            alive = liveness.tick() => {
-                if !alive {
+            at = liveness.tick() => {
+                if liveness.is_silent(at, false) {
                     // Like Zero's terminate(): no close handshake with a peer that stopped answering.
                     break (ReservationEnd::Unresponsive, Leave::Drop);
                 }

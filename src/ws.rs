@@ -1,7 +1,7 @@
 //! WebSocket plumbing for the snapshot and relay handlers, after fastwebsockets has done the upgrade: frame
 //! headers, a cancel-safe reader, message assembly under a size limit, an outgoing frame queue with a cancel-safe
-//! flush, ping liveness, and the close code each protocol violation earns. Both handlers read, assemble and write
-//! with the same pieces:
+//! flush, ping liveness, a deadline for write progress, and the close code each protocol violation earns. Both
+//! handlers read, assemble and write with the same pieces:
 //!
 //! | piece            | `/snapshot` ([`crate::reservations`])        | `/changes` ([`crate::relay`])               |
 //! |------------------|----------------------------------------------|---------------------------------------------|
@@ -10,6 +10,7 @@
 //! | [`Assembler`]    | `push_checked`: the ack, rule breaks closed  | `push`: commits and acks across fragments   |
 //! | [`Outbox`]       | status, pings, pongs, closes                 | relayed frames, pongs, pings, closes        |
 //! | [`Liveness`]     | the subscriber's socket                      | both hops                                   |
+//! | [`WriteStall`]   | none: only a few small frames                | the subscriber's socket                     |
 //! | [`read_close`]   | the peer's close                             | each side's close                           |
 //!
 //! fastwebsockets' own `read_frame` is not cancel-safe (dropping it mid-frame loses header bytes) and keeps an
@@ -490,6 +491,8 @@ pub struct Outbox {
     /// Small frames gathered after `chunks`.
     tail: BytesMut,
     len: usize,
+    /// Bytes written since the outbox was made: write progress, also through cancelled flushes.
+    written: u64,
     closed: bool,
 }
 
@@ -501,8 +504,14 @@ impl Outbox {
             chunks: VecDeque::new(),
             tail: BytesMut::new(),
             len: 0,
+            written: 0,
             closed: false,
         }
+    }
+
+    /// Bytes written so far, in total.
+    pub fn written(&self) -> u64 {
+        self.written
     }
 
     /// Bytes queued and not yet written.
@@ -613,6 +622,7 @@ impl Outbox {
 
     fn consume(&mut self, mut written: usize) {
         self.len -= written;
+        self.written += written as u64;
         while written > 0 {
             match self.chunks.front_mut() {
                 Some(chunk) if chunk.len() <= written => {
@@ -642,32 +652,116 @@ impl std::fmt::Debug for Outbox {
     }
 }
 
-/// Ping-based liveness for a socket this side serves: a ping every `interval`; a peer that sent nothing (pong or
-/// any frame) between two pings is gone.
+/// Ping-based liveness for a socket: a ping every `interval`, and the peer counts as gone once nothing (pong or any
+/// frame) arrived from it for `timeout`, as seen at a ping time. One unanswered ping is no reason to drop a peer:
+/// a network stall of a few seconds would then cost a view-syncer its reservation, which Zero 0.20 never asks for
+/// again. Zero's own server drops a client only when a whole 30 s ping interval brought nothing (PROTOCOL.md §4.4).
 pub struct Liveness {
     ticker: Interval,
-    heard: bool,
+    silence: Silence,
 }
 
 impl Liveness {
-    pub fn new(interval: Duration) -> Self {
-        let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
+    /// `timeout` should exceed `interval`, or a peer is dropped before it could answer a single ping.
+    pub fn new(interval: Duration, timeout: Duration) -> Self {
+        let start = Instant::now();
+        let mut ticker = tokio::time::interval_at(start + interval, interval);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Self {
             ticker,
-            heard: true,
+            silence: Silence::new(start, timeout),
         }
     }
 
-    /// Records that the peer is alive.
+    /// Records that the peer is alive. Only a flag: it is called on every read.
+    pub fn heard(&mut self) {
+        self.silence.heard();
+    }
+
+    /// Waits for the next ping time and returns it (as scheduled, so that checks are spaced exactly).
+    pub async fn tick(&mut self) -> Instant {
+        self.ticker.tick().await
+    }
+
+    /// Whether the peer is gone at ping time `at` (see [`Silence::check`]).
+    pub fn is_silent(&mut self, at: Instant, excused: bool) -> bool {
+        self.silence.check(at, excused)
+    }
+}
+
+/// When a peer was last heard from, as seen at ping times: the decision of [`Liveness`] without its timer.
+#[derive(Debug, Clone)]
+pub struct Silence {
+    timeout: Duration,
+    /// The check at which the peer was last known alive (the socket's start until then).
+    last: Instant,
+    /// Something arrived since the previous check.
+    heard: bool,
+}
+
+impl Silence {
+    pub fn new(start: Instant, timeout: Duration) -> Self {
+        Self {
+            timeout,
+            last: start,
+            heard: false,
+        }
+    }
+
     pub fn heard(&mut self) {
         self.heard = true;
     }
 
-    /// Waits for the next ping time; returns `false` when the peer has not answered the previous ping.
-    pub async fn tick(&mut self) -> bool {
-        self.ticker.tick().await;
-        std::mem::replace(&mut self.heard, false)
+    /// At the check at `now`: true when nothing arrived for at least `timeout`. A sign of life counts from the
+    /// check that sees it, not from when it came, which errs toward keeping the peer (by at most one interval)
+    /// and keeps the clock off the read path. `excused`: the peer could not have answered (its pings were stuck
+    /// behind data it is still reading); that counts as heard.
+    pub fn check(&mut self, now: Instant, excused: bool) -> bool {
+        if std::mem::take(&mut self.heard) || excused {
+            self.last = now;
+        }
+        now.saturating_duration_since(self.last) >= self.timeout
+    }
+}
+
+/// Write progress toward a peer that is sent more than it reads: how long bytes have waited for it without any
+/// being written, as seen at checks (the relay checks at each ping time, so that watching costs nothing on the
+/// write path). A subscriber that stops reading answers no pings either, but its pings wait behind the data
+/// queued toward it, so liveness excuses it; without this rule only TCP's retransmission timeouts, many minutes
+/// later, would end it, while its upstream stays open and held back.
+#[derive(Debug, Clone)]
+pub struct WriteStall {
+    timeout: Duration,
+    /// Bytes written so far, as of the previous check.
+    written: u64,
+    /// The first check that saw bytes waiting with none written since; `None` while nothing waits.
+    waiting_since: Option<Instant>,
+}
+
+impl WriteStall {
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            written: 0,
+            waiting_since: None,
+        }
+    }
+
+    /// At the check at `now`, with `queued` bytes waiting and `written` written in total: true once bytes have
+    /// waited for at least `timeout` without a byte written. Progress counts from the check that sees it, so with
+    /// checks every `interval` a stall is found within `timeout + 2 × interval` of the last byte written.
+    pub fn check(&mut self, now: Instant, queued: usize, written: u64) -> bool {
+        let progressed = std::mem::replace(&mut self.written, written) != written;
+        if queued == 0 {
+            self.waiting_since = None;
+            return false;
+        }
+        let since = match self.waiting_since {
+            Some(since) if !progressed => since,
+            _ => now,
+        };
+        self.waiting_since = Some(since);
+        now.saturating_duration_since(since) >= self.timeout
     }
 }
 
@@ -1087,6 +1181,92 @@ mod tests {
         huge.extend_from_slice(&u64::MAX.to_be_bytes());
         assert_eq!(code(server(&huge)), 1009);
         assert_eq!(code(parse_header(&huge, false, usize::MAX)), 1009);
+    }
+
+    fn secs(base: Instant, s: u64) -> Instant {
+        base + Duration::from_secs(s)
+    }
+
+    #[test]
+    fn a_peer_is_gone_only_after_a_whole_timeout_of_silence() {
+        let t0 = Instant::now();
+        // Pinged every second, gone after four silent seconds.
+        let mut silence = Silence::new(t0, Duration::from_secs(4));
+        // Never answering: kept through three pings, gone at the fourth.
+        let checks: Vec<bool> = (1..=4).map(|s| silence.check(secs(t0, s), false)).collect();
+        assert_eq!(checks, [false, false, false, true]);
+
+        // A sign of life at any time before a check restarts the count from that check.
+        let mut silence = Silence::new(t0, Duration::from_secs(4));
+        assert!(!silence.check(secs(t0, 1), false));
+        assert!(!silence.check(secs(t0, 2), false));
+        silence.heard();
+        assert!(!silence.check(secs(t0, 3), false));
+        for s in 4..=6 {
+            assert!(!silence.check(secs(t0, s), false), "{s}");
+        }
+        assert!(silence.check(secs(t0, 7), false));
+
+        // Answering every ping keeps a peer forever; being excused counts as heard.
+        let mut silence = Silence::new(t0, Duration::from_secs(4));
+        for s in 1..=100 {
+            if s % 3 == 0 {
+                silence.heard();
+            }
+            assert!(!silence.check(secs(t0, s), s % 3 == 1), "{s}");
+        }
+    }
+
+    #[test]
+    fn a_write_stall_is_counted_from_the_last_byte_written() {
+        let t0 = Instant::now();
+        let mut stall = WriteStall::new(Duration::from_secs(2));
+        // Checked every second. Nothing waiting: never stalled.
+        assert!(!stall.check(secs(t0, 1), 0, 0));
+        // Bytes waiting from the check at 2 on, none written: stalled two seconds later, not before.
+        assert!(!stall.check(secs(t0, 2), 100, 0));
+        assert!(!stall.check(secs(t0, 3), 300, 0));
+        assert!(stall.check(secs(t0, 4), 300, 0));
+
+        // Some progress between checks starts the count again, however much still waits.
+        let mut stall = WriteStall::new(Duration::from_secs(2));
+        assert!(!stall.check(secs(t0, 1), 100, 0));
+        assert!(!stall.check(secs(t0, 2), 5000, 10));
+        assert!(!stall.check(secs(t0, 3), 5000, 10));
+        assert!(stall.check(secs(t0, 4), 5000, 10));
+
+        // Everything written: the next wait starts afresh.
+        let mut stall = WriteStall::new(Duration::from_secs(2));
+        assert!(!stall.check(secs(t0, 1), 100, 0));
+        assert!(!stall.check(secs(t0, 2), 0, 100));
+        assert!(!stall.check(secs(t0, 3), 10, 100));
+        assert!(!stall.check(secs(t0, 4), 10, 100));
+        assert!(stall.check(secs(t0, 5), 10, 100));
+    }
+
+    #[tokio::test]
+    async fn the_outbox_counts_what_it_wrote_through_cancelled_flushes() {
+        let mut outbox = Outbox::new(Role::Server);
+        outbox.push(true, OpCode::Text, BytesMut::from(&[b'x'; 1000][..]));
+        let total = outbox.len() as u64;
+        let mut writer = Trickle {
+            out: Vec::new(),
+            step: 100,
+            ready: false,
+        };
+        {
+            let mut flush = std::pin::pin!(outbox.flush(&mut writer));
+            for _ in 0..4 {
+                let _ = std::future::poll_fn(|cx| {
+                    Poll::Ready(std::future::Future::poll(flush.as_mut(), cx))
+                })
+                .await;
+            }
+        }
+        assert_eq!(outbox.written(), writer.out.len() as u64);
+        assert!(outbox.written() > 0 && outbox.written() < total);
+        outbox.flush(&mut writer).await.unwrap();
+        assert_eq!(outbox.written(), total);
     }
 
     proptest::proptest! {

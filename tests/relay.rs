@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use futures_util::{SinkExt, StreamExt};
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -526,7 +527,9 @@ async fn a_lost_upstream_is_reported_to_the_subscriber() {
 #[tokio::test]
 async fn each_hop_keeps_its_own_liveness() {
     let mut upstream = Upstream::start().await;
-    let sidecar = start(upstream.config("[server]\nping_interval = \"100ms\"\n")).await;
+    let sidecar =
+        start(upstream.config("[server]\nping_interval = \"100ms\"\npeer_timeout = \"400ms\"\n"))
+            .await;
     let path = changes_path(3, "t1", "a", "0a", false);
     let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
 
@@ -582,6 +585,168 @@ async fn each_hop_keeps_its_own_liveness() {
         silent_conn.expect_close().await,
         Some((1001, "subscriber unresponsive".into()))
     );
+    sidecar.stop().await;
+}
+
+/// The subscriber's side gets the same leniency as a reservation: dropped once nothing arrived from it for
+/// `server.peer_timeout`, not at the first unanswered ping.
+#[tokio::test]
+async fn a_subscriber_outlives_unanswered_pings_until_the_peer_timeout() {
+    let mut upstream = Upstream::start().await;
+    let sidecar =
+        start(upstream.config("[server]\nping_interval = \"1s\"\npeer_timeout = \"4s\"\n")).await;
+    let path = changes_path(3, "t1", "silent", "0a", false);
+    let opened = Instant::now();
+    let mut silent = RawClient::connect(sidecar.addr, &path).await;
+    let mut conn = upstream.accept().await;
+    let status = conn.send_msg(1, STATUS).await;
+    assert_eq!(silent.read_frame().await, Some((0x1, status.into_bytes())));
+    for _ in 0..2 {
+        assert_eq!(silent.read_frame().await, Some((0x9, Vec::new())));
+    }
+    tokio::time::sleep_until(opened + Duration::from_millis(2500)).await;
+    assert_eq!(
+        sidecar.subscribers.connected(),
+        1,
+        "dropped at a missed pong"
+    );
+    // Still relayed both ways.
+    let marker = conn.send_msg(2, DATA).await;
+    loop {
+        match silent.read_frame().await {
+            Some((0x9, _)) => continue,
+            Some((0x1, text)) => {
+                assert_eq!(text, marker.as_bytes());
+                break;
+            }
+            other => panic!("expected the marker, got {other:?}"),
+        }
+    }
+    // Four seconds without a pong: dropped, and its upstream closed, never sooner.
+    assert!(
+        silent.is_dropped().await,
+        "an unresponsive subscriber was kept"
+    );
+    assert_eq!(
+        conn.expect_close().await,
+        Some((1001, "subscriber unresponsive".into()))
+    );
+    assert!(
+        opened.elapsed() >= Duration::from_secs(4),
+        "dropped after {:?}",
+        opened.elapsed()
+    );
+    eventually("departed", || sidecar.subscribers.connected() == 0).await;
+    sidecar.stop().await;
+}
+
+/// A subscriber that stops reading while the upstream streams to it: once bytes have waited
+/// `relay.write_stall_timeout` without one written, its subscription ends by its own rule (not liveness: the pings
+/// wait behind the data), the upstream is closed normally, and the stall is counted; others are served as before.
+#[tokio::test]
+async fn a_subscriber_that_stops_reading_is_ended_after_the_write_stall_timeout() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(
+        upstream
+            .config("[server]\nping_interval = \"250ms\"\n[relay]\nwrite_stall_timeout = \"2s\"\n"),
+    )
+    .await;
+    let (mut bystander, mut bystander_conn, _) = subscribe(
+        &sidecar,
+        &mut upstream,
+        &changes_path(3, "t1", "bystander", "0a", false),
+    )
+    .await;
+
+    // A subscriber that reads the status, then nothing.
+    let path = changes_path(3, "t2", "stuck-replicator", "0a", false);
+    let mut stuck = RawClient::connect(sidecar.addr, &path).await;
+    let conn = upstream.accept().await;
+    assert_eq!(conn.param("id").as_deref(), Some("stuck-replicator"));
+    let (mut sink, mut stream) = conn.ws.split();
+    sink.send(Message::Text(
+        r#"{"msg":["status",{"tag":"status"}],"id":1}"#.into(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(stuck.read_frame().await.map(|f| f.0), Some(0x1));
+    eventually("registered", || sidecar.subscribers.connected() == 2).await;
+
+    // The upstream streams 64 KiB messages as fast as the relay takes them, far more than socket buffers hold,
+    // until its connection fails; its reading half sees what the sidecar sends.
+    const ATTEMPT: u64 = 512 << 20;
+    let progress = Arc::new(std::sync::Mutex::new((0u64, Instant::now())));
+    let pusher = {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            let filler = "z".repeat(64 << 10);
+            let mut id = 2u64;
+            loop {
+                let frame = format!(r#"{{"msg":["data",{{"s":"{filler}"}}],"id":{id}}}"#);
+                let len = frame.len() as u64;
+                if sink.send(Message::Text(frame.into())).await.is_err() {
+                    return;
+                }
+                let mut progress = progress.lock().unwrap();
+                progress.0 += len;
+                progress.1 = Instant::now();
+                if progress.0 >= ATTEMPT {
+                    return;
+                }
+                id += 1;
+            }
+        })
+    };
+    // The sidecar sends nothing else upstream: its close is the first frame there.
+    let close = match tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .expect("the stalled subscription was not ended within 30s")
+    {
+        Some(Ok(Message::Close(frame))) => frame,
+        Some(Ok(other)) => panic!("unexpected frame upstream: {other:?}"),
+        Some(Err(err)) => panic!("upstream connection failed before a close: {err}"),
+        None => panic!("upstream connection ended without a close"),
+    };
+    let ended_at = Instant::now();
+    let (sent, last_sent) = *progress.lock().unwrap();
+    assert!(sent < ATTEMPT, "the relay took everything: nothing stalled");
+    assert!(
+        sent > 4 << 20,
+        "only {sent} bytes went out before the stall"
+    );
+    let close = close.expect("a close with a code");
+    assert_eq!(
+        (close.code, close.reason.as_str()),
+        (CloseCode::Away, "subscriber stopped reading")
+    );
+    // Not before the stall timeout: the upstream's last write went out at most moments after the relay's last
+    // write to the subscriber (socket buffers filling), and the rule waits two seconds from there.
+    assert!(
+        ended_at - last_sent >= Duration::from_secs(1),
+        "ended {:?} after the upstream's last write",
+        ended_at - last_sent
+    );
+    // The subscriber is dropped without a close (none could reach it): it reads what was queued, then the end.
+    assert!(stuck.is_dropped().await, "the stalled subscriber was kept");
+    eventually("departed", || sidecar.subscribers.connected() == 1).await;
+    pusher.await.unwrap();
+    let (_, metrics) = http(sidecar.addr, "GET", "/metrics").await;
+    assert!(
+        metrics.contains("litestream_sidecar_relay_write_stalls_total 1\n"),
+        "{metrics}"
+    );
+
+    // The other subscription, and new ones, are served as before.
+    let marker = bystander_conn.send_msg(2, DATA).await;
+    assert_eq!(next_text(&mut bystander).await, marker);
+    let (mut late, _late_conn, _) = subscribe(
+        &sidecar,
+        &mut upstream,
+        &changes_path(3, "t3", "late", "0a", false),
+    )
+    .await;
+    send_text(&mut late, r#"{"ack":1}"#).await;
     sidecar.stop().await;
 }
 

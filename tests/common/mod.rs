@@ -573,6 +573,12 @@ impl Upstream {
         self.task.abort();
     }
 
+    /// The next subscription that reached the upstream, however long it takes (for a test that dispatches
+    /// subscriptions as they come and bounds its own time); `None` once the upstream stopped.
+    pub async fn next_conn(&mut self) -> Option<UpstreamConn> {
+        self.conns.recv().await
+    }
+
     /// True if no subscription reached the upstream within a short while.
     pub async fn none_arrives(&mut self) -> bool {
         tokio::time::timeout(Duration::from_millis(200), self.conns.recv())

@@ -7,5 +7,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+
+mod relay;
 mod sidecar;
 mod upstream;
