@@ -117,7 +117,7 @@ impl Backlog {
     /// before it counts (a restore that started meanwhile got the older backup). The highest stays where it was
     /// until the gauge reaches it again; [`decide`] holds until then. Returns what changed, and which move, for the
     /// monitor to pass on to the reservation registry and to log.
-    pub fn observe<'a>(&mut self, seen: &[(&'a str, SystemTime)]) -> Observed {
+    pub fn observe(&mut self, seen: &[(&str, SystemTime)]) -> Observed {
         let Some(&(now_at, backed_up_at)) = seen.iter().max_by(|a, b| a.0.cmp(b.0)) else {
             return Observed {
                 added: 0,
