@@ -47,7 +47,8 @@ pub struct Backlog {
 /// What one readable page did to the gauge, for the monitor to act on and log once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GaugeMove {
-    /// At or above every watermark it reported before.
+    /// Nothing to tell: at or above every watermark it reported before, or still below the highest but no lower
+    /// than at the last page (said already).
     Steady,
     /// Below the highest watermark it reported: newly, or lower still than at the last page. `dropped` tracked
     /// backups above `current` were forgotten.
