@@ -32,10 +32,47 @@ pub struct Backup {
 /// Backed-up watermarks not yet purged, and the last purge: the policy's memory between checks. First sighting wins
 /// (a watermark keeps the backup time it was first reported with, as in Zero's BackupMonitor), and nothing at or
 /// below the last purge is tracked again.
+///
+/// It also follows the gauge itself: the highest watermark it ever reported and the one it reports now. After a
+/// litestream restart (from an older generation, say) the gauge can report less than it did: a restore started now
+/// gets that older backup, so nothing above it is proof of a backup any more (see [`Backlog::observe`]).
 #[derive(Debug, Default)]
 pub struct Backlog {
     backups: Vec<Backup>,
     last_purged: Option<String>,
+    highest: Option<String>,
+    current: Option<Backup>,
+}
+
+/// What one readable page did to the gauge, for the monitor to act on and log once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GaugeMove {
+    /// Nothing to tell: at or above every watermark it reported before, or still below the highest but no lower
+    /// than at the last page (said already).
+    Steady,
+    /// Below the highest watermark it reported: newly, or lower still than at the last page. `dropped` tracked
+    /// backups above `current` were forgotten.
+    Regressed {
+        highest: String,
+        current: String,
+        dropped: usize,
+    },
+    /// Back at or above `highest` after having been below it.
+    Recovered { highest: String, current: String },
+}
+
+/// What [`Backlog::observe`] made of one page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Watermarks tracked for the first time.
+    pub added: usize,
+    /// `None`: the page had no usable sample, so nothing is known about the gauge now and what was known stays.
+    pub gauge: Option<GaugeMove>,
+}
+
+/// Whether a gauge at `current` is below what it once reported (byte-wise, like every watermark comparison).
+pub fn is_regressed(highest: Option<&str>, current: Option<&str>) -> bool {
+    matches!((highest, current), (Some(highest), Some(current)) if current < highest)
 }
 
 impl Backlog {
@@ -72,6 +109,83 @@ impl Backlog {
 
     pub fn last_purged(&self) -> Option<&str> {
         self.last_purged.as_deref()
+    }
+
+    /// Takes the samples of one readable page: the newest of them is where the gauge is now.
+    ///
+    /// Below the highest watermark ever reported, every tracked backup above the gauge is forgotten: the generation
+    /// it was in may be gone, and if the gauge reports it again that is a new upload, whose own time must age
+    /// before it counts (a restore that started meanwhile got the older backup). The highest stays where it was
+    /// until the gauge reaches it again; [`decide`] holds until then. Returns what changed, and which move, for the
+    /// monitor to pass on to the reservation registry and to log.
+    pub fn observe(&mut self, seen: &[(&str, SystemTime)]) -> Observed {
+        let Some(&(now_at, backed_up_at)) = seen.iter().max_by(|a, b| a.0.cmp(b.0)) else {
+            return Observed {
+                added: 0,
+                gauge: None,
+            };
+        };
+        let was_below = self.regression().map(|(_, current)| current.to_owned());
+        let gauge = match self.highest.as_deref() {
+            Some(highest) if now_at < highest => {
+                let before = self.backups.len();
+                self.backups.retain(|b| b.watermark.as_str() <= now_at);
+                let dropped = before - self.backups.len();
+                match was_below {
+                    Some(previous) if previous.as_str() <= now_at => GaugeMove::Steady,
+                    _ => GaugeMove::Regressed {
+                        highest: highest.to_owned(),
+                        current: now_at.to_owned(),
+                        dropped,
+                    },
+                }
+            }
+            highest => {
+                let recovered = was_below.is_some().then(|| GaugeMove::Recovered {
+                    highest: highest.unwrap_or_default().to_owned(),
+                    current: now_at.to_owned(),
+                });
+                self.highest = Some(now_at.to_owned());
+                recovered.unwrap_or(GaugeMove::Steady)
+            }
+        };
+        let added = self.record(seen.iter().copied());
+        // Tracked, it keeps its first sighting's time; untracked (at or below the last purge), the page's.
+        let current = self
+            .backups
+            .iter()
+            .find(|b| b.watermark == now_at)
+            .cloned()
+            .unwrap_or_else(|| Backup {
+                watermark: now_at.to_owned(),
+                backed_up_at,
+            });
+        self.current = Some(current);
+        Observed {
+            added,
+            gauge: Some(gauge),
+        }
+    }
+
+    /// The highest watermark the gauge ever reported.
+    pub fn highest(&self) -> Option<&str> {
+        self.highest.as_deref()
+    }
+
+    /// Where the gauge was at the last page with a usable sample: what a restore started now gets.
+    pub fn current(&self) -> Option<&Backup> {
+        self.current.as_ref()
+    }
+
+    /// `(highest, current)` while the gauge is below the highest watermark it reported.
+    pub fn regression(&self) -> Option<(&str, &str)> {
+        let current = self.current.as_ref().map(|b| b.watermark.as_str());
+        is_regressed(self.highest(), current).then(|| {
+            (
+                self.highest().unwrap_or_default(),
+                current.unwrap_or_default(),
+            )
+        })
     }
 
     /// The newest backed-up watermark known (byte-wise maximum): the floor of a reservation opened now.
@@ -165,6 +279,10 @@ pub struct Inputs<'a> {
     pub subscribers: &'a [Subscriber],
     /// The `before` of the last purge done, if any.
     pub last_purged: Option<&'a str>,
+    /// The highest watermark litestream's gauge ever reported.
+    pub highest_backup: Option<&'a str>,
+    /// The watermark the gauge reports now (at the last page that had one).
+    pub current_backup: Option<&'a str>,
 }
 
 /// How far open reservations let a purge that is already running go, asked before each of its batches: a
@@ -248,6 +366,10 @@ pub enum HoldReason {
     ReservationsOpen,
     /// Mode `pin` and a reservation opened before any backup was known: it protects every row.
     ReservationWithoutFloor,
+    /// Litestream's gauge reports a watermark below the highest it reported before (it restarted on an older
+    /// generation, say): a restore started now gets less than the old high, so no backup above the gauge proves
+    /// anything until the gauge reaches the old high again.
+    BackupRegressed,
     /// No backed-up watermark is tracked.
     NoBackup,
     /// No subscriber is connected, so nothing confirms what the subscribers still need.
@@ -267,12 +389,13 @@ pub enum HoldReason {
 
 impl HoldReason {
     /// Every variant, in evaluation order (for pre-registering metric label values).
-    pub const ALL: [HoldReason; 12] = [
+    pub const ALL: [HoldReason; 13] = [
         HoldReason::NotRegistered,
         HoldReason::RecentlyRegistered,
         HoldReason::StartingUp,
         HoldReason::ReservationsOpen,
         HoldReason::ReservationWithoutFloor,
+        HoldReason::BackupRegressed,
         HoldReason::NoBackup,
         HoldReason::NoSubscribers,
         HoldReason::SubscriberAtReplicaVersion,
@@ -290,6 +413,7 @@ impl HoldReason {
             HoldReason::StartingUp => "starting_up",
             HoldReason::ReservationsOpen => "reservations_open",
             HoldReason::ReservationWithoutFloor => "reservation_without_floor",
+            HoldReason::BackupRegressed => "backup_regressed",
             HoldReason::NoBackup => "no_backup",
             HoldReason::NoSubscribers => "no_subscribers",
             HoldReason::SubscriberAtReplicaVersion => "subscriber_at_replica_version",
@@ -309,6 +433,9 @@ impl fmt::Display for HoldReason {
             HoldReason::StartingUp => "starting up",
             HoldReason::ReservationsOpen => "reservations open",
             HoldReason::ReservationWithoutFloor => "reservation opened before any backup",
+            HoldReason::BackupRegressed => {
+                "litestream's backup went back below a watermark it reported"
+            }
             HoldReason::NoBackup => "no backup yet",
             HoldReason::NoSubscribers => "no connected subscriber",
             HoldReason::SubscriberAtReplicaVersion => "subscriber at replica version",
@@ -329,8 +456,8 @@ impl fmt::Display for HoldReason {
 ///   `reconnect_grace` ago;
 /// - `W >` `last_purged`.
 ///
-/// It also needs the sidecar to have been up for `cleanup_delay`, at least one connected subscriber, and no tracked
-/// subscriber still at its replica version. W need not be the newest backup: a slow subscriber or an older
+/// It also needs the sidecar to have been up for `cleanup_delay`, litestream's gauge at or above every watermark it
+/// reported, at least one connected subscriber, and no tracked subscriber still at its replica version. W need not be the newest backup: a slow subscriber or an older
 /// reservation only lowers it.
 ///
 /// Otherwise it holds with the first reason that applies, checked in this fixed order (that of [`HoldReason::ALL`]):
@@ -339,14 +466,16 @@ impl fmt::Display for HoldReason {
 /// 3. `StartingUp`: uptime `< cleanup_delay`.
 /// 4. `ReservationsOpen`: mode `pause` and a reservation is open.
 /// 5. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
-/// 6. `NoBackup`: no backup is tracked.
-/// 7. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
+/// 6. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
+///    tracked, and it is the news an operator needs.
+/// 7. `NoBackup`: no backup is tracked.
+/// 8. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
 ///    [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or uptime `< reconnect_grace`.
-/// 8. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
-/// 9. `NothingNew`: no backup is newer than `last_purged`.
-/// 10. `BackupTooRecent`: none of those is old enough.
-/// 11. `ReservationFloor`: all of those are above some reservation's floor.
-/// 12. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+/// 9. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
+/// 10. `NothingNew`: no backup is newer than `last_purged`.
+/// 11. `BackupTooRecent`: none of those is old enough.
+/// 12. `ReservationFloor`: all of those are above some reservation's floor.
+/// 13. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
 pub fn decide(inputs: &Inputs) -> Decision {
     match choose(inputs) {
         Ok((before, bound)) => Decision::Purge {
@@ -391,6 +520,9 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
         }
     }
 
+    if is_regressed(inputs.highest_backup, inputs.current_backup) {
+        return Err(HoldReason::BackupRegressed);
+    }
     if inputs.backups.is_empty() {
         return Err(HoldReason::NoBackup);
     }
@@ -557,6 +689,8 @@ mod tests {
         reservations: Vec<HeldReservation>,
         subscribers: Vec<Subscriber>,
         last_purged: Option<String>,
+        /// The gauge: `(highest, current)`; unset, it reports the newest backup.
+        gauge: Option<(&'static str, &'static str)>,
     }
 
     fn case() -> Case {
@@ -572,11 +706,16 @@ mod tests {
             reservations: vec![],
             subscribers: vec![],
             last_purged: None,
+            gauge: None,
         }
     }
 
     impl Case {
         fn decide(&self) -> Decision {
+            let newest = self.backups.iter().map(|b| b.watermark.as_str()).max();
+            let (highest, current) = self
+                .gauge
+                .map_or((newest, newest), |(h, c)| (Some(h), Some(c)));
             decide(&Inputs {
                 now: at(self.now),
                 wall_now: wall(self.now),
@@ -590,6 +729,8 @@ mod tests {
                 reservations: &self.reservations,
                 subscribers: &self.subscribers,
                 last_purged: self.last_purged.as_deref(),
+                highest_backup: highest,
+                current_backup: current,
             })
         }
     }
@@ -792,6 +933,159 @@ mod tests {
         }
         .decide();
         assert_eq!(d, Decision::Hold(NoBackup));
+    }
+
+    // The gauge going backwards.
+
+    #[test]
+    fn a_gauge_below_its_old_high_holds_even_an_otherwise_ready_purge() {
+        // Everything else allows a purge below 0c.
+        let ready = Case {
+            backups: vec![backup("0a", 300), backup("0c", 120)],
+            subscribers: vec![sub("0d")],
+            ..case()
+        };
+        assert_eq!(ready.decide(), purge("0c"));
+        let regressed = Case {
+            gauge: Some(("0c", "0b")),
+            ..ready
+        };
+        assert_eq!(regressed.decide(), Decision::Hold(BackupRegressed));
+        // Back at the old high: nothing holds it any more.
+        let back = Case {
+            gauge: Some(("0c", "0c")),
+            ..regressed
+        };
+        assert_eq!(back.decide(), purge("0c"));
+        // Byte-wise, like every comparison: "110" (36) is above "0z" (35).
+        let longer = Case {
+            gauge: Some(("0z", "110")),
+            ..back
+        };
+        assert_eq!(longer.decide(), purge("0c"));
+    }
+
+    #[test]
+    fn a_regression_is_checked_after_reservations_and_before_no_backup() {
+        // Nothing tracked (the regression dropped it all): the regression is what is reported.
+        let empty = Case {
+            gauge: Some(("0c", "0b")),
+            subscribers: vec![sub("0d")],
+            ..case()
+        };
+        assert_eq!(empty.decide(), Decision::Hold(BackupRegressed));
+        let floorless = Case {
+            reservations: vec![reservation("t1", None)],
+            ..empty
+        };
+        assert_eq!(floorless.decide(), Decision::Hold(ReservationWithoutFloor));
+        let young = Case {
+            started: NOW - 10,
+            reservations: vec![],
+            ..floorless
+        };
+        assert_eq!(young.decide(), Decision::Hold(StartingUp));
+        // Reasons after it in the order do not hide it.
+        let without_subscribers = Case {
+            started: 0,
+            backups: vec![backup("0a", 10)],
+            subscribers: vec![],
+            ..young
+        };
+        assert_eq!(
+            without_subscribers.decide(),
+            Decision::Hold(BackupRegressed)
+        );
+    }
+
+    fn watermarks(backlog: &Backlog) -> Vec<&str> {
+        backlog
+            .backups()
+            .iter()
+            .map(|b| b.watermark.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_gauge_going_back_forgets_the_backups_above_it_until_it_reaches_its_high() {
+        let mut backlog = Backlog::default();
+        let first = backlog.observe(&seen(&[backup("0b", 300)]));
+        assert_eq!((first.added, first.gauge), (1, Some(GaugeMove::Steady)));
+        backlog.observe(&seen(&[backup("0d", 200)]));
+        backlog.purged("0b");
+        assert_eq!(watermarks(&backlog), ["0b", "0d"]);
+        assert_eq!(backlog.regression(), None);
+
+        // Litestream restarted on an older generation: it reports 0c.
+        let back = backlog.observe(&seen(&[backup("0c", 50)]));
+        assert_eq!(
+            back.gauge,
+            Some(GaugeMove::Regressed {
+                highest: "0d".into(),
+                current: "0c".into(),
+                dropped: 1
+            })
+        );
+        assert_eq!(back.added, 1);
+        assert_eq!(watermarks(&backlog), ["0b", "0c"]);
+        assert_eq!(backlog.regression(), Some(("0d", "0c")));
+        assert_eq!(backlog.current(), Some(&backup("0c", 50)));
+        assert_eq!(backlog.highest(), Some("0d"));
+        // Said once: the same value again is no news, and a scrape without a usable sample changes nothing.
+        assert_eq!(
+            backlog.observe(&seen(&[backup("0c", 40)])).gauge,
+            Some(GaugeMove::Steady)
+        );
+        assert_eq!(backlog.observe(&[]).gauge, None);
+        assert_eq!(backlog.regression(), Some(("0d", "0c")));
+        // Lower still is news again; the floor of what is tracked follows it down, the last purge stays.
+        assert_eq!(
+            backlog.observe(&seen(&[backup("0a", 30)])).gauge,
+            Some(GaugeMove::Regressed {
+                highest: "0d".into(),
+                current: "0a".into(),
+                dropped: 2
+            })
+        );
+        assert_eq!(watermarks(&backlog), Vec::<&str>::new());
+        assert_eq!(backlog.last_purged(), Some("0b"));
+        // At or below the last purge it is not tracked, but it is still where the gauge is, with the page's time.
+        assert_eq!(backlog.current(), Some(&backup("0a", 30)));
+
+        // Between the old high and now: still below it.
+        assert_eq!(
+            backlog.observe(&seen(&[backup("0c", 20)])).gauge,
+            Some(GaugeMove::Steady)
+        );
+        assert_eq!(backlog.regression(), Some(("0d", "0c")));
+        // The old high again, as a new upload: tracked with its new time, not the forgotten one.
+        assert_eq!(
+            backlog.observe(&seen(&[backup("0d", 10)])).gauge,
+            Some(GaugeMove::Recovered {
+                highest: "0d".into(),
+                current: "0d".into()
+            })
+        );
+        assert_eq!(backlog.regression(), None);
+        assert_eq!(backlog.backups(), [backup("0c", 20), backup("0d", 10)]);
+        assert_eq!(
+            backlog.observe(&seen(&[backup("0e", 5)])).gauge,
+            Some(GaugeMove::Steady)
+        );
+        assert_eq!(backlog.highest(), Some("0e"));
+    }
+
+    #[test]
+    fn the_gauge_is_the_newest_sample_of_a_page() {
+        let mut backlog = Backlog::default();
+        // Two replicas: the one ahead is where the gauge is (a watermark counts once one replica has it, W13).
+        backlog.observe(&seen(&[backup("0c", 20), backup("0e", 10)]));
+        assert_eq!(backlog.current(), Some(&backup("0e", 10)));
+        assert_eq!(backlog.regression(), None);
+        // The replica ahead is gone from the page: what is left is below the high.
+        let gone = backlog.observe(&seen(&[backup("0c", 20)]));
+        assert!(matches!(gone.gauge, Some(GaugeMove::Regressed { .. })));
+        assert_eq!(watermarks(&backlog), ["0c"]);
     }
 
     #[test]
@@ -1156,7 +1450,8 @@ mod tests {
         }
         assert_eq!(HoldReason::ALL[0], NotRegistered);
         assert_eq!(HoldReason::ALL[2], StartingUp);
-        assert_eq!(HoldReason::ALL[11], SubscriberBehind);
+        assert_eq!(HoldReason::ALL[5], BackupRegressed);
+        assert_eq!(HoldReason::ALL[12], SubscriberBehind);
     }
 
     // Property tests: a model of the monitor's view over random event sequences.
@@ -1353,6 +1648,9 @@ mod tests {
                 reservations: &self.reservations,
                 subscribers: &self.subscribers,
                 last_purged: self.last_purged.as_deref(),
+                // Backups only ever advance in this model: the gauge is at its highest.
+                highest_backup: self.backups.iter().map(|b| b.watermark.as_str()).max(),
+                current_backup: self.backups.iter().map(|b| b.watermark.as_str()).max(),
             }
         }
 
@@ -1560,6 +1858,8 @@ mod tests {
                 subscribers: &subscribers,
                 last_purged: None,
                 ownership: Ownership::Unchecked,
+                highest_backup: backups.last().map(|b| b.watermark.as_str()),
+                current_backup: backups.last().map(|b| b.watermark.as_str()),
             });
             prop_assert_eq!(d, Decision::Purge { before: newest_aged, bound: Bound::Backup });
         }

@@ -14,7 +14,8 @@ use tracing::{debug, error, info, warn, Level};
 
 use crate::change_db::{ChangeDb, DbError, Expected, FailureClass};
 use crate::cleanup::{
-    self, Backlog, Backup, Decision, HeldReservation, HoldReason, Inputs, Ownership, Subscriber,
+    self, Backlog, Backup, Decision, GaugeMove, HeldReservation, HoldReason, Inputs, Ownership,
+    Subscriber,
 };
 use crate::config::Config;
 use crate::litestream::{Filter, Scraper};
@@ -35,8 +36,11 @@ pub struct Status {
     pub purges: u64,
     pub purged_rows: u64,
     pub scrape_errors: u64,
-    /// The newest backed-up watermark seen and when it was backed up.
+    /// Where litestream's gauge is (the newest watermark of the last page that had one) and when that was
+    /// backed up: after a regression, below the highest it reported.
     pub newest_backup: Option<(String, SystemTime)>,
+    /// `(highest, current)` while the gauge is below the highest watermark it reported.
+    pub backup_regressed: Option<(String, String)>,
     /// Checks that did not purge, by reason.
     pub holds: std::collections::HashMap<HoldReason, u64>,
     pub purge_failures: PurgeFailures,
@@ -48,8 +52,23 @@ impl Status {
         self.purged_through.as_ref().map(|b| b.watermark.as_str())
     }
 
-    /// One line on why cleanup cannot do its job, for `/keepalive` and systemd's status; `None` while purges work.
+    /// One line on why cleanup cannot do its job (litestream's gauge went back, purges fail), for `/keepalive` and
+    /// systemd's status; `None` while neither is so.
     pub fn cleanup_problem(&self) -> Option<String> {
+        let regressed = self.backup_regressed.as_ref().map(|(highest, current)| {
+            format!(
+                "cleanup held: litestream's backed-up watermark went back from {highest} to {current} \
+                 (restarted on an older generation?); it resumes once the backup reaches {highest} again"
+            )
+        });
+        let failing = self.purge_failure_problem();
+        match (regressed, failing) {
+            (Some(regressed), Some(failing)) => Some(format!("{regressed}; {failing}")),
+            (regressed, failing) => regressed.or(failing),
+        }
+    }
+
+    fn purge_failure_problem(&self) -> Option<String> {
         let last = self.purge_failures.last.as_ref()?;
         Some(format!(
             "cleanup held: the last {} change log purge{} failed ({}{}): {}",
@@ -303,6 +322,8 @@ impl Monitor {
                 reservations: &observed.reservations,
                 subscribers: &observed.subscribers,
                 last_purged: backlog.last_purged(),
+                highest_backup: backlog.highest(),
+                current_backup: backlog.current().map(|b| b.watermark.as_str()),
             });
             debug!(
                 ?decision,
@@ -320,12 +341,15 @@ impl Monitor {
     async fn scrape(&self, backlog: &mut Backlog, said: &mut Said, now: Instant) {
         match self.scraper.scrape(&self.filter).await {
             Ok(parsed) => {
-                said.scrape_problem
-                    .succeeded("litestream metrics readable again");
                 for warning in &parsed.warnings {
                     debug!(%warning, "metrics page");
                 }
-                if !parsed.warnings.is_empty() {
+                // A page that keeps the same ignored samples is one problem, said once, not "readable again" and
+                // "ignored" anew at every check.
+                if parsed.warnings.is_empty() {
+                    said.scrape_problem
+                        .succeeded("litestream metrics readable again");
+                } else {
                     said.scrape_problem.failed(
                         "litestream metrics page has samples that were ignored",
                         parsed.warnings.join("; "),
@@ -333,24 +357,51 @@ impl Monitor {
                         now,
                     );
                 }
-                let added = backlog.record(
-                    parsed
-                        .progress
-                        .iter()
-                        .map(|p| (p.watermark.as_str(), p.backed_up_at)),
-                );
-                if added > 0 {
+                let seen: Vec<_> = parsed
+                    .progress
+                    .iter()
+                    .map(|p| (p.watermark.as_str(), p.backed_up_at))
+                    .collect();
+                let observed = backlog.observe(&seen);
+                if observed.added > 0 {
                     debug!(
-                        added,
+                        added = observed.added,
                         tracked = backlog.backups().len(),
                         "backed-up watermarks"
                     );
                 }
-                if let Some(newest) = backlog.newest() {
-                    self.registry.saw_backup(&newest.watermark);
-                    let newest = (newest.watermark.clone(), newest.backed_up_at);
-                    self.status.update(|s| s.newest_backup = Some(newest));
+                let Some(current) = backlog.current().cloned() else {
+                    return;
+                };
+                let lowered = self.registry.saw_backup(&current.watermark);
+                match observed.gauge {
+                    Some(GaugeMove::Regressed {
+                        highest,
+                        current,
+                        dropped,
+                    }) => warn!(
+                        %highest,
+                        %current,
+                        dropped_backups = dropped,
+                        lowered_floors = lowered,
+                        last_purged = backlog.last_purged().unwrap_or("none"),
+                        "litestream's backed-up watermark went back below the highest it reported; cleanup held \
+                         until it is back, reservations pinned no higher than it"
+                    ),
+                    Some(GaugeMove::Recovered { highest, current }) => info!(
+                        %highest,
+                        %current,
+                        "litestream's backed-up watermark is back at its highest; cleanup resumes"
+                    ),
+                    Some(GaugeMove::Steady) | None => {}
                 }
+                let regressed = backlog
+                    .regression()
+                    .map(|(highest, current)| (highest.to_owned(), current.to_owned()));
+                self.status.update(|s| {
+                    s.newest_backup = Some((current.watermark, current.backed_up_at));
+                    s.backup_regressed = regressed;
+                });
             }
             Err(err) => {
                 self.status.update(|s| s.scrape_errors += 1);
@@ -594,6 +645,31 @@ mod tests {
         assert_eq!(failures.succeeded(), 0);
         // After a success the same kind is news again.
         assert_eq!(failures.failed(timeout), Loudness::Warn);
+    }
+
+    #[test]
+    fn a_regressed_backup_is_a_cleanup_problem_alongside_failing_purges() {
+        let mut status = Status {
+            backup_regressed: Some(("0d".into(), "0b".into())),
+            ..Status::default()
+        };
+        let problem = status.cleanup_problem().unwrap();
+        assert!(problem.contains("went back from 0d to 0b"), "{problem}");
+        status.purge_failures.failed(failure(
+            FailureClass::Transient,
+            Some("55P03"),
+            "lock timeout",
+        ));
+        let both = status.cleanup_problem().unwrap();
+        assert!(
+            both.starts_with(&problem) && both.contains("(transient, SQLSTATE 55P03)"),
+            "{both}"
+        );
+        status.backup_regressed = None;
+        assert!(status
+            .cleanup_problem()
+            .unwrap()
+            .starts_with("cleanup held: the last 1"));
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl Registry {
         let entry = Held {
             id,
             started: now,
-            floor: floor.clone(),
+            floor,
             end,
         };
         let previous = inner.open.insert(task_id.to_string(), entry);
@@ -136,7 +136,6 @@ impl Registry {
             registry: self.clone(),
             task_id: task_id.to_string(),
             id,
-            floor,
             ended,
         }
     }
@@ -239,23 +238,43 @@ impl Registry {
         self.lock().newest_backup.clone()
     }
 
+    /// Never above the newest backup: a floor computed before the gauge went back (a v4 status built across a
+    /// regression, or one put back after a failed read) would protect less than the restore now gets.
     fn set_floor(&self, task_id: &str, id: u64, floor: Option<String>) {
-        if let Some(entry) = self.lock().open.get_mut(task_id).filter(|e| e.id == id) {
+        let mut inner = self.lock();
+        let floor = match (floor, inner.newest_backup.clone()) {
+            (Some(floor), Some(newest)) => Some(floor.min(newest)),
+            (floor, _) => floor,
+        };
+        if let Some(entry) = inner.open.get_mut(task_id).filter(|e| e.id == id) {
             entry.floor = floor;
         }
     }
 
-    /// Records a backed-up watermark seen in litestream's metrics; reservations opened from now on are pinned at
-    /// the newest one (watermarks compare as bytes).
-    pub fn saw_backup(&self, watermark: &str) {
+    fn floor(&self, task_id: &str, id: u64) -> Option<String> {
+        let inner = self.lock();
+        inner
+            .open
+            .get(task_id)
+            .filter(|e| e.id == id)
+            .and_then(|e| e.floor.clone())
+    }
+
+    /// Where litestream's gauge is now: reservations opened from now on are pinned there. It follows the gauge
+    /// down as well as up: after a litestream restart on an older generation a restore gets that older backup,
+    /// so a floor at the old high would let a purge delete rows the restore needs. For the same reason open
+    /// reservations pinned above it are lowered to it (protecting more rows is always safe); returns how many.
+    pub fn saw_backup(&self, watermark: &str) -> usize {
         let mut inner = self.lock();
-        if inner
-            .newest_backup
-            .as_deref()
-            .is_none_or(|newest| watermark > newest)
-        {
-            inner.newest_backup = Some(watermark.to_string());
+        inner.newest_backup = Some(watermark.to_string());
+        let mut lowered = 0;
+        for entry in inner.open.values_mut() {
+            if let Some(floor) = entry.floor.as_mut().filter(|f| f.as_str() > watermark) {
+                *floor = watermark.to_string();
+                lowered += 1;
+            }
         }
+        lowered
     }
 
     /// `max(30 s, initial delay, longest reservation ended by a subscription)`.
@@ -274,22 +293,20 @@ pub struct Lease {
     registry: Registry,
     task_id: String,
     id: u64,
-    floor: Option<String>,
     ended: oneshot::Receiver<EndReason>,
 }
 
 impl Lease {
-    /// The watermark this reservation was pinned at (see [`Reservation::floor`]).
-    pub fn floor(&self) -> Option<&str> {
-        self.floor.as_deref()
+    /// The watermark this reservation is pinned at now (see [`Reservation::floor`]); read from the registry,
+    /// which lowers it when litestream's gauge goes back. `None` as well once the reservation has ended.
+    pub fn floor(&self) -> Option<String> {
+        self.registry.floor(&self.task_id, self.id)
     }
 
-    /// Moves the floor (`None`: protect every row). Purges ask the registry before every batch, so a floor
-    /// lowered here holds from the next batch on.
+    /// Moves the floor (`None`: protect every row), never above the newest backup. Purges ask the registry
+    /// before every batch, so a floor lowered here holds from the next batch on.
     pub fn set_floor(&mut self, floor: Option<String>) {
-        self.registry
-            .set_floor(&self.task_id, self.id, floor.clone());
-        self.floor = floor;
+        self.registry.set_floor(&self.task_id, self.id, floor);
     }
 
     /// Resolves when the registry ends this reservation (replaced or subscribed).
@@ -387,7 +404,7 @@ async fn status_frame(ctx: &SnapshotContext, version: u64, lease: &mut Lease) ->
         return Some(protocol::snapshot_status_v3(&ctx.backup_url));
     }
     let db = ctx.change_db.as_ref()?;
-    let pinned = lease.floor().map(str::to_owned);
+    let pinned = lease.floor();
     lease.set_floor(None);
     let read = async {
         let replica_version = match db.replica_version().await {
@@ -443,7 +460,10 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let mut lease = ctx.registry.open(&task_id, Instant::now());
-    info!(floor = lease.floor().unwrap_or(""), "reservation opened");
+    info!(
+        floor = lease.floor().unwrap_or_default(),
+        "reservation opened"
+    );
     // The socket is read with a buffer that exists only while bytes are pending, and written through an outbox
     // that keeps none once flushed: an open reservation mostly waits, and thousands may be open at once.
     let (mut reader, mut writer) = tokio::io::split(ws.into_inner());
@@ -690,21 +710,68 @@ mod tests {
         assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
     }
 
-    #[test]
-    fn reservations_are_pinned_at_the_newest_backup_known_when_they_open() {
-        let registry = Registry::new(Duration::ZERO);
-        let _early = registry.open("early", at(0));
-        registry.saw_backup("0b");
-        registry.saw_backup("0a");
-        let _middle = registry.open("middle", at(1));
-        registry.saw_backup("110");
-        let _late = registry.open("late", at(2));
-        let floors: Vec<_> = registry
+    fn floors(registry: &Registry) -> Vec<Option<String>> {
+        registry
             .open_reservations()
             .into_iter()
             .map(|r| r.floor)
-            .collect();
-        assert_eq!(floors, [None, Some("0b".into()), Some("110".into())]);
+            .collect()
+    }
+
+    #[test]
+    fn reservations_are_pinned_where_the_gauge_is_when_they_open() {
+        let registry = Registry::new(Duration::ZERO);
+        let _early = registry.open("early", at(0));
+        registry.saw_backup("0b");
+        let _middle = registry.open("middle", at(1));
+        registry.saw_backup("110");
+        let _late = registry.open("late", at(2));
+        assert_eq!(
+            floors(&registry),
+            [None, Some("0b".into()), Some("110".into())]
+        );
+    }
+
+    #[test]
+    fn a_gauge_going_back_lowers_new_and_open_floors_to_it() {
+        let registry = Registry::new(Duration::ZERO);
+        let floorless = registry.open("floorless", at(0));
+        registry.saw_backup("0b");
+        let low = registry.open("low", at(1));
+        registry.saw_backup("0d");
+        let high = registry.open("high", at(2));
+        assert_eq!(high.floor().as_deref(), Some("0d"));
+
+        // Litestream restarted on an older generation: a restore now gets 0c.
+        assert_eq!(registry.saw_backup("0c"), 1);
+        assert_eq!(registry.newest_backup().as_deref(), Some("0c"));
+        let during = registry.open("during", at(3));
+        assert_eq!(
+            floors(&registry),
+            [
+                None,
+                Some("0b".into()),
+                Some("0c".into()),
+                Some("0c".into())
+            ]
+        );
+        // The lease sees the lowered floor, and cannot put the old one back.
+        assert_eq!(high.floor().as_deref(), Some("0c"));
+        let mut high = high;
+        high.set_floor(Some("0d".into()));
+        assert_eq!(high.floor().as_deref(), Some("0c"));
+        // Back up again: floors stay where they were lowered to (they protect more, never less).
+        assert_eq!(registry.saw_backup("0e"), 0);
+        assert_eq!(
+            floors(&registry),
+            [
+                None,
+                Some("0b".into()),
+                Some("0c".into()),
+                Some("0c".into())
+            ]
+        );
+        drop((floorless, low, during));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod litestream;
 mod relay;
 mod sidecar;
 mod upstream;
