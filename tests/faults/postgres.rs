@@ -295,6 +295,9 @@ async fn a_restart_in_the_middle_of_a_batched_purge_keeps_every_row_from_its_wat
     watcher.abort();
     let status = sidecar.status.get();
     assert!(status.purge_failures.total >= 1, "{status:?}");
+    // Every row the sidecar deleted is counted once, the interrupted purge's committed batches too.
+    let purged = (all.len() - kept.len()) as u64;
+    assert_eq!(status.purged_rows, purged, "{status:?}");
     let reported = reported.lock().unwrap().clone();
     assert!(!reported.is_empty(), "the interrupted purge was reported");
     assert!(
@@ -306,6 +309,11 @@ async fn a_restart_in_the_middle_of_a_batched_purge_keeps_every_row_from_its_wat
     let page = metrics(&sidecar).await;
     assert!(
         metric(&page, "litestream_sidecar_purge_failures_total") >= Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        metric(&page, "litestream_sidecar_purged_rows_total"),
+        Some(purged as f64),
         "{page}"
     );
     assert_eq!(
