@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Level};
 
-use crate::change_db::{ChangeDb, DbError, Expected, FailureClass};
+use crate::change_db::{ChangeDb, DbError, Expected, FailureClass, PurgeOutcome};
 use crate::cleanup::{
     self, Backlog, Backup, Decision, GaugeMove, HeldReservation, HoldReason, Inputs, Ownership,
     Subscriber,
@@ -480,16 +480,21 @@ impl Monitor {
                 owner: observed.owner.as_deref(),
             }),
         };
-        let outcome = match self
+        let mut outcome = PurgeOutcome::default();
+        let purged = self
             .change_db
-            .purge_within(&before, expected, self.batch_rows, shutdown, || {
-                cleanup::ceiling(self.mode, &self.registry.for_policy())
-            })
-            .await
-        {
-            Ok(outcome) => outcome,
-            Err(err) => return self.purge_failed(&err),
-        };
+            .purge_into(
+                &before,
+                expected,
+                self.batch_rows,
+                shutdown,
+                || cleanup::ceiling(self.mode, &self.registry.for_policy()),
+                &mut outcome,
+            )
+            .await;
+        if let Err(err) = purged {
+            return self.purge_failed(&err, &outcome);
+        }
         let mut failed_before = 0;
         self.status.update(|s| {
             failed_before = s.purge_failures.succeeded();
@@ -570,15 +575,18 @@ impl Monitor {
     }
 
     /// Counts a failed purge and logs it once per kind: at error, with the SQLSTATE and what to do, when it will
-    /// not heal by itself; at warn otherwise.
-    fn purge_failed(&self, err: &DbError) {
+    /// not heal by itself; at warn otherwise. The rows of the batches `done` before the failure committed, and are
+    /// counted as purged.
+    fn purge_failed(&self, err: &DbError, done: &PurgeOutcome) {
         let failure = PurgeFailure::of(err);
         let mut loudness = Loudness::Quiet;
         let mut consecutive = 0;
         self.status.update(|s| {
             loudness = s.purge_failures.failed(failure.clone());
             consecutive = s.purge_failures.consecutive;
+            s.purged_rows += done.rows;
         });
+        let rows_deleted_before = done.rows;
         let class = failure.class.as_str();
         let sqlstate = failure.sqlstate.as_deref().unwrap_or("none");
         match loudness {
@@ -588,6 +596,7 @@ impl Monitor {
                 error = %err,
                 remedy = failure.class.remedy(),
                 consecutive,
+                rows_deleted_before,
                 "cleanup held: change log purge failed, and will until this is fixed"
             ),
             Loudness::Warn => warn!(
@@ -595,6 +604,7 @@ impl Monitor {
                 sqlstate,
                 error = %err,
                 consecutive,
+                rows_deleted_before,
                 "cleanup held: change log purge failed; retrying at the next check"
             ),
             Loudness::Quiet => debug!(
@@ -602,6 +612,7 @@ impl Monitor {
                 sqlstate,
                 error = %err,
                 consecutive,
+                rows_deleted_before,
                 "change log purge failed again"
             ),
         }

@@ -538,9 +538,26 @@ impl ChangeDb {
         stop: &CancellationToken,
         ceiling: impl Fn() -> Ceiling,
     ) -> Result<PurgeOutcome, DbError> {
+        let mut outcome = PurgeOutcome::default();
+        self.purge_into(before, expected, batch_rows, stop, ceiling, &mut outcome)
+            .await?;
+        Ok(outcome)
+    }
+
+    /// [`ChangeDb::purge_within`], recording into `outcome` as it goes: when a batch fails (the server restarted,
+    /// the connection dropped), `outcome` still holds the batches committed before it, whose rows are gone.
+    pub async fn purge_into<'a>(
+        &self,
+        before: &str,
+        expected: Option<impl Into<Expected<'a>>>,
+        batch_rows: i64,
+        stop: &CancellationToken,
+        ceiling: impl Fn() -> Ceiling,
+        outcome: &mut PurgeOutcome,
+    ) -> Result<(), DbError> {
         let expected_address = expected.map(Into::into);
         let batch_rows = batch_rows.max(1);
-        let mut outcome = PurgeOutcome::default();
+        *outcome = PurgeOutcome::default();
         let mut reserved: Option<PurgeStop> = None;
         loop {
             if stop.is_cancelled() {
@@ -593,7 +610,7 @@ impl ChangeDb {
         if outcome.stopped.is_none() {
             outcome.stopped = reserved;
         }
-        Ok(outcome)
+        Ok(())
     }
 
     async fn purge_batch(

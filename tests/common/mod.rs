@@ -2,6 +2,7 @@
 //! well-behaved library will send, and a stand-in for Zero's change-streamer behind the relay.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod pg;
 
 use std::net::SocketAddr;

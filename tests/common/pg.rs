@@ -93,12 +93,33 @@ impl TestSchema {
 
     /// Only a name: nothing exists in the database yet.
     pub async fn empty() -> TestSchema {
+        TestSchema::empty_on(&pg_config()).await
+    }
+
+    /// [`TestSchema::create`] on another server than the test server (a test's own cluster).
+    pub async fn create_on(
+        config: &tokio_postgres::Config,
+        data_version: Option<i32>,
+        owner_address: Option<&str>,
+    ) -> TestSchema {
+        let schema = TestSchema::empty_on(config).await;
+        schema.create_tables(data_version, owner_address).await;
+        schema
+    }
+
+    /// [`TestSchema::empty`] on another server than the test server.
+    pub async fn empty_on(config: &tokio_postgres::Config) -> TestSchema {
         let app_id = unique_app_id();
         TestSchema {
             schema: format!("{app_id}_0/cdc"),
             app_id,
-            client: connect().await,
+            client: connect_with(config).await,
         }
+    }
+
+    /// A new plain client, after the server it was connected to restarted.
+    pub async fn reconnect(&mut self, config: &tokio_postgres::Config) {
+        self.client = connect_with(config).await;
     }
 
     pub async fn create_tables(&self, data_version: Option<i32>, owner_address: Option<&str>) {
@@ -293,10 +314,14 @@ impl TestSchema {
 
     /// `sidecar.toml` lines pointing the sidecar at this schema on the test server.
     pub fn config(&self) -> String {
+        self.config_at(&database_url())
+    }
+
+    /// `sidecar.toml` lines pointing the sidecar at this schema on the server at `url`.
+    pub fn config_at(&self, url: &str) -> String {
         format!(
-            "[zero]\napp_id = \"{}\"\nshard_num = 0\n[change_db]\nurl = \"{}\"\n",
-            self.app_id,
-            database_url()
+            "[zero]\napp_id = \"{}\"\nshard_num = 0\n[change_db]\nurl = \"{url}\"\n",
+            self.app_id
         )
     }
 

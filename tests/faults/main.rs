@@ -9,6 +9,7 @@
 mod common;
 
 mod litestream;
+mod postgres;
 mod relay;
 mod sidecar;
 mod upstream;
