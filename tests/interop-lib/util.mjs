@@ -124,7 +124,8 @@ export function isLogRecord(line) {
 /**
  * Lines the sidecar started as `name` in `procs` wrote to stdout or stderr, over all its runs, that are not log
  * records: a panic message, a stray print. Each as {key, run, pid, logPath, lineNo, line, previous} (`previous`: the
- * line before it, for context). The last line of a running process may be unfinished and waits for a later look.
+ * log record just before it, for context, when there is one). The last line of a running process may be unfinished
+ * and waits for a later look.
  */
 export function sidecarStrayLines(procs, name = 'sidecar') {
   const runs = [];
@@ -138,7 +139,7 @@ export function sidecarStrayLines(procs, name = 'sidecar') {
     lines.forEach((line, n) => {
       if (isLogRecord(line)) return;
       out.push({key: `${p.logPath}:${n}`, run: i + 1, pid: p.pid, logPath: p.logPath, lineNo: n + 1, line,
-        previous: n > 0 ? lines[n - 1] : null});
+        previous: n > 0 && isLogRecord(lines[n - 1]) ? lines[n - 1] : null});
     });
   });
   return out;
@@ -149,7 +150,7 @@ export function assertNoStrayLines(strays, where = '') {
   if (strays.length === 0) return;
   const shown = strays.slice(0, 40).map(s =>
     `  run ${s.run} (pid ${s.pid}, ${s.logPath}) line ${s.lineNo}: ${JSON.stringify(s.line)}` +
-    (s.previous !== null ? `\n      after: ${s.previous.slice(0, 300)}` : ''));
+    (s.previous !== null ? `\n      after the record: ${s.previous.slice(0, 300)}` : ''));
   if (strays.length > shown.length) shown.push(`  [... ${strays.length - shown.length} more]`);
   assert.fail(
     `the sidecar${where ? ` ${where}` : ''} wrote ${strays.length} line(s) that are not JSON log records ` +

@@ -41,6 +41,9 @@ const PURGES = ['change log purged', 'change log purge stopped early; the next c
 /** The records that end a reservation, whichever way it ends. */
 const RESERVATION_ENDS = ['reservation ended by its subscription', 'reservation released', 'reservation closed'];
 
+/** A log record for a failure message: without `spans` and `target` (`span` still names the innermost one). */
+const brief = record => JSON.stringify(record, (k, v) => (k === 'spans' || k === 'target' ? undefined : v));
+
 /** A purge record's `reservations` field (`task=floor,...`) as a map. */
 function listedReservations(record) {
   const list = field(record, 'reservations') ?? '';
@@ -79,12 +82,12 @@ function purgesDuring(task) {
 function assertPurgesKeptTheFloor(task) {
   const {opened, pinned, ended, purges} = purgesDuring(task);
   const floorRecord = pinned ?? opened;
-  const where = `reservation ${task} (sidecar records: opened ${JSON.stringify(opened)}; pinned ${JSON.stringify(pinned)}; ` +
-    `ended ${JSON.stringify(ended)})`;
+  const where = `reservation ${task} (sidecar records: opened ${brief(opened)}; pinned ${brief(pinned)}; ` +
+    `ended ${brief(ended)})`;
   assert.ok(opened && pinned, `expected the sidecar to log "reservation opened" and "reservation pinned" for ${where}`);
   assert.ok(field(floorRecord, 'floor'), `expected a floor in the sidecar's "reservation pinned" record of ${where}`);
   for (const {record, decision, floor} of purges) {
-    const seen = `purge ${JSON.stringify(record)}, decided in ${JSON.stringify(decision)}`;
+    const seen = `purge ${brief(record)}, decided in ${brief(decision)}`;
     assert.ok(field(record, 'before') <= floor,
       `expected every purge decided while ${task} was open to delete only below its floor, before <= ${floor}; ` +
       `saw before=${field(record, 'before')} in the ${seen}; ${where}`);
