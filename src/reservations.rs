@@ -436,6 +436,13 @@ async fn status_frame(ctx: &SnapshotContext, version: u64, lease: &mut Lease) ->
     ))
 }
 
+/// Logs the floor a reservation keeps once its status is built (v3: the newest backup when it opened, or when the
+/// first one came; v4+: lowered to the status's `minWatermark`): while it is open, no purge deletes a change-log row
+/// at or above it. Once per reservation, as its status is sent once.
+fn log_pinned(lease: &Lease) {
+    info!(floor = lease.floor().unwrap_or(""), "reservation pinned");
+}
+
 /// How a reservation's socket is left once the loop has decided that it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Leave {
@@ -476,6 +483,7 @@ where
     if let Some(status) = Box::pin(status_frame(&ctx, version, &mut lease)).await {
         outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
         status_sent = true;
+        log_pinned(&lease);
     } else if ctx.registry.newest_backup().is_none() {
         info!("snapshot status withheld until litestream reports a first backup");
     } else {
@@ -504,6 +512,7 @@ where
                 if let Some(status) = Box::pin(status_frame(&ctx, version, &mut lease)).await {
                     outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
                     status_sent = true;
+                    log_pinned(&lease);
                 }
             }
             at = liveness.tick() => {

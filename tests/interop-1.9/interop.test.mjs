@@ -8,12 +8,15 @@ import assert from 'node:assert/strict';
 import {existsSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
 import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from '../interop-lib/procs.mjs';
-import {field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../interop-lib/util.mjs';
+import {StrayLines, field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../interop-lib/util.mjs';
 import {CDC, STANDIN, Topology, ZERO_CLI, eventually, progressSamples} from './lib/topology.mjs';
 import {Pump, zeroClient} from './lib/clients.mjs';
 
 const t = new Topology('main');
 const extra = []; // further deployments (the cold start), closed with the main one
+const everyTopology = [t]; // every deployment started, closed or not
+/** Lines of a sidecar's output that are not log records (a panic, a stray print): none may appear. */
+const strays = new StrayLines(() => everyTopology.map(topo => topo.procs));
 const clientLog = [];
 let failed = false;
 let replicaVersion;
@@ -109,8 +112,10 @@ function assertTelemetryOff() {
 
 function scenario(name, fn, {timeout = 180_000, skip} = {}) {
   test(name, {timeout, skip}, async () => {
+    strays.mark();
     try {
       await fn();
+      strays.assertNoneSince('during this scenario');
     } catch (e) {
       failed = true;
       throw e;
@@ -138,15 +143,28 @@ before(async () => {
 });
 
 after(async () => {
-  if (failed) {
+  // Everything stopped first, so that the check below sees all the sidecars wrote, their shutdown included.
+  for (const topo of [...extra, t]) await topo.procs.stopAll();
+  let stray = null;
+  try {
+    strays.assertNone('over the whole run');
+  } catch (e) {
+    stray = e;
+  }
+  if (failed || stray) {
+    const what = failed ? 'a scenario failed' : 'a sidecar wrote lines that are not log records';
     for (const topo of [t, ...extra]) {
-      process.stderr.write(`\n# interop-1.9: a scenario failed; logs of every process of "${topo.name}" follow (also in ${topo.logDir})\n`);
+      process.stderr.write(`\n# interop-1.9: ${what}; logs of every process of "${topo.name}" follow (also in ${topo.logDir})\n`);
       topo.procs.dump(undefined, 600);
     }
     process.stderr.write(`\n===== log of Zero's client in the tests =====\n${clientLog.join('\n')}\n`);
   }
-  for (const topo of [...extra, t]) await topo.close({keep: failed});
+  for (const topo of [...extra, t]) await topo.close({keep: failed || stray !== null});
   const left = markedPids();
+  if (stray) {
+    if (left.length > 0) stray.message += `\nand processes left running: ${left}`;
+    throw stray;
+  }
   assert.deepEqual(left, [], `processes left running: ${left}`);
 });
 
@@ -421,6 +439,7 @@ scenario('8. cold start with the first backup late: the view-syncer waits for a 
   const FIRST_UPLOAD_DELAY_MS = 25_000;
   const cold = new Topology('cold', {standinEnv: {INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
   extra.push(cold);
+  everyTopology.push(cold);
   await cold.prepare();
   await cold.startSidecar();
   const rm = cold.startReplicationManager();

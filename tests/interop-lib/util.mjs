@@ -1,6 +1,7 @@
 // Helpers both interop suites use (tests/interop for Zero 0.20, tests/interop-1.9 for Zero 1.9): free ports,
 // waiting for a condition, plain HTTP GETs, reading litestream's progress gauge off a metrics page, and the
-// sidecar's JSON log events.
+// sidecar's JSON log events and the lines of its output that are not log records.
+import assert from 'node:assert/strict';
 import {readFileSync} from 'node:fs';
 import {createServer} from 'node:net';
 import {setTimeout as sleep} from 'node:timers/promises';
@@ -103,4 +104,83 @@ export function sidecarEventsWith(procs, message, fields = {}) {
   return sidecarEvents(procs).filter(
     e => e.message === message && Object.entries(fields).every(([k, v]) => field(e, k) === v),
   );
+}
+
+/**
+ * Whether a line of the sidecar's output is one of its log records (`[log] format = "json"`): a JSON object with
+ * a `timestamp` and a `level`.
+ */
+export function isLogRecord(line) {
+  if (!line.startsWith('{')) return false;
+  try {
+    const record = JSON.parse(line);
+    return record !== null && typeof record === 'object' && !Array.isArray(record) &&
+      typeof record.timestamp === 'string' && typeof record.level === 'string';
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Lines the sidecar started as `name` in `procs` wrote to stdout or stderr, over all its runs, that are not log
+ * records: a panic message, a stray print. Each as {key, run, pid, logPath, lineNo, line, previous} (`previous`: the
+ * log record just before it, for context, when there is one). The last line of a running process may be unfinished
+ * and waits for a later look.
+ */
+export function sidecarStrayLines(procs, name = 'sidecar') {
+  const runs = [];
+  for (let p = procs.procs.get(name); p; p = p.previous) runs.unshift(p);
+  const out = [];
+  runs.forEach((p, i) => {
+    const lines = p.text.split('\n');
+    // Everything after the last newline: unfinished while the process runs, '' once its output ended with one.
+    const last = lines.pop();
+    if (!p.running && last !== '') lines.push(last);
+    lines.forEach((line, n) => {
+      if (isLogRecord(line)) return;
+      out.push({key: `${p.logPath}:${n}`, run: i + 1, pid: p.pid, logPath: p.logPath, lineNo: n + 1, line,
+        previous: n > 0 && isLogRecord(lines[n - 1]) ? lines[n - 1] : null});
+    });
+  });
+  return out;
+}
+
+/** Fails, listing each line with where it came from, if `strays` (from `sidecarStrayLines`) is not empty. */
+export function assertNoStrayLines(strays, where = '') {
+  if (strays.length === 0) return;
+  const shown = strays.slice(0, 40).map(s =>
+    `  run ${s.run} (pid ${s.pid}, ${s.logPath}) line ${s.lineNo}: ${JSON.stringify(s.line)}` +
+    (s.previous !== null ? `\n      after the record: ${s.previous.slice(0, 300)}` : ''));
+  if (strays.length > shown.length) shown.push(`  [... ${strays.length - shown.length} more]`);
+  assert.fail(
+    `the sidecar${where ? ` ${where}` : ''} wrote ${strays.length} line(s) that are not JSON log records ` +
+    `(expected every line of its stdout and stderr to be a {"timestamp", "level", ...} record):\n${shown.join('\n')}`);
+}
+
+/**
+ * The stray lines (`sidecarStrayLines`) of the sidecars of every `Procs` that `procsList()` returns (asked at each
+ * look, as deployments come and go), and a check of those that appeared since a mark: `mark()` at the start of a
+ * test, `assertNoneSince(where)` at its end, `assertNone(where)` once everything has stopped.
+ */
+export class StrayLines {
+  constructor(procsList) {
+    this.procsList = procsList;
+    this.marked = new Set();
+  }
+
+  all() {
+    return this.procsList().flatMap(procs => sidecarStrayLines(procs));
+  }
+
+  mark() {
+    this.marked = new Set(this.all().map(s => s.key));
+  }
+
+  assertNoneSince(where) {
+    assertNoStrayLines(this.all().filter(s => !this.marked.has(s.key)), where);
+  }
+
+  assertNone(where) {
+    assertNoStrayLines(this.all(), where);
+  }
 }

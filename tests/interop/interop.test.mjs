@@ -6,7 +6,7 @@ import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {setTimeout as sleep} from 'node:timers/promises';
 import {listeners, connections, markedPids} from '../interop-lib/procs.mjs';
-import {field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../interop-lib/util.mjs';
+import {StrayLines, field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../interop-lib/util.mjs';
 import {Topology, eventually, progressSamples, RM_TASK_ID, VS_TASK_ID} from './lib/topology.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from './lib/clients.mjs';
 
@@ -32,6 +32,129 @@ function openReservations() {
   return new Map([...open].filter(([, n]) => n > 0));
 }
 
+/** Lines of the sidecar's output that are not log records (a panic, a stray print): none may appear. */
+const strays = new StrayLines(() => [t.procs]);
+
+/** The sidecar's purge records: finished, and stopped early by a change while it ran. */
+const PURGES = ['change log purged', 'change log purge stopped early; the next check continues'];
+
+/** The records that end a reservation, whichever way it ends. */
+const RESERVATION_ENDS = ['reservation ended by its subscription', 'reservation released', 'reservation closed'];
+
+/** A log record for a failure message: without `spans` and `target` (`span` still names the innermost one). */
+const brief = record => JSON.stringify(record, (k, v) => (k === 'spans' || k === 'target' ? undefined : v));
+
+/** A purge record's `reservations` field (`task=floor,...`) as a map. */
+function listedReservations(record) {
+  const list = field(record, 'reservations') ?? '';
+  return new Map(list.split(',').filter(Boolean).map(r => [r.slice(0, r.lastIndexOf('=')), r.slice(r.lastIndexOf('=') + 1)]));
+}
+
+/**
+ * What the sidecar logged about the (first) reservation of `task`: its "reservation opened" and "reservation pinned"
+ * records, the record that ended it (null while open), and every purge it decided while the reservation was open,
+ * with that decision: a purge whose "cleanup decision" record comes after "reservation opened" and whose own record
+ * comes before the reservation's end. The floor in effect for each is the one opened with until the pinned one.
+ */
+function purgesDuring(task) {
+  const all = sidecarEvents();
+  const ofTask = (i, messages) => messages.includes(all[i].message) && field(all[i], 'task_id') === task;
+  const opened = all.findIndex((_, i) => ofTask(i, ['reservation opened']));
+  if (opened < 0) return {opened: null, pinned: null, ended: null, purges: []};
+  const pinned = all.findIndex((_, i) => i > opened && ofTask(i, ['reservation pinned']));
+  const ended = all.findIndex((_, i) => i > opened && ofTask(i, RESERVATION_ENDS));
+  const end = ended < 0 ? all.length : ended;
+  const purges = [];
+  let decision = -1;
+  for (let i = opened + 1; i < end; i++) {
+    if (all[i].message === 'cleanup decision') decision = i;
+    if (!PURGES.includes(all[i].message) || decision < 0) continue;
+    const floor = pinned >= 0 && decision > pinned ? field(all[pinned], 'floor') : field(all[opened], 'floor');
+    purges.push({record: all[i], decision: all[decision], floor});
+  }
+  return {opened: all[opened], pinned: pinned < 0 ? null : all[pinned], ended: ended < 0 ? null : all[ended], purges};
+}
+
+/**
+ * No purge the sidecar decided while `task`'s reservation was open went above the floor the sidecar logged for it,
+ * and each one lists the reservation, at that floor, in its `reservations` field.
+ */
+function assertPurgesKeptTheFloor(task) {
+  const {opened, pinned, ended, purges} = purgesDuring(task);
+  const floorRecord = pinned ?? opened;
+  const where = `reservation ${task} (sidecar records: opened ${brief(opened)}; pinned ${brief(pinned)}; ` +
+    `ended ${brief(ended)})`;
+  assert.ok(opened && pinned, `expected the sidecar to log "reservation opened" and "reservation pinned" for ${where}`);
+  assert.ok(field(floorRecord, 'floor'), `expected a floor in the sidecar's "reservation pinned" record of ${where}`);
+  for (const {record, decision, floor} of purges) {
+    const seen = `purge ${brief(record)}, decided in ${brief(decision)}`;
+    assert.ok(field(record, 'before') <= floor,
+      `expected every purge decided while ${task} was open to delete only below its floor, before <= ${floor}; ` +
+      `saw before=${field(record, 'before')} in the ${seen}; ${where}`);
+    const listed = listedReservations(record);
+    assert.equal(listed.get(task), floor,
+      `expected every purge decided while ${task} was open to list it as ${task}=${floor} in its reservations; ` +
+      `saw reservations="${field(record, 'reservations') ?? ''}" in the ${seen}; ${where}`);
+  }
+  return {floor: field(floorRecord, 'floor'), purges};
+}
+
+/**
+ * Reads the stand-in's page every `interval` ms until `stop()`: its backed-up watermarks, [{at, watermark, value}]
+ * (`at`: ms since the start), and the reads that failed, [{at, error}].
+ */
+function sampleStandin(interval = 250) {
+  const started = Date.now();
+  const samples = [];
+  const failures = [];
+  let stopping = false;
+  const done = (async () => {
+    while (!stopping) {
+      try {
+        const page = await t.standinPage();
+        for (const p of progressSamples(page)) samples.push({at: Date.now() - started, watermark: p.watermark, value: p.value});
+      } catch (e) {
+        failures.push({at: Date.now() - started, error: e.message});
+      }
+      await sleep(interval);
+    }
+  })();
+  return {samples, failures, stop: async () => {
+    stopping = true;
+    await done;
+  }};
+}
+
+/** Consecutive samples with the same watermark, as one run each: [{watermark, from, to, value}]. */
+function watermarkRuns(samples) {
+  const runs = [];
+  for (const s of samples) {
+    if (runs.at(-1)?.watermark === s.watermark) runs.at(-1).to = s.at;
+    else runs.push({watermark: s.watermark, from: s.at, to: s.at, value: s.value});
+  }
+  return runs;
+}
+
+/** The sampled watermarks, each with when it was seen (seconds from the start) and its gauge value. */
+function history({samples, failures}) {
+  return watermarkRuns(samples)
+    .map(r => `${r.watermark} (+${(r.from / 1000).toFixed(1)}..${(r.to / 1000).toFixed(1)} s, time ${r.value})`)
+    .join(', ') + (failures.length ? `; failed reads: ${JSON.stringify(failures.slice(0, 5))}` : '');
+}
+
+/** The stand-in's backed-up watermark never went back while sampled: each change of it was an increase. */
+function assertOnlyIncreasing(sampled) {
+  const {samples} = sampled;
+  assert.ok(samples.length >= 20,
+    `expected the stand-in's page sampled over the scenario; saw ${samples.length} samples: ${history(sampled)}`);
+  const runs = watermarkRuns(samples);
+  for (let i = 1; i < runs.length; i++) {
+    assert.ok(runs[i].watermark > runs[i - 1].watermark,
+      `expected the stand-in's backed-up watermark only to increase; saw ${runs[i - 1].watermark} then ` +
+      `${runs[i].watermark} at +${(runs[i].from / 1000).toFixed(1)} s. Every watermark sampled: ${history(sampled)}`);
+  }
+}
+
 /** Lines of Zero's replication-manager log showing that Zero itself scheduled or ran a change-log cleanup. */
 const ZERO_CLEANUP = /replicated watermark=|Purged \d+ changes|behind backup|No subscribers to confirm cleanup|pausing change-log cleanup|snapshot initialized by|increased cleanup delay/;
 
@@ -54,8 +177,10 @@ async function changeLogWatermarks() {
 
 function scenario(name, fn, timeout = 180_000) {
   test(name, {timeout}, async () => {
+    strays.mark();
     try {
       await fn();
+      strays.assertNoneSince('during this scenario');
     } catch (e) {
       failed = true;
       throw e;
@@ -86,13 +211,26 @@ before(async () => {
 
 after(async () => {
   for (const p of pumps) p.cancel();
-  if (failed) {
-    process.stderr.write(`\n# interop: a scenario failed; logs of every process follow (also in ${t.logDir})\n`);
+  // Everything stopped first, so that the check below sees all the sidecar wrote, its shutdown included.
+  await t.procs.stopAll();
+  let stray = null;
+  try {
+    strays.assertNone('over the whole run');
+  } catch (e) {
+    stray = e;
+  }
+  if (failed || stray) {
+    process.stderr.write(`\n# interop: ${failed ? 'a scenario failed' : 'the sidecar wrote lines that are not log records'}; ` +
+      `logs of every process follow (also in ${t.logDir})\n`);
     t.procs.dump();
     process.stderr.write(`\n===== log of Zero's client in the tests =====\n${clientLog.join('\n')}\n`);
   }
-  await t.close({keep: failed});
+  await t.close({keep: failed || stray !== null});
   const left = markedPids();
+  if (stray) {
+    if (left.length > 0) stray.message += `\nand processes left running: ${left}`;
+    throw stray;
+  }
   assert.deepEqual(left, [], `processes left running: ${left}`);
 });
 
@@ -190,6 +328,20 @@ scenario('2. a subscription through the sidecar: status, then begin/data/commit 
 });
 
 scenario('3. cleanup on the real change log: reservations, backups, the cleanup delay and subscriber acks', async () => {
+  // The stand-in's backups, read over the whole scenario: they only move forward.
+  const standinWatermarks = sampleStandin();
+  try {
+    await scenario3();
+  } catch (e) {
+    await standinWatermarks.stop();
+    process.stderr.write(`\n# scenario 3 failed; the stand-in's backed-up watermarks over it: ${history(standinWatermarks)}\n`);
+    throw e;
+  }
+  await standinWatermarks.stop();
+  assertOnlyIncreasing(standinWatermarks);
+}, 240_000);
+
+async function scenario3() {
   const S3_TASK = 'interop-restore-3';
   // Zero's BackupMonitor polls the sidecar's proxy: it gets litestream's page without the watermark gauge.
   const standin = await t.standinPage();
@@ -200,12 +352,17 @@ scenario('3. cleanup on the real change log: reservations, backups, the cleanup 
   assert.doesNotMatch(proxied.body, /litestream_replica_progress/, 'the proxy hides the watermark from Zero');
 
   await t.waitBackedUp(w2);
-  // A restore starts: reservation R. The newest backup at that moment is its floor.
+  // A restore starts: reservation R. The newest backup the sidecar knows at that moment is its floor, as it logs.
   const reservation = new Pump(await client.reserveSnapshot(S3_TASK), 'reservation 3');
   pumps.push(reservation);
   await reservation.waitFor('the status', ms => ms.length > 0);
-  const floor = await t.backedUp();
-  assert.ok(floor >= w2, 'scenario 2 is backed up');
+  const standinFloor = await t.backedUp();
+  assert.ok(standinFloor >= w2, `expected scenario 2 (${w2}) backed up by the stand-in; it reports ${standinFloor}`);
+  // The record is written before the status, but its line may reach this process after the status does.
+  await eventually(`the sidecar to log the floor of ${S3_TASK}`, () => purgesDuring(S3_TASK).pinned);
+  const {floor} = assertPurgesKeptTheFloor(S3_TASK);
+  assert.ok(floor <= standinFloor,
+    `expected the sidecar's floor for ${S3_TASK} to be a backup the stand-in reported (<= ${standinFloor}); saw ${floor}`);
 
   // Three transactions, each backed up on its own.
   const w = [];
@@ -229,11 +386,11 @@ scenario('3. cleanup on the real change log: reservations, backups, the cleanup 
   const afterWait = await t.changeLog();
   for (const r of protectedRows) {
     assert.ok(afterWait.some(a => a.watermark === r.watermark && a.rows === r.rows),
-      `row ${r.watermark} (at or above the reservation's backup ${floor}) must not be purged while it is open`);
+      `row ${r.watermark} (at or above the reservation's floor ${floor}) must not be purged while it is open: ` +
+      `expected ${r.rows} rows there, the change log has ${JSON.stringify(afterWait)}; purges: ` +
+      `${JSON.stringify(events('change log purged'))}`);
   }
-  for (const e of events('change log purged')) {
-    assert.ok(field(e, 'before') <= floor, `purged past the open reservation's backup: ${JSON.stringify(e)}`);
-  }
+  assertPurgesKeptTheFloor(S3_TASK);
   const holds = events('cleanup held').map(e => field(e, 'reason'));
   assert.ok(holds.includes('backup above a reservation floor'), `held for the reservation: ${holds}`);
   assert.deepEqual(t.procs.get('replication-manager').matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
@@ -247,6 +404,8 @@ scenario('3. cleanup on the real change log: reservations, backups, the cleanup 
   pumps.push(restored);
   await restored.waitFor('the status', ms => ms.length > 0);
   await reservation.waitEnded();
+  await eventually(`the sidecar to log the end of ${S3_TASK}`, () => purgesDuring(S3_TASK).ended);
+  assertPurgesKeptTheFloor(S3_TASK);
 
   // Now rows below w1 may go (w1's backup aged, every subscriber is at or past w1), and only those: the laggard
   // still needs what follows w1.
@@ -282,7 +441,7 @@ scenario('3. cleanup on the real change log: reservations, backups, the cleanup 
   assert.doesNotMatch((await t.proxyPage()).body, /litestream_replica_progress/);
   caughtUp.cancel();
   restored.cancel();
-}, 240_000);
+}
 
 scenario('4. a view-syncer restores from the backup the sidecar hands it and streams through the sidecar', async () => {
   assert.ok(!(await import('node:fs')).existsSync(t.vsReplica), 'the view-syncer starts with no replica');
