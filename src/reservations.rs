@@ -440,7 +440,10 @@ async fn status_frame(ctx: &SnapshotContext, version: u64, lease: &mut Lease) ->
 /// first one came; v4+: lowered to the status's `minWatermark`): while it is open, no purge deletes a change-log row
 /// at or above it. Once per reservation, as its status is sent once.
 fn log_pinned(lease: &Lease) {
-    info!(floor = lease.floor().unwrap_or(""), "reservation pinned");
+    info!(
+        floor = lease.floor().as_deref().unwrap_or(""),
+        "reservation pinned"
+    );
 }
 
 /// How a reservation's socket is left once the loop has decided that it ends.
