@@ -457,8 +457,8 @@ impl fmt::Display for HoldReason {
 /// - `W >` `last_purged`.
 ///
 /// It also needs the sidecar to have been up for `cleanup_delay`, litestream's gauge at or above every watermark it
-/// reported, at least one connected subscriber, and no tracked subscriber still at its replica version. W need not be the newest backup: a slow subscriber or an older
-/// reservation only lowers it.
+/// reported, at least one connected subscriber, and no tracked subscriber still at its replica version. W need not
+/// be the newest backup: a slow subscriber or an older reservation only lowers it.
 ///
 /// Otherwise it holds with the first reason that applies, checked in this fixed order (that of [`HoldReason::ALL`]):
 /// 1. `NotRegistered`: ownership is checked and `ownerAddress` does not name the sidecar.

@@ -538,8 +538,8 @@ pub fn strip_progress_family(page: &[u8]) -> Cow<'_, [u8]> {
 
 /// `page` with the progress family replaced by one sample that says `through` was backed up at its backup time:
 /// the watermark the sidecar has already purged below. Its `db` and `name` are those of the first sample
-/// [`parse_progress`] takes; the rest of the page is kept byte for byte, as [`strip_progress_family`] keeps it. Without a purge yet,
-/// or without such a sample, the family is removed as in `hide` mode.
+/// [`parse_progress`] takes; the rest of the page is kept byte for byte, as [`strip_progress_family`] keeps it.
+/// Without a purge yet, or without such a sample, the family is removed as in `hide` mode.
 ///
 /// Zero's own cleanup then sees a live, advancing backup — its upload verification, its one-hour check, its
 /// backup-lag metric and a readiness gate waiting for the first backed-up watermark all work — while the purge it
