@@ -483,7 +483,7 @@ impl Monitor {
         let mut outcome = PurgeOutcome::default();
         let purged = self
             .change_db
-            .purge_into(
+            .purge_within(
                 &before,
                 expected,
                 self.batch_rows,

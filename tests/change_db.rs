@@ -963,6 +963,26 @@ async fn a_purge_the_role_may_not_run_is_a_permanent_permission_failure() {
     .await;
 }
 
+/// A purge by the sidecar's address, three rows a batch, asking `ceiling` before every batch.
+async fn purge_under(
+    db: &ChangeDb,
+    before: &str,
+    ceiling: impl Fn() -> litestream_sidecar::cleanup::Ceiling,
+) -> PurgeOutcome {
+    let mut outcome = PurgeOutcome::default();
+    db.purge_within(
+        before,
+        Some(SIDECAR),
+        3,
+        &CancellationToken::new(),
+        ceiling,
+        &mut outcome,
+    )
+    .await
+    .unwrap();
+    outcome
+}
+
 /// The ceiling is asked before every batch: a reservation that appears between two batches limits the batches
 /// after it to its floor, and one that protects everything stops the purge; rows at and above the floor stay.
 #[tokio::test]
@@ -977,16 +997,14 @@ async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
 
     // Three rows a batch: the first batch takes all of 0u, then a reservation at floor 0z (= w[1]) appears.
     let asked = AtomicU32::new(0);
-    let outcome = db
-        .purge_within("zzzz", Some(SIDECAR), 3, &CancellationToken::new(), || {
-            if asked.fetch_add(1, Ordering::SeqCst) == 0 {
-                Ceiling::None
-            } else {
-                Ceiling::Below(w[1].clone())
-            }
-        })
-        .await
-        .unwrap();
+    let outcome = purge_under(&db, "zzzz", || {
+        if asked.fetch_add(1, Ordering::SeqCst) == 0 {
+            Ceiling::None
+        } else {
+            Ceiling::Below(w[1].clone())
+        }
+    })
+    .await;
     assert_eq!(outcome.rows, 3);
     assert_eq!(
         outcome.stopped,
@@ -998,12 +1016,7 @@ async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
     assert_eq!(schema.rows().await, expected_rows(&refs(&w[1..]), 3));
 
     // A reservation that protects every row: nothing more is deleted.
-    let outcome = db
-        .purge_within("zzzz", Some(SIDECAR), 3, &CancellationToken::new(), || {
-            Ceiling::Everything
-        })
-        .await
-        .unwrap();
+    let outcome = purge_under(&db, "zzzz", || Ceiling::Everything).await;
     assert_eq!(
         (outcome.rows, outcome.stopped),
         (0, Some(PurgeStop::Reserved { floor: None }))
@@ -1011,12 +1024,7 @@ async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
     assert_eq!(schema.rows().await, expected_rows(&refs(&w[1..]), 3));
 
     // A floor above the target changes nothing.
-    let outcome = db
-        .purge_within(&w[2], Some(SIDECAR), 3, &CancellationToken::new(), || {
-            Ceiling::Below(w[4].clone())
-        })
-        .await
-        .unwrap();
+    let outcome = purge_under(&db, &w[2], || Ceiling::Below(w[4].clone())).await;
     assert_eq!((outcome.rows, outcome.stopped), (3, None));
     assert_eq!(schema.rows().await, expected_rows(&refs(&w[2..]), 3));
     shutdown.cancel();

@@ -523,30 +523,24 @@ impl ChangeDb {
         batch_rows: i64,
         stop: &CancellationToken,
     ) -> Result<PurgeOutcome, DbError> {
-        self.purge_within(before, expected, batch_rows, stop, || Ceiling::None)
-            .await
+        let mut outcome = PurgeOutcome::default();
+        self.purge_within(
+            before,
+            expected,
+            batch_rows,
+            stop,
+            || Ceiling::None,
+            &mut outcome,
+        )
+        .await?;
+        Ok(outcome)
     }
 
     /// [`ChangeDb::purge`], with `ceiling` asked before every batch: a reservation opened while the purge runs
     /// lowers the target of the batches after it to its floor (to nothing for one that protects every row), and
-    /// the purge then ends as [`PurgeStop::Reserved`].
+    /// the purge then ends as [`PurgeStop::Reserved`]. `outcome` is recorded into as batches commit, so that after
+    /// an error (the server restarted, the connection dropped) it still counts the rows that went first.
     pub async fn purge_within<'a>(
-        &self,
-        before: &str,
-        expected: Option<impl Into<Expected<'a>>>,
-        batch_rows: i64,
-        stop: &CancellationToken,
-        ceiling: impl Fn() -> Ceiling,
-    ) -> Result<PurgeOutcome, DbError> {
-        let mut outcome = PurgeOutcome::default();
-        self.purge_into(before, expected, batch_rows, stop, ceiling, &mut outcome)
-            .await?;
-        Ok(outcome)
-    }
-
-    /// [`ChangeDb::purge_within`], recording into `outcome` as it goes: when a batch fails (the server restarted,
-    /// the connection dropped), `outcome` still holds the batches committed before it, whose rows are gone.
-    pub async fn purge_into<'a>(
         &self,
         before: &str,
         expected: Option<impl Into<Expected<'a>>>,
