@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod pg;
+pub mod process;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod clients;
 mod litestream;
 mod postgres;
 mod relay;

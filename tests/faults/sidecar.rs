@@ -8,7 +8,8 @@ use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::state;
 use litestream_sidecar::subscribers::SubscriberInfo;
 
-use crate::common::pg::TestSchema;
+use crate::common::pg::{lexi, TestSchema};
+use crate::common::process::{metric, Process};
 use crate::common::*;
 
 fn subscriber(watermark: &str) -> SubscriberInfo {
@@ -111,4 +112,353 @@ async fn a_learned_cleanup_delay_survives_a_restart_and_protects_restores_begun_
     })
     .await;
     sidecar.stop().await;
+}
+
+/// Backups this old have passed any cleanup delay in these cases.
+fn aged() -> f64 {
+    epoch_now() - 600.0
+}
+
+/// Writes the config of a real sidecar process on `db` (its sessions named `db.application_name()`), purging
+/// without relayed subscribers once `reconnect_grace` has passed, checking every second, in batches of
+/// `batch_rows`, keeping its state in `state`.
+fn write_process_config(
+    dir: &std::path::Path,
+    db: &TestSchema,
+    litestream: &MetricsServer,
+    state: &std::path::Path,
+    batch_rows: i64,
+) -> std::path::PathBuf {
+    let url = crate::common::pg::database_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{separator}application_name={}", db.application_name());
+    let text = format!(
+        "{}[server]\nlisten = \"127.0.0.1:0\"\n\
+         [litestream]\nbackup_url = \"{BACKUP_URL}\"\nproxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n\
+         check_interval = \"1s\"\n\
+         [discovery]\nmode = \"off\"\n\
+         [cleanup]\nwithout_subscribers = \"after_grace\"\nreconnect_grace = \"1s\"\nbatch_rows = {batch_rows}\n\
+         state_file = \"{}\"\n\
+         [log]\nformat = \"json\"\n",
+        db.config_at(&url),
+        litestream.url(),
+        state.display()
+    );
+    let path = dir.join("sidecar.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Zero's storer's transactions at `watermarks`, `data_rows` inserts each between `begin` (pos 0) and `commit`, in
+/// one statement: a purge of thousands of batches needs thousands of rows.
+async fn insert_transactions(db: &TestSchema, watermarks: &[String], data_rows: i64) {
+    let sql = format!(
+        r#"INSERT INTO {} (watermark, pos, change, precommit)
+           SELECT w, p,
+                  (CASE WHEN p = 0 THEN '{{"tag":"begin","json":"p"}}'
+                        WHEN p = $2::int8 + 1 THEN '{{"tag":"commit"}}'
+                        ELSE json_build_object('tag', 'insert', 'new', json_build_object('id', w || '-' || p))::text
+                   END)::json,
+                  CASE WHEN p = $2::int8 + 1 THEN w END
+             FROM unnest($1::text[]) AS w, generate_series(0::int8, $2::int8 + 1) AS p"#,
+        db.table("changeLog")
+    );
+    db.client
+        .execute(&sql, &[&watermarks, &data_rows])
+        .await
+        .expect("insert the change log");
+}
+
+async fn row_count(db: &TestSchema) -> usize {
+    let count: i64 = db
+        .client
+        .query_one(
+            &format!("SELECT count(*) FROM {}", db.table("changeLog")),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    count as usize
+}
+
+/// Waits until PostgreSQL has ended every session of the killed process: a COMMIT it sent just before the kill
+/// may still land until then, so only afterwards are the rows final.
+async fn sessions_gone(db: &TestSchema) {
+    let name = db.application_name();
+    within(
+        "the killed process's sessions to end",
+        Duration::from_secs(30),
+        || async {
+            let count: i64 = db
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&name],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            count == 0
+        },
+    )
+    .await;
+}
+
+/// Polls `check` until it holds, for waits longer than [`eventually_async`]'s (a process holds cleanup for its first
+/// cleanup delay); a hang guard, not a timing assertion.
+async fn within<F, Fut>(what: &str, guard: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + guard;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn holds(page: &str, reason: HoldReason) -> f64 {
+    metric(
+        page,
+        &format!(
+            "litestream_sidecar_cleanup_holds_total{{reason=\"{}\"}}",
+            reason.as_str()
+        ),
+    )
+    .unwrap_or_else(|| panic!("no {reason:?} holds on the page:\n{page}"))
+}
+
+/// The binary killed with SIGKILL in the middle of a purge of thousands of one-row batches: every committed batch
+/// stays committed, the one in flight dies with its session, and no row at or above the purge's watermark is
+/// deleted. Nothing records the purge as done, so the restarted process — once its start-up hold is over — purges
+/// the rest by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_a_purge_keeps_every_row_from_its_watermark_and_the_restarted_process_finishes_it(
+) {
+    const TRANSACTIONS: u64 = 40;
+    const DATA_ROWS: i64 = 100;
+    let db = TestSchema::create(Some(5), None).await;
+    let watermarks: Vec<String> = (0..TRANSACTIONS).map(|i| lexi(50_000 + i)).collect();
+    insert_transactions(&db, &watermarks, DATA_ROWS).await;
+    let all = db.rows().await;
+    assert_eq!(all.len() as u64, TRANSACTIONS * (DATA_ROWS as u64 + 2));
+    // Aged backups at the 11th and 31st transactions: the purge deletes the 30 before the newest, 3060 rows.
+    let target = watermarks[30].clone();
+    let kept: Vec<(String, i64)> = all.iter().filter(|(w, _)| *w >= target).cloned().collect();
+    let litestream = MetricsServer::start(&progress_page(&[
+        (&watermarks[10], aged()),
+        (&target, aged()),
+    ]))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let state_path = dir.path().join("state.json");
+    let config = write_process_config(dir.path(), &db, &litestream, &state_path, 1);
+
+    // After its 30 s start-up hold the process purges; it is killed once the first batches are gone.
+    let mut first = Process::spawn(&config).await;
+    within("the purge to begin", Duration::from_secs(60), || async {
+        row_count(&db).await < all.len()
+    })
+    .await;
+    first.kill();
+    sessions_gone(&db).await;
+    let after_kill = db.rows().await;
+    let (below, at_or_above): (Vec<_>, Vec<_>) =
+        after_kill.iter().cloned().partition(|(w, _)| *w < target);
+    assert_eq!(
+        at_or_above, kept,
+        "no row at or above the purge's watermark is deleted"
+    );
+    assert!(
+        !below.is_empty(),
+        "the purge finished before the kill: this case needs more rows\n{}",
+        first.log_text()
+    );
+    // What is left below it is a tail of the log: committed batches delete in key order, none half.
+    assert_eq!(
+        below,
+        all[all.len() - kept.len() - below.len()..all.len() - kept.len()]
+    );
+    // The interrupted purge is not on disk as done: a restart that skipped it would leave these rows for good.
+    let saved = state::load(&state_path)
+        .unwrap()
+        .expect("the first check wrote the state");
+    assert_eq!(saved.last_purge, None);
+    assert!(first.logged("change log purged").is_empty());
+
+    // Restarted: held for its own first cleanup delay (a restore may have begun before the kill), then it
+    // finishes the purge by itself, and counts exactly the rows the first run left.
+    let second = Process::spawn(&config).await;
+    within("a start-up hold", Duration::from_secs(10), || async {
+        holds(&second.metrics().await, HoldReason::StartingUp) >= 1.0
+    })
+    .await;
+    let page = second.metrics().await;
+    assert_eq!(
+        metric(&page, "litestream_sidecar_purge_runs_total"),
+        Some(0.0),
+        "{page}"
+    );
+    assert_eq!(
+        db.rows().await,
+        after_kill,
+        "nothing purged while starting up"
+    );
+    within("the purge finished", Duration::from_secs(60), || async {
+        db.rows().await == kept
+    })
+    .await;
+    within("the purge counted", Duration::from_secs(10), || async {
+        let page = second.metrics().await;
+        metric(&page, "litestream_sidecar_purge_runs_total") >= Some(1.0)
+    })
+    .await;
+    let page = second.metrics().await;
+    assert_eq!(
+        metric(&page, "litestream_sidecar_purged_rows_total"),
+        Some(below.len() as f64),
+        "{page}"
+    );
+    let purged = second.logged("change log purged");
+    assert_eq!(purged.len(), 1, "{}", second.log_text());
+    assert_eq!(purged[0]["before"], target.as_str());
+    within("the purge on disk", Duration::from_secs(10), || async {
+        state::load(&state_path)
+            .ok()
+            .flatten()
+            .and_then(|s| s.last_purge)
+            .is_some_and(|b| b.watermark == target)
+    })
+    .await;
+    drop(second);
+    db.drop().await;
+}
+
+/// The binary killed with SIGKILL while a view-syncer restores (a v3 reservation open, pinned at the newest backup
+/// then, with an older aged backup below it), after litestream reported a newer aged backup. The reservation dies
+/// with the process; the restore may still run, and the restarted process knows nothing of it. What protects it is
+/// the start-up hold for the cleanup delay the state file carries — 45 s learned, over the configured 30 s — and
+/// only after that does the restarted process purge past the old floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_a_restore_the_restarted_process_holds_cleanup_for_the_learned_delay() {
+    const LEARNED: Duration = Duration::from_secs(45);
+    let db = TestSchema::create(Some(5), None).await;
+    for w in ["0a", "0b", "0c", "0d", "0e", "0f"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[("0b", aged()), ("0c", aged())])).await;
+    let dir = tempfile::tempdir().unwrap();
+    let state_path = dir.path().join("state.json");
+    // As a previous run that saw a 45 s restore left it, in a form the sidecar itself would not write.
+    std::fs::write(
+        &state_path,
+        r#"{"version":1,"cleanup_delay_ms":45000,"last_purge":null}"#,
+    )
+    .unwrap();
+    let config = write_process_config(dir.path(), &db, &litestream, &state_path, 1000);
+
+    let mut first = Process::spawn(&config).await;
+    let mut restore = connect(&format!(
+        "ws://{}/replication/v3/snapshot?taskID=restoring",
+        first.addr
+    ))
+    .await;
+    assert!(next_text(&mut restore)
+        .await
+        .contains(&format!("\"backupURL\":\"{BACKUP_URL}\"")));
+    within("the floor logged", Duration::from_secs(10), || async {
+        !first.logged("reservation pinned").is_empty()
+    })
+    .await;
+    assert_eq!(first.logged("reservation pinned")[0]["floor"], "0c");
+    // A newer backup, aged: without the reservation, 0c and 0d would be purgeable now.
+    litestream.set_page(&progress_page(&[
+        ("0b", aged()),
+        ("0c", aged()),
+        ("0e", aged()),
+    ]));
+    within("the newer backup seen", Duration::from_secs(10), || async {
+        first
+            .metrics()
+            .await
+            .contains("litestream_sidecar_backup_watermark{watermark=\"0e\"} 1")
+    })
+    .await;
+    // The process carries the learned delay on: it rewrites the file in its own form, with the same delay.
+    within("the state rewritten", Duration::from_secs(10), || async {
+        std::fs::read_to_string(&state_path).is_ok_and(|t| t.contains('\n'))
+    })
+    .await;
+    assert_eq!(
+        state::load(&state_path).unwrap().unwrap().cleanup_delay,
+        LEARNED
+    );
+    let page = first.metrics().await;
+    assert_eq!(
+        metric(&page, "litestream_sidecar_reservations_open"),
+        Some(1.0)
+    );
+    first.kill();
+    // The restore's socket dies with the process, without a close.
+    assert_eq!(next_message(&mut restore).await, None);
+    let all = db.rows().await;
+    assert_eq!(db.watermarks().await, ["0a", "0b", "0c", "0d", "0e", "0f"]);
+
+    let second = Process::spawn(&config).await;
+    let restored = second.logged("state restored");
+    assert_eq!(restored.len(), 1, "{}", second.log_text());
+    assert_eq!(restored[0]["cleanup_delay"], "45s");
+    let page = second.metrics().await;
+    assert_eq!(
+        metric(&page, "litestream_sidecar_reservations_open"),
+        Some(0.0),
+        "the reservation is gone with the process"
+    );
+    assert_eq!(
+        metric(&page, "litestream_sidecar_cleanup_delay_seconds"),
+        Some(45.0),
+        "{page}"
+    );
+    // Past the configured 30 s of uptime (counted from when it listened, after its start), and short of the
+    // learned 45 s (counted from the spawn, before its start), it still holds, with every row kept.
+    let past_configured = second.listening + Duration::from_millis(31_500);
+    tokio::time::sleep_until(past_configured.into()).await;
+    let page = second.metrics().await;
+    let checked = std::time::Instant::now();
+    assert!(
+        checked < second.spawned + LEARNED,
+        "checked only after the learned delay had passed: the machine is too slow for this case"
+    );
+    assert!(holds(&page, HoldReason::StartingUp) >= 1.0, "{page}");
+    assert_eq!(
+        metric(&page, "litestream_sidecar_purge_runs_total"),
+        Some(0.0),
+        "{page}"
+    );
+    assert_eq!(
+        db.rows().await,
+        all,
+        "nothing purged within the learned delay"
+    );
+    let held = second.logged("cleanup held");
+    assert_eq!(held[0]["reason"], "starting up", "{}", second.log_text());
+
+    // Once the learned delay has passed since the start, it purges below the newest aged backup.
+    within(
+        "the purge past the old floor",
+        Duration::from_secs(40),
+        || async { db.watermarks().await == ["0e", "0f"] },
+    )
+    .await;
+    assert!(std::time::Instant::now() >= second.spawned + LEARNED);
+    let purged = second.logged("change log purged");
+    assert_eq!(purged.len(), 1, "{}", second.log_text());
+    assert_eq!(purged[0]["before"], "0e");
+    drop(second);
+    db.drop().await;
 }
