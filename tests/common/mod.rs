@@ -196,12 +196,21 @@ pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 }
 
 /// Polls an async `check` until it holds; a hang guard, not a timing assertion.
-pub async fn eventually_async<F, Fut>(what: &str, mut check: F)
+pub async fn eventually_async<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    within(what, Duration::from_secs(20), check).await;
+}
+
+/// [`eventually_async`] with a guard of its own, for waits that include a reconnect's backoff or a start-up hold.
+pub async fn within<F, Fut>(what: &str, guard: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + guard;
     while !check().await {
         assert!(
             tokio::time::Instant::now() < deadline,

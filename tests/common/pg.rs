@@ -227,6 +227,33 @@ impl TestSchema {
         format!("sidecar-{}", self.app_id)
     }
 
+    /// Zero's storer's transactions at `watermarks`, `data_rows` inserts each between `begin` (pos 0) and `commit`,
+    /// written in one statement: the restart case needs thousands of rows.
+    pub async fn insert_transactions(&self, watermarks: &[String], data_rows: i64) {
+        let sql = format!(
+            r#"INSERT INTO {} (watermark, pos, change, precommit)
+               SELECT w, p,
+                      (CASE WHEN p = 0 THEN '{{"tag":"begin","json":"p"}}'
+                            WHEN p = $2::int8 + 1 THEN '{{"tag":"commit"}}'
+                            ELSE json_build_object(
+                                   'tag', 'insert',
+                                   'relation', json_build_object('schema', 'public', 'name', 'issue',
+                                                                 'keyColumns', json_build_array('id'),
+                                                                 'replicaIdentity', 'default'),
+                                   'new', json_build_object('id', 'iss-' || w || '-' || p,
+                                                            'title', 'Row ' || p || ' at ' || w,
+                                                            'open', true, 'modified', 1715000000000))::text
+                       END)::json,
+                      CASE WHEN p = $2::int8 + 1 THEN w END
+                 FROM unnest($1::text[]) AS w, generate_series(0::int8, $2::int8 + 1) AS p"#,
+            self.table("changeLog")
+        );
+        self.client
+            .execute(&sql, &[&watermarks, &data_rows])
+            .await
+            .expect("insert the change log");
+    }
+
     /// One upstream transaction as Zero's storer writes it: `begin`, `data_rows` inserts, `commit`, all at the
     /// commit watermark (PROTOCOL.md §8.2).
     pub async fn insert_transaction(&self, watermark: &str, data_rows: i64) {

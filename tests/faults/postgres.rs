@@ -32,20 +32,6 @@ fn aged() -> f64 {
     epoch_now() - 120.0
 }
 
-/// Polls `check` until it holds, for waits longer than [`eventually_async`]'s (a reconnect after an outage waits
-/// for the supervisor's backoff, up to 10 s); a hang guard, not a timing assertion.
-async fn within<F, Fut>(what: &str, guard: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + guard;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A sidecar on `cluster`'s change DB with fast checks; `extra` is more TOML, starting in `[cleanup]`.
 fn sidecar_config(
     cluster: &Cluster,
@@ -70,33 +56,6 @@ fn subscriber(sidecar: &Sidecar, id: &str, watermark: &str) -> SubscriberHandle 
         replica_version: "01".into(),
         watermark: watermark.into(),
     })
-}
-
-/// Zero's storer's transactions at `watermarks`, `data_rows` inserts each between `begin` (pos 0) and `commit`,
-/// written in one statement: the restart case needs thousands of rows.
-async fn insert_transactions(db: &TestSchema, watermarks: &[String], data_rows: i64) {
-    let sql = format!(
-        r#"INSERT INTO {} (watermark, pos, change, precommit)
-           SELECT w, p,
-                  (CASE WHEN p = 0 THEN '{{"tag":"begin","json":"p"}}'
-                        WHEN p = $2::int8 + 1 THEN '{{"tag":"commit"}}'
-                        ELSE json_build_object(
-                               'tag', 'insert',
-                               'relation', json_build_object('schema', 'public', 'name', 'issue',
-                                                             'keyColumns', json_build_array('id'),
-                                                             'replicaIdentity', 'default'),
-                               'new', json_build_object('id', 'iss-' || w || '-' || p,
-                                                        'title', 'Row ' || p || ' at ' || w,
-                                                        'open', true, 'modified', 1715000000000))::text
-                   END)::json,
-                  CASE WHEN p = $2::int8 + 1 THEN w END
-             FROM unnest($1::text[]) AS w, generate_series(0::int8, $2::int8 + 1) AS p"#,
-        db.table("changeLog")
-    );
-    db.client
-        .execute(&sql, &[&watermarks, &data_rows])
-        .await
-        .expect("insert the change log");
 }
 
 /// The value of the first sample of `name` (with its labels, if any) on a metrics page.
@@ -197,7 +156,7 @@ async fn a_restart_in_the_middle_of_a_batched_purge_keeps_every_row_from_its_wat
     let cluster = Cluster::start().await;
     let mut db = TestSchema::create_on(&cluster.pg_config(), Some(5), None).await;
     let watermarks: Vec<String> = (0..TRANSACTIONS).map(|i| lexi(50_000 + i)).collect();
-    insert_transactions(&db, &watermarks, DATA_ROWS).await;
+    db.insert_transactions(&watermarks, DATA_ROWS).await;
     let all = db.rows().await;
     assert_eq!(all.len() as u64, TRANSACTIONS * (DATA_ROWS as u64 + 2));
     // Backed up (and aged) through the 31st transaction: the purge deletes the 30 before it, 3060 rows, one per

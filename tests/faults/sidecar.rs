@@ -149,26 +149,6 @@ fn write_process_config(
     path
 }
 
-/// Zero's storer's transactions at `watermarks`, `data_rows` inserts each between `begin` (pos 0) and `commit`, in
-/// one statement: a purge of thousands of batches needs thousands of rows.
-async fn insert_transactions(db: &TestSchema, watermarks: &[String], data_rows: i64) {
-    let sql = format!(
-        r#"INSERT INTO {} (watermark, pos, change, precommit)
-           SELECT w, p,
-                  (CASE WHEN p = 0 THEN '{{"tag":"begin","json":"p"}}'
-                        WHEN p = $2::int8 + 1 THEN '{{"tag":"commit"}}'
-                        ELSE json_build_object('tag', 'insert', 'new', json_build_object('id', w || '-' || p))::text
-                   END)::json,
-                  CASE WHEN p = $2::int8 + 1 THEN w END
-             FROM unnest($1::text[]) AS w, generate_series(0::int8, $2::int8 + 1) AS p"#,
-        db.table("changeLog")
-    );
-    db.client
-        .execute(&sql, &[&watermarks, &data_rows])
-        .await
-        .expect("insert the change log");
-}
-
 async fn row_count(db: &TestSchema) -> usize {
     let count: i64 = db
         .client
@@ -205,23 +185,6 @@ async fn sessions_gone(db: &TestSchema) {
     .await;
 }
 
-/// Polls `check` until it holds, for waits longer than [`eventually_async`]'s (a process holds cleanup for its first
-/// cleanup delay); a hang guard, not a timing assertion.
-async fn within<F, Fut>(what: &str, guard: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + guard;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn holds(page: &str, reason: HoldReason) -> f64 {
     metric(
         page,
@@ -244,7 +207,7 @@ async fn killed_during_a_purge_keeps_every_row_from_its_watermark_and_the_restar
     const DATA_ROWS: i64 = 100;
     let db = TestSchema::create(Some(5), None).await;
     let watermarks: Vec<String> = (0..TRANSACTIONS).map(|i| lexi(50_000 + i)).collect();
-    insert_transactions(&db, &watermarks, DATA_ROWS).await;
+    db.insert_transactions(&watermarks, DATA_ROWS).await;
     let all = db.rows().await;
     assert_eq!(all.len() as u64, TRANSACTIONS * (DATA_ROWS as u64 + 2));
     // Aged backups at the 11th and 31st transactions: the purge deletes the 30 before the newest, 3060 rows.
