@@ -16,8 +16,8 @@ build:
 run: build
 	./target/release/litestream-sidecar --config $(CONFIG)
 
-# The cargo tests, then the end-to-end interop suite against real Zero processes (tests/interop), once per major
-# in $(PG), each on a throwaway PostgreSQL cluster.
+# The alerting rules' unit tests (promtool, once), then the cargo tests and the end-to-end interop suite against
+# real Zero processes (tests/interop), once per major in $(PG), each on a throwaway PostgreSQL cluster.
 test:
 	CARGO="$(CARGO)" scripts/test.sh $(PG)
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # `make test`: every Rust test and the interop suites with real Zero 0.20 and 1.9 (scripts/interop.sh,
-# scripts/interop-1.9.sh), once per PostgreSQL major:
+# scripts/interop-1.9.sh), once per PostgreSQL major, and the alerting rules' unit tests (scripts/test-alerts.sh)
+# once:
 #
 #   scripts/test.sh              # PostgreSQL 15 and 17 (or the majors in $PG)
 #   scripts/test.sh 18           # only PostgreSQL 18
 #
 # Each major gets its own throwaway cluster (scripts/with-postgres.sh starts and removes it). Every major runs even
-# when an earlier one failed; the last lines count the tests of each major and of the whole run. Examples and
-# benchmarks are compiled too, so a change cannot break `make bench` unnoticed.
+# when an earlier one failed; the last lines count the tests of each major, of the alerting rules and of the whole
+# run. Examples and benchmarks are compiled too, so a change cannot break `make bench` unnoticed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
@@ -23,6 +24,11 @@ $CARGO build --locked --all-targets
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 status=0
+
+# The alerting rules need no database: once, not per major.
+echo "=== alerting rules ===" >&2
+scripts/test-alerts.sh 2>&1 | tee "$logs/alerts.log" || status=1
+
 for major in "${majors[@]}"; do
   echo "=== PostgreSQL $major ===" >&2
   log=$logs/$major.log
@@ -48,6 +54,13 @@ for major in "${majors[@]}"; do
   total_passed=$((total_passed + rp + ip))
   total_failed=$((total_failed + rf + if_))
 done
+# scripts/test-alerts.sh closes with "alerts: N passed, M failed"; without that line it failed before testing.
+read -r ap af < <(awk '/^alerts: [0-9]+ passed, [0-9]+ failed$/ { p = $2; f = $4 } END { print p+0, f+0 }' \
+  "$logs/alerts.log")
+if ! grep -qE '^alerts: [0-9]+ passed, [0-9]+ failed$' "$logs/alerts.log"; then af=1; fi
+echo "alerting rules: $ap passed, $af failed"
+total_passed=$((total_passed + ap))
+total_failed=$((total_failed + af))
 echo "ran on PostgreSQL ${majors[*]}"
 echo "total: $total_passed passed, $total_failed failed"
 exit "$status"
