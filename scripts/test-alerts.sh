@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The alerting rules in deploy/prometheus: `promtool check rules` on the rules file, then `promtool test rules` on
-# its unit tests. promtool comes from Debian's `prometheus` package, installed first when it is missing, as
-# scripts/with-postgres.sh installs PostgreSQL (in a container the package's Prometheus server is not started; on a
-# host running systemd, Debian enables and starts it on :9090: `systemctl disable --now prometheus` if unwanted).
+# its unit tests. promtool comes from the machine when it has one, else from Debian's `prometheus` package, which
+# is downloaded and unpacked under target/tools rather than installed: installing it would also enable and start a
+# Prometheus server, which a test run must not leave behind.
 #
 # The last line counts the checks: the rules check is one, and every `eval_time` of the unit tests is one
 # (promtool names each failing one in its output: "alertname: …, time: …" or "expr: …, time: …").
@@ -12,11 +12,18 @@ cd "$(dirname "$0")/.."
 RULES=deploy/prometheus/litestream-sidecar.rules.yml
 TESTS=deploy/prometheus/litestream-sidecar.rules.test.yml
 
+TOOLS=$PWD/target/tools/prometheus
 if ! command -v promtool >/dev/null; then
-  echo "test-alerts: promtool not found; installing Debian's prometheus" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if [[ ! -x $TOOLS/usr/bin/promtool ]]; then
+    echo "test-alerts: promtool not found; unpacking Debian's prometheus package into $TOOLS" >&2
+    work=$(mktemp -d)
+    (cd "$work" && { apt-get download prometheus >/dev/null 2>&1 \
+      || { apt-get update -qq >&2 && apt-get download prometheus >/dev/null; }; })
+    mkdir -p "$TOOLS"
+    dpkg-deb -x "$work"/prometheus_*.deb "$TOOLS"
+    rm -rf "$work"
+  fi
+  export PATH=$TOOLS/usr/bin:$PATH
 fi
 promtool --version 2>&1 | head -1 >&2
 
