@@ -409,6 +409,10 @@ mod tests {
             registered: Some(true),
             change_db_up: true,
             scrape_errors: 1,
+            held: Some((HoldReason::SubscriberBehind, 95.5)),
+            change_log_rows: Some(1234),
+            upstream_up: false,
+            last_purge_timestamp: Some(1_750_000_000.0),
         };
         let text = render(&instruments, &snapshot);
         let scrape = parse(&text);
@@ -490,6 +494,29 @@ mod tests {
         assert_eq!(v("litestream_sidecar_registered"), 1.0);
         assert_eq!(v("litestream_sidecar_change_db_up"), 1.0);
         assert_eq!(v("litestream_sidecar_litestream_scrape_errors_total"), 1.0);
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_cleanup_held_seconds",
+                Some(("reason", "subscriber_behind"))
+            ),
+            95.5
+        );
+        assert_eq!(
+            scrape
+                .samples
+                .iter()
+                .filter(|s| s.metric == "litestream_sidecar_cleanup_held_seconds")
+                .count(),
+            1,
+            "only the reason in force has a series"
+        );
+        assert_eq!(v("litestream_sidecar_change_log_rows"), 1234.0);
+        assert_eq!(v("litestream_sidecar_upstream_up"), 0.0);
+        assert_eq!(
+            v("litestream_sidecar_last_purge_timestamp_seconds"),
+            1_750_000_000.0
+        );
         assert!(
             text.contains("litestream_sidecar_build_info{version=\""),
             "{text}"
@@ -510,5 +537,14 @@ mod tests {
         assert!(!text.contains("backup_age_seconds"), "{text}");
         assert!(!text.contains("litestream_sidecar_registered"), "{text}");
         assert!(!text.contains("watermark=\""), "{text}");
+        assert!(!text.contains("cleanup_held_seconds{"), "{text}");
+        assert!(!text.contains("change_log_rows"), "{text}");
+        assert!(!text.contains("last_purge_timestamp_seconds"), "{text}");
+    }
+
+    #[test]
+    fn the_upstream_counts_as_up_before_any_attempt() {
+        let instruments = Instruments::default();
+        assert!(instruments.upstream.get().up);
     }
 }
