@@ -42,7 +42,8 @@ struct Args {
 enum Command {
     /// Ask the running daemon for its state (GET /status) and print it as tables
     #[command(
-        after_help = "Exit codes: 0 printed, 1 the daemon did not answer or answered something else,                             78 invalid config (without --addr)."
+        after_help = "Exit codes: 0 printed, 1 the daemon did not answer or answered something else,\n\
+                      78 invalid config (without --addr)."
     )]
     Status {
         /// The daemon's host:port [default: server.listen from the config, a wildcard address as loopback]

@@ -401,12 +401,8 @@ impl Sources {
 /// Why `litestream-sidecar status` got no report.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("cannot reach the sidecar at {addr}: {source}")]
-    Unreachable {
-        addr: String,
-        #[source]
-        source: crate::litestream::ScrapeError,
-    },
+    #[error("cannot reach the sidecar at {addr}: {reason}")]
+    Unreachable { addr: String, reason: String },
     #[error("the sidecar at {addr} answered /status with something other than a status report: {source}")]
     NotAReport {
         addr: String,
@@ -417,12 +413,21 @@ pub enum FetchError {
 
 /// Asks the daemon at `addr` (`host:port`) for `/status`; returns the raw JSON and the parsed report.
 pub async fn fetch(addr: &str, timeout: Duration) -> Result<(String, Report), FetchError> {
-    let unreachable = |source| FetchError::Unreachable {
+    use crate::litestream::ScrapeError;
+    // The scraper's messages name the URL and call it a scrape; here the address is said once, up front.
+    let unreachable = |err: ScrapeError| FetchError::Unreachable {
         addr: addr.to_string(),
-        source,
+        reason: match err {
+            ScrapeError::Io { source, .. } => source.to_string(),
+            ScrapeError::Timeout { after, .. } => format!("no answer within {after:?}"),
+            ScrapeError::Http { status, .. } => format!("GET /status answered HTTP {status}"),
+            ScrapeError::TooLarge { limit, .. } => format!("answer larger than {limit} bytes"),
+            ScrapeError::InvalidUrl { reason, .. } => reason.to_string(),
+            other => other.to_string(),
+        },
     };
     let url = format!("http://{addr}/status").parse().map_err(|_| {
-        unreachable(crate::litestream::ScrapeError::InvalidUrl {
+        unreachable(ScrapeError::InvalidUrl {
             url: addr.to_string(),
             reason: "not a host:port",
         })
