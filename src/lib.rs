@@ -21,6 +21,7 @@
 //! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge or with it clamped.
 //! - [`metrics`]: the sidecar's own Prometheus metrics: instruments, the state read at scrape time, the page.
 //! - [`shared`]: state one loop writes and others read, and the rhythm of the periodic loops.
+//! - [`status`]: `GET /status` (the state as JSON) and the table `litestream-sidecar status` prints from it.
 //! - [`state`]: the learned cleanup delay and the last purge, kept in a file across restarts.
 
 #![forbid(unsafe_code)]
@@ -43,6 +44,7 @@ pub mod reservations;
 pub mod server;
 pub mod shared;
 pub mod state;
+pub mod status;
 pub mod subscribers;
 pub mod ws;
 
@@ -261,6 +263,16 @@ impl App {
                 status: self.status.clone(),
                 discovery_mode: self.config.discovery.mode,
                 discovery: self.discovery.clone(),
+            },
+            status: status::Sources {
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                status: self.status.clone(),
+                upstream: self.instruments.upstream.clone(),
+                upstream_address: self.config.upstream.address.clone(),
+                cleanup_enabled: self.config.cleanup.enabled,
+                reconnect_grace: self.config.cleanup.reconnect_grace,
+                started: self.started,
             },
             snapshot: SnapshotContext {
                 registry: self.registry.clone(),

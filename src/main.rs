@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use litestream_sidecar::config::{self, LogFormat};
 use litestream_sidecar::App;
 use tokio_util::sync::CancellationToken;
@@ -26,16 +26,50 @@ const EXIT_CHECK_FAILED: u8 = 2;
 )]
 struct Args {
     /// Config file [default: ./sidecar.toml, then /etc/litestream-sidecar/sidecar.toml]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", global = true)]
     config: Option<PathBuf>,
 
     /// Print the effective config (passwords redacted) and exit 0, or print every error and exit 2
     #[arg(long)]
     check_config: bool,
+
+    /// Without a command: run the daemon
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Ask the running daemon for its state (GET /status) and print it as tables
+    #[command(
+        after_help = "Exit codes: 0 printed, 1 the daemon did not answer or answered something else,\n\
+                      78 invalid config (without --addr)."
+    )]
+    Status {
+        /// The daemon's host:port [default: server.listen from the config, a wildcard address as loopback]
+        #[arg(long, value_name = "HOST:PORT")]
+        addr: Option<String>,
+
+        /// Print the daemon's JSON as it came
+        #[arg(long)]
+        json: bool,
+
+        /// Give up after this long
+        #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Status {
+        addr,
+        json,
+        timeout,
+    }) = &args.command
+    {
+        return status(args.config.as_deref(), addr.as_deref(), *json, *timeout);
+    }
     let path = config::resolve_path(args.config.as_deref());
     let loaded =
         config::load(path.as_deref()).and_then(|raw| raw.validate().map(|config| (raw, config)));
@@ -86,6 +120,61 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async_main(config))
+}
+
+/// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came. Only the address is read from
+/// the config, so `--addr` works without one.
+fn status(
+    config_path: Option<&std::path::Path>,
+    addr: Option<&str>,
+    json: bool,
+    timeout: std::time::Duration,
+) -> ExitCode {
+    use litestream_sidecar::status;
+    let addr = match addr {
+        Some(addr) => addr.to_string(),
+        None => {
+            let path = config::resolve_path(config_path);
+            match config::load(path.as_deref()).and_then(|raw| raw.validate()) {
+                Ok(config) => status::local_address(config.server.listen),
+                Err(err) => {
+                    eprintln!(
+                        "litestream-sidecar status: {err}\n(--addr HOST:PORT needs no config)"
+                    );
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            }
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("litestream-sidecar status: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(status::fetch(&addr, timeout)) {
+        Ok((raw, _)) if json => {
+            print!("{raw}");
+            ExitCode::SUCCESS
+        }
+        Ok((_, report)) => {
+            print!("{}", status::render(&report));
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("litestream-sidecar status: {err}");
+            if matches!(err, status::FetchError::Unreachable { .. }) {
+                eprintln!(
+                    "is the daemon running and listening there? (--addr HOST:PORT to ask another)"
+                );
+            }
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn async_main(config: litestream_sidecar::Config) -> ExitCode {

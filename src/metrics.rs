@@ -62,6 +62,8 @@ pub struct Instruments {
     pub upstream_connect_errors: Counter,
     /// Subscriptions ended because the subscriber stopped reading (`relay.write_stall_timeout`).
     pub relay_write_stalls: Counter,
+    /// The relay's last attempt to reach the upstream change-streamer.
+    pub upstream: crate::shared::Cell<crate::relay::UpstreamHealth>,
 }
 
 impl Default for Instruments {
@@ -72,6 +74,7 @@ impl Default for Instruments {
             relay_bytes: Family::default(),
             upstream_connect_errors: Counter::default(),
             relay_write_stalls: Counter::default(),
+            upstream: crate::shared::Cell::default(),
         }
     }
 }
@@ -106,6 +109,13 @@ pub struct Snapshot {
     pub registered: Option<bool>,
     pub change_db_up: bool,
     pub scrape_errors: u64,
+    /// The hold reason in force and for how many seconds; `None` while cleanup purges or before its first check.
+    pub held: Option<(HoldReason, f64)>,
+    /// The change log's size as the monitor last read it.
+    pub change_log_rows: Option<u64>,
+    pub upstream_up: bool,
+    /// Epoch seconds of the last complete purge of this run.
+    pub last_purge_timestamp: Option<f64>,
 }
 
 /// Where a scrape reads its figures: the instruments, and the handles whose state goes into a [`Snapshot`].
@@ -122,6 +132,12 @@ impl Sources {
     /// The state the loops keep, read now; `now` dates the newest backup's age.
     pub fn snapshot(&self, now: std::time::SystemTime) -> Snapshot {
         let status = self.status.get();
+        let held = status.held_since.as_ref().map(|held| {
+            let seconds = tokio::time::Instant::now()
+                .saturating_duration_since(held.since)
+                .as_secs_f64();
+            (held.reason, seconds)
+        });
         let discovery = self.discovery.get();
         Snapshot {
             reservations_open: self.registry.len() as u64,
@@ -142,6 +158,13 @@ impl Sources {
             }),
             change_db_up: discovery.db_up,
             scrape_errors: status.scrape_errors,
+            held,
+            change_log_rows: status.change_log.as_ref().map(|read| read.size.rows),
+            upstream_up: self.instruments.upstream.get().up,
+            last_purge_timestamp: status.last_purge.as_ref().and_then(|purge| {
+                let since_epoch = purge.completed_at.duration_since(std::time::UNIX_EPOCH);
+                since_epoch.ok().map(|d| d.as_secs_f64())
+            }),
         }
     }
 
@@ -299,6 +322,39 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "Failed scrapes of litestream's metrics page",
         counter(snapshot.scrape_errors),
     );
+    // Only the reason in force has a series: an alert on `> N` then names the reason, and a reason that gave way
+    // to another does not linger at its last value.
+    let held = Family::<ReasonLabel, Gauge<f64, AtomicU64>>::default();
+    if let Some((reason, seconds)) = snapshot.held {
+        held.get_or_create(&ReasonLabel {
+            reason: reason.as_str(),
+        })
+        .set(seconds);
+    }
+    registry.register(
+        "cleanup_held_seconds",
+        "Seconds cleanup has been held for the current reason; no series while it purges",
+        held,
+    );
+    if let Some(rows) = snapshot.change_log_rows {
+        registry.register(
+            "change_log_rows",
+            "Rows in the change log: counted up to 10000, PostgreSQL's estimate (pg_class.reltuples) above",
+            gauge(rows as f64),
+        );
+    }
+    registry.register(
+        "upstream_up",
+        "1 when the relay's last attempt to reach the upstream change-streamer succeeded (1 before any attempt)",
+        gauge(if snapshot.upstream_up { 1.0 } else { 0.0 }),
+    );
+    if let Some(at) = snapshot.last_purge_timestamp {
+        registry.register(
+            "last_purge_timestamp_seconds",
+            "Wall-clock time (epoch seconds) of the last complete change-log purge of this run",
+            gauge(at),
+        );
+    }
 
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)
@@ -353,6 +409,10 @@ mod tests {
             registered: Some(true),
             change_db_up: true,
             scrape_errors: 1,
+            held: Some((HoldReason::SubscriberBehind, 95.5)),
+            change_log_rows: Some(1234),
+            upstream_up: false,
+            last_purge_timestamp: Some(1_750_000_000.0),
         };
         let text = render(&instruments, &snapshot);
         let scrape = parse(&text);
@@ -434,6 +494,29 @@ mod tests {
         assert_eq!(v("litestream_sidecar_registered"), 1.0);
         assert_eq!(v("litestream_sidecar_change_db_up"), 1.0);
         assert_eq!(v("litestream_sidecar_litestream_scrape_errors_total"), 1.0);
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_cleanup_held_seconds",
+                Some(("reason", "subscriber_behind"))
+            ),
+            95.5
+        );
+        assert_eq!(
+            scrape
+                .samples
+                .iter()
+                .filter(|s| s.metric == "litestream_sidecar_cleanup_held_seconds")
+                .count(),
+            1,
+            "only the reason in force has a series"
+        );
+        assert_eq!(v("litestream_sidecar_change_log_rows"), 1234.0);
+        assert_eq!(v("litestream_sidecar_upstream_up"), 0.0);
+        assert_eq!(
+            v("litestream_sidecar_last_purge_timestamp_seconds"),
+            1_750_000_000.0
+        );
         assert!(
             text.contains("litestream_sidecar_build_info{version=\""),
             "{text}"
@@ -454,5 +537,14 @@ mod tests {
         assert!(!text.contains("backup_age_seconds"), "{text}");
         assert!(!text.contains("litestream_sidecar_registered"), "{text}");
         assert!(!text.contains("watermark=\""), "{text}");
+        assert!(!text.contains("cleanup_held_seconds{"), "{text}");
+        assert!(!text.contains("change_log_rows"), "{text}");
+        assert!(!text.contains("last_purge_timestamp_seconds"), "{text}");
+    }
+
+    #[test]
+    fn the_upstream_counts_as_up_before_any_attempt() {
+        let instruments = Instruments::default();
+        assert!(instruments.upstream.get().up);
     }
 }

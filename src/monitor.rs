@@ -24,6 +24,11 @@ use crate::subscribers::Subscribers;
 
 /// A warning repeated at most this often while the same problem persists.
 const WARN_EVERY: Duration = Duration::from_secs(300);
+/// How many of the tracked backups [`Status`] keeps, newest first: enough to see the recent ones, few enough that
+/// copying the status for every scrape stays cheap while cleanup is held for days.
+pub const RECENT_BACKUPS: usize = 10;
+/// Reading the change log's size never delays a check by more than this.
+const SIZE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the loop last did, for `/keepalive`, metrics and tests.
 #[derive(Debug, Clone, Default)]
@@ -44,6 +49,47 @@ pub struct Status {
     /// Checks that did not purge, by reason.
     pub holds: std::collections::HashMap<HoldReason, u64>,
     pub purge_failures: PurgeFailures,
+    /// The hold reason of the last check and since when it has held without interruption; `None` after a check
+    /// that decided to purge.
+    pub held_since: Option<HeldSince>,
+    /// The last complete purge of this run.
+    pub last_purge: Option<LastPurge>,
+    /// The newest tracked backups (at most [`RECENT_BACKUPS`]), newest first.
+    pub recent_backups: Vec<Backup>,
+    /// How many backups are tracked (not yet purged below) in all.
+    pub backups_tracked: usize,
+    /// The change log's size at the last check that could read it.
+    pub change_log: Option<ChangeLogReading>,
+    /// Why the last attempt to read the change log's size failed, while it is the last.
+    pub change_log_error: Option<String>,
+}
+
+/// A hold reason in force, and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldSince {
+    pub reason: HoldReason,
+    /// For durations (the metric), immune to wall-clock steps.
+    pub since: Instant,
+    /// For people.
+    pub since_wall: SystemTime,
+}
+
+/// A purge that went all the way to its target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastPurge {
+    /// Rows below this watermark are gone.
+    pub before: String,
+    /// What set `before`, as the logs say it.
+    pub bound: String,
+    pub rows: u64,
+    pub completed_at: SystemTime,
+}
+
+/// The change log's size as read at `read_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeLogReading {
+    pub size: crate::change_db::ChangeLogSize,
+    pub read_at: SystemTime,
 }
 
 impl Status {
@@ -332,6 +378,7 @@ impl Monitor {
             );
             self.act(decision, &observed, &mut backlog, &mut said, &shutdown)
                 .await;
+            self.read_size().await;
             self.save_state(&mut said, now).await;
             self.status.update(|s| s.checks += 1);
         }
@@ -402,6 +449,7 @@ impl Monitor {
                     s.newest_backup = Some((current.watermark, current.backed_up_at));
                     s.backup_regressed = regressed;
                 });
+                self.publish_backups(backlog);
             }
             Err(err) => {
                 self.status.update(|s| s.scrape_errors += 1);
@@ -419,6 +467,39 @@ impl Monitor {
                 );
             }
         }
+    }
+
+    /// Copies the newest tracked backups into the status, for `/status`.
+    fn publish_backups(&self, backlog: &Backlog) {
+        let mut recent = backlog.backups().to_vec();
+        recent.sort_by(|a, b| b.watermark.cmp(&a.watermark));
+        let tracked = recent.len();
+        recent.truncate(RECENT_BACKUPS);
+        self.status.update(|s| {
+            s.recent_backups = recent;
+            s.backups_tracked = tracked;
+        });
+    }
+
+    /// Reads the change log's size into the status, bounded by [`SIZE_TIMEOUT`]: a slow or dead change DB costs
+    /// the check that much at most, and `/status` only ever reads what this left.
+    async fn read_size(&self) {
+        let read = tokio::time::timeout(SIZE_TIMEOUT, self.change_db.change_log_size()).await;
+        let result = match read {
+            Ok(Ok(size)) => Ok(size),
+            Ok(Err(err)) => Err(err.to_string()),
+            Err(_) => Err(format!("no answer within {SIZE_TIMEOUT:?}")),
+        };
+        self.status.update(|s| match result {
+            Ok(size) => {
+                s.change_log = Some(ChangeLogReading {
+                    size,
+                    read_at: SystemTime::now(),
+                });
+                s.change_log_error = None;
+            }
+            Err(err) => s.change_log_error = Some(err),
+        });
     }
 
     /// Everything else the policy reads, at one instant.
@@ -453,8 +534,16 @@ impl Monitor {
             .update(|s| s.last_decision = Some(decision.clone()));
         let (before, bound) = match decision {
             Decision::Hold(reason) => {
-                self.status
-                    .update(|s| *s.holds.entry(reason).or_default() += 1);
+                self.status.update(|s| {
+                    *s.holds.entry(reason).or_default() += 1;
+                    if s.held_since.as_ref().is_none_or(|h| h.reason != reason) {
+                        s.held_since = Some(HeldSince {
+                            reason,
+                            since: Instant::now(),
+                            since_wall: SystemTime::now(),
+                        });
+                    }
+                });
                 if said.last_hold != Some(reason) {
                     info!(%reason, "cleanup held");
                     said.last_hold = Some(reason);
@@ -464,6 +553,7 @@ impl Monitor {
             Decision::Purge { before, bound } => (before, bound),
         };
         said.last_hold = None;
+        self.status.update(|s| s.held_since = None);
         if !self.enabled {
             info!(before = %before, %bound, "cleanup would purge (cleanup.enabled = false)");
             return;
@@ -525,7 +615,17 @@ impl Monitor {
                     .iter()
                     .find(|b| b.watermark == before)
                     .cloned();
-                self.status.update(|s| s.purged_through = through);
+                let last = LastPurge {
+                    before: before.clone(),
+                    bound: bound.to_string(),
+                    rows: outcome.rows,
+                    completed_at: SystemTime::now(),
+                };
+                self.status.update(|s| {
+                    s.purged_through = through;
+                    s.last_purge = Some(last);
+                });
+                self.publish_backups(backlog);
             }
             Some(stop) => info!(
                 before = %before,

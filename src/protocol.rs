@@ -32,6 +32,8 @@ pub enum Route {
     Keepalive,
     /// `/metrics`: the sidecar's own metrics.
     Metrics,
+    /// `/status`: the sidecar's state as JSON, for people and scripts.
+    Status,
     /// `/replication/{segment}/snapshot`.
     Snapshot(Version),
     /// `/replication/{segment}/changes`.
@@ -54,6 +56,7 @@ pub fn route(path: &str) -> Route {
         "/" => return Route::Root,
         "/keepalive" => return Route::Keepalive,
         "/metrics" => return Route::Metrics,
+        "/status" => return Route::Status,
         _ => {}
     }
     let Some(rest) = path.strip_prefix("/replication/") else {
@@ -316,6 +319,7 @@ mod tests {
     fn routes_match_zeros_patterns() {
         assert_eq!(route("/"), Route::Root);
         assert_eq!(route("/keepalive"), Route::Keepalive);
+        assert_eq!(route("/status"), Route::Status);
         assert_eq!(
             route("/replication/v3/snapshot"),
             Route::Snapshot(Version::Number(3))

@@ -61,6 +61,36 @@ pub struct RelayContext {
     pub shutdown: CancellationToken,
 }
 
+/// The outcome of the relay's last attempt to reach the upstream change-streamer. No periodic probe: every
+/// subscription connects, so the last connect is as fresh as anyone relies on the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamHealth {
+    /// Whether the last attempt succeeded; true before any, so that an idle sidecar does not alert.
+    pub up: bool,
+    /// Wall-clock time of the last attempt.
+    pub last_attempt: Option<std::time::SystemTime>,
+    /// Why the last attempt failed, while it is the last.
+    pub last_error: Option<String>,
+}
+
+impl Default for UpstreamHealth {
+    fn default() -> Self {
+        Self {
+            up: true,
+            last_attempt: None,
+            last_error: None,
+        }
+    }
+}
+
+impl UpstreamHealth {
+    fn attempted(&mut self, error: Option<String>) {
+        self.up = error.is_none();
+        self.last_attempt = Some(std::time::SystemTime::now());
+        self.last_error = error;
+    }
+}
+
 /// The relay's slice of the configuration.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -128,11 +158,15 @@ pub async fn serve(
     {
         Ok(upstream) => {
             ctx.subscribers.upstream_reached(Instant::now());
+            ctx.instruments.upstream.update(|u| u.attempted(None));
             upstream
         }
         Err(err) => {
             ctx.subscribers.upstream_lost();
             ctx.instruments.upstream_connect_errors.inc();
+            ctx.instruments
+                .upstream
+                .update(|u| u.attempted(Some(err.to_string())));
             span.in_scope(|| warn!(error = %err, "subscription refused: upstream unavailable"));
             // The gateway could not reach a working upstream.
             return plain(StatusCode::BAD_GATEWAY, format!("{err}\n"));
@@ -867,10 +901,11 @@ fn track(ctx: &RelayContext, subscription: &SubscriberContext) -> Option<AckTrac
     ))
 }
 
-/// Commits sent to one subscriber and not yet acknowledged, in id order (PROTOCOL.md §6.8).
+/// Commits sent to one subscriber and not yet acknowledged, in id order (PROTOCOL.md §6.8), with when each was
+/// relayed: the oldest one's age is how far the subscriber lags.
 struct AckTracker {
     handle: SubscriberHandle,
-    pending: VecDeque<(u64, String)>,
+    pending: VecDeque<(u64, String, Instant)>,
     max_pending: usize,
 }
 
@@ -887,7 +922,9 @@ impl AckTracker {
         if self.pending.len() >= self.max_pending {
             merge_half(&mut self.pending);
         }
-        self.pending.push_back((id, watermark));
+        let now = Instant::now();
+        self.handle.sent(&watermark, now);
+        self.pending.push_back((id, watermark, now));
     }
 
     /// An ack of message `id` means every message up to it was consumed (acks come in order): the newest commit
@@ -897,19 +934,20 @@ impl AckTracker {
         while self
             .pending
             .front()
-            .is_some_and(|(commit, _)| *commit <= id)
+            .is_some_and(|(commit, _, _)| *commit <= id)
         {
-            newest = self.pending.pop_front().map(|(_, watermark)| watermark);
+            newest = self.pending.pop_front().map(|(_, watermark, _)| watermark);
         }
         if let Some(watermark) = newest {
-            self.handle.ack(&watermark);
+            let oldest_pending = self.pending.front().map(|(_, _, at)| *at);
+            self.handle.ack_with_pending(&watermark, oldest_pending);
         }
     }
 }
 
 /// Drops every other pending commit, always keeping the newest: an ack then advances to the newest kept commit
 /// at or before it, which lags the exact one by at most a few commits and never leads it.
-fn merge_half(pending: &mut VecDeque<(u64, String)>) {
+fn merge_half<T>(pending: &mut VecDeque<T>) {
     let keep = pending.len() % 2;
     let mut index = 0;
     pending.retain(|_| {

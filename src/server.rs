@@ -3,6 +3,7 @@
 //!
 //! - `GET /` — liveness: 200 `OK` whenever the process serves requests.
 //! - `GET /metrics` — the sidecar's own Prometheus metrics ([`crate::metrics`]).
+//! - `GET /status` — the sidecar's state as JSON ([`crate::status`]): backups, reservations, subscribers, cleanup.
 //! - `GET /keepalive` — readiness: 200 `OK` when every readiness condition holds, else 503 naming what is missing.
 //! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::reservations::serve`]).
 //! - `GET /replication/v{N}/changes?…` — the change-stream relay ([`crate::relay::serve`]), v1 to v6.
@@ -157,6 +158,7 @@ impl Readiness {
 /// What the main listener's requests read: the router's [`Handler`].
 pub struct Context {
     pub metrics: crate::metrics::Sources,
+    pub status: crate::status::Sources,
     pub snapshot: SnapshotContext,
     pub relay: RelayContext,
     pub readiness: Readiness,
@@ -199,6 +201,13 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Context) -> Respo
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 ),
             );
+            response
+        }
+        Route::Status => {
+            let mut response = plain(StatusCode::OK, ctx.status.render_json());
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             response
         }
         Route::NotFound => plain(StatusCode::NOT_FOUND, "not found\n"),

@@ -34,7 +34,23 @@ pub struct SubscriberInfo {
 struct Seen {
     info: SubscriberInfo,
     acked: String,
+    connected: Instant,
     departed: Option<Instant>,
+    /// The newest commit relayed to it.
+    last_sent: Option<String>,
+    /// When the oldest commit relayed to it and not yet acknowledged was relayed: how long it has been behind.
+    unacked_since: Option<Instant>,
+}
+
+/// A relayed subscriber as `/status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriberView {
+    pub info: SubscriberInfo,
+    pub acked: String,
+    pub connected: Instant,
+    pub departed: Option<Instant>,
+    /// See [`Seen::unacked_since`]; `None` while it has acknowledged every commit relayed to it.
+    pub unacked_since: Option<Instant>,
 }
 
 /// Shared registry of relayed subscribers. Cheap to clone; the lock is never held across an `.await`.
@@ -49,6 +65,8 @@ struct Roster {
     entries: HashMap<u64, Seen>,
     /// The upstream was lost and has not been reached since.
     upstream_lost: bool,
+    /// The newest commit relayed to any tracked subscriber, and when it first was.
+    newest_commit: Option<(String, Instant)>,
 }
 
 impl Subscribers {
@@ -67,7 +85,10 @@ impl Subscribers {
             Seen {
                 info,
                 acked,
+                connected: Instant::now(),
                 departed: None,
+                last_sent: None,
+                unacked_since: None,
             },
         );
         SubscriberHandle {
@@ -125,6 +146,42 @@ impl Subscribers {
             .collect()
     }
 
+    /// Every subscriber the policy still tracks (see [`Subscribers::for_policy`]), connected ones first, each
+    /// group oldest first. Reads only: departures past the grace are forgotten by the policy's next check.
+    pub fn view(&self, now: Instant, grace: Duration) -> Vec<SubscriberView> {
+        let inner = self.lock();
+        let waiting = inner.upstream_lost;
+        let mut list: Vec<_> = inner
+            .entries
+            .values()
+            .filter(|e| match e.departed {
+                None => true,
+                Some(at) => waiting || now.saturating_duration_since(at) < grace,
+            })
+            .map(|e| SubscriberView {
+                info: e.info.clone(),
+                acked: e.acked.clone(),
+                connected: e.connected,
+                departed: e.departed,
+                unacked_since: e.unacked_since,
+            })
+            .collect();
+        list.sort_by(|a, b| {
+            (a.departed.is_some(), a.connected, &a.info.id).cmp(&(
+                b.departed.is_some(),
+                b.connected,
+                &b.info.id,
+            ))
+        });
+        list
+    }
+
+    /// The newest commit watermark relayed to any tracked subscriber (byte-wise), and when it was first relayed:
+    /// what `/status` measures subscribers' lag against.
+    pub fn newest_commit(&self) -> Option<(String, Instant)> {
+        self.lock().newest_commit.clone()
+    }
+
     /// The acked watermarks of connected subscribers, by Zero's `id`, for logs and tests.
     pub fn acked_by_id(&self) -> Vec<(String, String)> {
         let mut list: Vec<_> = self
@@ -146,14 +203,49 @@ pub struct SubscriberHandle {
 }
 
 impl SubscriberHandle {
+    /// Records that a commit at `watermark` was relayed to the subscriber at `at`.
+    pub fn sent(&self, watermark: &str, at: Instant) {
+        let mut inner = self.subscribers.lock();
+        if inner
+            .newest_commit
+            .as_ref()
+            .is_none_or(|(newest, _)| watermark > newest.as_str())
+        {
+            inner.newest_commit = Some((watermark.to_string(), at));
+        }
+        if let Some(entry) = inner.entries.get_mut(&self.id) {
+            if watermark > entry.acked.as_str() && entry.unacked_since.is_none() {
+                entry.unacked_since = Some(at);
+            }
+            if entry.last_sent.as_deref().is_none_or(|l| watermark > l) {
+                entry.last_sent = Some(watermark.to_string());
+            }
+        }
+    }
+
     /// Records that the subscriber acknowledged a commit at `watermark`. Watermarks compare as bytes; an older
-    /// one never moves the acked watermark back.
+    /// one never moves the acked watermark back. Once it has acknowledged the newest commit relayed to it, it is
+    /// no longer behind.
     pub fn ack(&self, watermark: &str) {
+        self.ack_with_pending(watermark, None);
+    }
+
+    /// [`SubscriberHandle::ack`], with when the oldest commit still unacknowledged was relayed, if any is.
+    pub fn ack_with_pending(&self, watermark: &str, pending_since: Option<Instant>) {
         let mut inner = self.subscribers.lock();
         if let Some(entry) = inner.entries.get_mut(&self.id) {
             if watermark > entry.acked.as_str() {
                 entry.acked = watermark.to_string();
             }
+            let caught_up = entry
+                .last_sent
+                .as_deref()
+                .is_none_or(|last| last <= entry.acked.as_str());
+            entry.unacked_since = if caught_up {
+                None
+            } else {
+                pending_since.or(entry.unacked_since)
+            };
         }
     }
 

@@ -512,3 +512,143 @@ async fn logs_carry_fields_in_both_formats_and_never_the_password() {
         assert!(logs.contains("127.0.0.1"), "{logs}");
     }
 }
+
+/// Runs the binary to completion without blocking the test's runtime, whose stand-ins keep answering meanwhile.
+async fn run_async(args: &[&str], cwd: &Path) -> (i32, String, String) {
+    let output = tokio::process::Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.code().expect("exited normally"),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn status_prints_the_running_daemons_reservations_subscribers_and_hold_reason() {
+    let litestream = common::MetricsServer::start(&common::progress_page(&[(
+        "0a",
+        common::epoch_now() - 60.0,
+    )]))
+    .await;
+    let mut upstream = common::Upstream::start().await;
+    // A fixed port, so that `status` finds the daemon from the config alone.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "sidecar.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\n[litestream]\nbackup_url = \"s3://b/r\"\n\
+             proxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n[upstream]\naddress = \"{}\"\n\
+             [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n[discovery]\nmode = \"off\"\n\
+             [log]\nformat = \"json\"\n",
+            litestream.url(),
+            upstream.addr
+        ),
+    );
+    let mut child = Reaped(
+        std::process::Command::new(BIN)
+            .args(["--config", &path])
+            .env_clear()
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "exited before listening"
+        );
+        if line.contains("\"listening\"") && !line.contains("metrics proxy") {
+            break;
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+
+    let mut reservation = common::connect(&format!(
+        "ws://127.0.0.1:{port}/replication/v3/snapshot?taskID=restore-42"
+    ))
+    .await;
+    common::next_text(&mut reservation).await;
+    let changes = common::changes_path(3, "task-7", "vs-cli", "0a", false);
+    let url = format!("ws://127.0.0.1:{port}{changes}");
+    let (mut client, mut conn) = tokio::join!(common::connect(&url), upstream.accept());
+    assert!(conn.admit_like_zero().await);
+    conn.send_msg(1, r#"["status",{"tag":"status"}]"#).await;
+    common::next_text(&mut client).await;
+
+    // Just started: cleanup holds until a full cleanup delay has passed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let json = loop {
+        let (code, out, err) =
+            run_async(&["status", "--config", &path, "--json"], dir.path()).await;
+        assert_eq!(code, 0, "{err}");
+        let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+        if json["cleanup"]["decision"] == "hold"
+            && json["subscribers"].as_array().unwrap().len() == 1
+        {
+            break json;
+        }
+        assert!(std::time::Instant::now() < deadline, "{json:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(json["cleanup"]["hold_reason"], "starting_up");
+    assert_eq!(json["reservations"][0]["task_id"], "restore-42");
+
+    let (code, out, err) = run_async(&["status", "--config", &path], dir.path()).await;
+    assert_eq!(code, 0, "{err}");
+    for needle in [
+        "RESERVATIONS (1)",
+        "restore-42",
+        "SUBSCRIBERS (1)",
+        "vs-cli  task-7  serving  0a",
+        "connected",
+        "decision  hold: starting up (starting_up)",
+        "since ",
+        "BACKUPS (1 tracked)",
+        "LAST PURGE\nnone yet",
+        "CHANGE LOG",
+    ] {
+        assert!(out.contains(needle), "no {needle:?} in\n{out}");
+    }
+    // The same daemon by address, without a config.
+    let (code, by_addr, err) = run_async(
+        &["status", "--addr", &format!("127.0.0.1:{port}")],
+        dir.path(),
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(by_addr.contains("restore-42"), "{by_addr}");
+}
+
+#[test]
+fn status_without_a_daemon_says_so_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    // Port 9 (discard): nothing listens there.
+    let (code, out, err) = run(&["status", "--addr", "127.0.0.1:9"], dir.path(), &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("cannot reach the sidecar at 127.0.0.1:9"),
+        "{err}"
+    );
+    assert!(err.contains("is the daemon running"), "{err}");
+    // Without --addr the config names the daemon; an invalid one is a config error.
+    let path = write(dir.path(), "bad.toml", "[server]\nlisten = \"nowhere\"\n");
+    let (code, _, err) = run(&["status", "--config", &path], dir.path(), &[]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("server.listen"), "{err}");
+    assert!(err.contains("--addr"), "{err}");
+}

@@ -299,6 +299,19 @@ pub struct OwnerRow {
     pub owner: Option<String>,
 }
 
+/// Rows in the change log up to this many are counted; above it the size is PostgreSQL's estimate, so that reading
+/// it never scans a large log.
+pub const EXACT_COUNT_LIMIT: i64 = 10_000;
+
+/// How many rows the change log holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeLogSize {
+    pub rows: u64,
+    /// Counted (at most [`EXACT_COUNT_LIMIT`] rows), rather than estimated from `pg_class.reltuples`, which lags
+    /// behind purges until autovacuum catches up.
+    pub exact: bool,
+}
+
 /// What one [`ChangeDb::purge`] call did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PurgeOutcome {
@@ -452,6 +465,44 @@ impl ChangeDb {
                 .await
                 .map_err(|e| self.query_error("reading replicaVersion", e))?;
             Ok(row.map(|r| r.get(0)))
+        }
+        .await;
+        self.noting_schema(result)
+    }
+
+    /// How many rows `changeLog` holds: counted while PostgreSQL's estimate says it is small (or has none), else the
+    /// estimate. Reads at most [`EXACT_COUNT_LIMIT`] + 1 rows, so it stays cheap on any log.
+    pub async fn change_log_size(&self) -> Result<ChangeLogSize, DbError> {
+        let result = async {
+            let client = self.client().await?;
+            let sql = &self.inner.sql;
+            let estimate: i64 = client
+                .query_opt(&sql.change_log_estimate, &[&sql.tables[0]])
+                .await
+                .map_err(|e| self.query_error("reading the change log's size estimate", e))?
+                .and_then(|row| row.get::<_, Option<i64>>(0))
+                .unwrap_or(-1);
+            if estimate > EXACT_COUNT_LIMIT {
+                return Ok(ChangeLogSize {
+                    rows: estimate as u64,
+                    exact: false,
+                });
+            }
+            let counted: i64 = client
+                .query_one(&sql.change_log_count, &[&(EXACT_COUNT_LIMIT + 1)])
+                .await
+                .map_err(|e| self.query_error("counting the change log", e))?
+                .get(0);
+            let exact = counted <= EXACT_COUNT_LIMIT;
+            let rows = if exact {
+                counted
+            } else {
+                counted.max(estimate)
+            };
+            Ok(ChangeLogSize {
+                rows: rows.max(0) as u64,
+                exact,
+            })
         }
         .await;
         self.noting_schema(result)

@@ -20,6 +20,10 @@ pub(super) struct Sql {
     pub(super) data_version: String,
     pub(super) adopt_address: String,
     pub(super) watermark_collation: String,
+    /// PostgreSQL's row estimate for `changeLog` (`$1`: the quoted table); -1 before it was ever analyzed.
+    pub(super) change_log_estimate: String,
+    /// Counts `changeLog` rows, but no more than `$1`.
+    pub(super) change_log_count: String,
     /// Statements that compare watermarks, in the column's collation: served by the primary-key index.
     pub(super) indexed: WatermarkSql,
     /// The same under `COLLATE "C"`, for a column whose collation does not order watermarks as bytes.
@@ -79,6 +83,11 @@ impl Sql {
                     WHERE "ownerAddress" = $1 AND "ownerAddress" IS DISTINCT FROM $2"#
             ),
             watermark_collation: WATERMARK_COLLATION.into(),
+            change_log_estimate:
+                "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass($1)".into(),
+            change_log_count: format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {change_log} LIMIT $1) AS counted"
+            ),
             indexed: WatermarkSql::new(&change_log, ""),
             bytewise: WatermarkSql::new(&change_log, r#" COLLATE "C""#),
             tables: [change_log, replication_state, replication_config],
