@@ -285,15 +285,16 @@ pub struct Inputs<'a> {
     pub current_backup: Option<&'a str>,
 }
 
-/// How far open reservations let a purge that is already running go, asked before each of its batches: a
-/// reservation can open (or announce a lower floor) while a purge runs, after the [`Decision`] was taken.
+/// How far open reservations (and, through [`purge_ceiling`], tracked subscribers) let a purge that is already
+/// running go, asked before each of its batches: a reservation can open (or announce a lower floor) and a subscriber
+/// can register while a purge runs, after the [`Decision`] was taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ceiling {
-    /// No reservation limits it.
+    /// Nothing limits it.
     None,
     /// Delete nothing more: a reservation protects every row, or mode `pause` has one open.
     Everything,
-    /// Delete only rows below this watermark, the lowest open floor.
+    /// Delete only rows below this watermark: the lowest open floor, or the lowest tracked ack.
     Below(String),
 }
 
@@ -313,6 +314,32 @@ pub fn ceiling(mode: ReservationMode, reservations: &[HeldReservation]) -> Ceili
         lowest = Some(lowest.map_or(floor, |l| l.min(floor)));
     }
     lowest.map_or(Ceiling::None, |floor| Ceiling::Below(floor.to_owned()))
+}
+
+/// [`ceiling`], lowered to the lowest acked watermark of the `subscribers` still tracked at `now`.
+///
+/// A purge is decided with every tracked subscriber at or above its target, but one can register behind it while
+/// it runs: a v4 view-syncer whose reservation announced the `minWatermark` of a log already half purged catches
+/// up from its own replica at or above it, and once its subscription ends the reservation, only its ack holds the
+/// remaining batches back.
+pub fn purge_ceiling(
+    mode: ReservationMode,
+    reservations: &[HeldReservation],
+    subscribers: &[Subscriber],
+    now: Instant,
+    grace: Duration,
+) -> Ceiling {
+    let lowest_ack = subscribers
+        .iter()
+        .filter(|s| s.is_tracked(now, grace))
+        .map(|s| s.acked.as_str())
+        .min();
+    match (ceiling(mode, reservations), lowest_ack) {
+        (Ceiling::Everything, _) => Ceiling::Everything,
+        (limit, None) => limit,
+        (Ceiling::None, Some(ack)) => Ceiling::Below(ack.to_owned()),
+        (Ceiling::Below(floor), Some(ack)) => Ceiling::Below(floor.min(ack.to_owned())),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1376,6 +1403,40 @@ mod tests {
         assert_eq!(ceiling(Pause, &floored), Ceiling::Everything);
         let floorless = [reservation("c", Some("0c")), reservation("early", None)];
         assert_eq!(ceiling(Pin, &floorless), Ceiling::Everything);
+    }
+
+    #[test]
+    fn a_running_purge_also_stops_at_the_lowest_tracked_ack() {
+        use ReservationMode::{Pause, Pin};
+        let grace = Duration::from_secs(30);
+        let ceiling = |mode, reservations: &[HeldReservation], subscribers: &[Subscriber]| {
+            purge_ceiling(mode, reservations, subscribers, at(NOW), grace)
+        };
+        // A v4 view-syncer caught up from 0b, below a purge running towards 0d, and its reservation ended.
+        let behind = [sub("0e"), sub("0b")];
+        assert_eq!(ceiling(Pin, &[], &behind), Ceiling::Below("0b".into()));
+        // Departed within the grace it still counts; past it, not.
+        assert_eq!(
+            ceiling(Pin, &[], &[sub("0e"), departed("0b", 29)]),
+            Ceiling::Below("0b".into())
+        );
+        assert_eq!(
+            ceiling(Pin, &[], &[sub("0e"), departed("0b", 30)]),
+            Ceiling::Below("0e".into())
+        );
+        assert_eq!(ceiling(Pin, &[], &[]), Ceiling::None);
+        // The lower of the floors and the acks; a reservation that protects everything still stops it.
+        let floored = [reservation("c", Some("0c"))];
+        assert_eq!(ceiling(Pin, &floored, &behind), Ceiling::Below("0b".into()));
+        assert_eq!(
+            ceiling(Pin, &floored, &[sub("0e")]),
+            Ceiling::Below("0c".into())
+        );
+        assert_eq!(ceiling(Pause, &floored, &behind), Ceiling::Everything);
+        assert_eq!(
+            ceiling(Pin, &[reservation("early", None)], &behind),
+            Ceiling::Everything
+        );
     }
 
     #[test]

@@ -201,6 +201,21 @@ impl PurgeFailures {
     }
 }
 
+/// How far a running purge may still go, asked before each of its batches. Reservations are read first, then
+/// subscribers, as [`Monitor::run`] gathers them: a relay registers its subscriber before it ends the reservation
+/// the subscription takes over from, so a restore that finishes between the two reads is seen in one of them.
+pub fn purge_limit(
+    mode: cleanup::ReservationMode,
+    registry: &Registry,
+    subscribers: &Subscribers,
+    reconnect_grace: Duration,
+) -> cleanup::Ceiling {
+    let reservations = registry.for_policy();
+    let now = Instant::now();
+    let tracked = subscribers.for_policy(now, reconnect_grace);
+    cleanup::purge_ceiling(mode, &reservations, &tracked, now, reconnect_grace)
+}
+
 /// Shared view of [`Status`].
 pub type StatusHandle = crate::shared::Cell<Status>;
 
@@ -578,7 +593,14 @@ impl Monitor {
                 expected,
                 self.batch_rows,
                 shutdown,
-                || cleanup::ceiling(self.mode, &self.registry.for_policy()),
+                || {
+                    purge_limit(
+                        self.mode,
+                        &self.registry,
+                        &self.subscribers,
+                        self.reconnect_grace,
+                    )
+                },
                 &mut outcome,
             )
             .await;

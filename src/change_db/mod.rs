@@ -267,8 +267,9 @@ pub enum PurgeStop {
     /// A row lock is held by someone else (a newer replication-manager holds `FOR SHARE` on the earliest row while
     /// it takes over, or another purger is at work): this round is skipped, it is not an error.
     Locked,
-    /// A reservation opened (or announced a lower `minWatermark`) while the purge ran: the batches after it
-    /// deleted only below its floor (`None`: nothing, it protects every row).
+    /// A reservation opened (or announced a lower `minWatermark`), or a subscriber registered behind the purge,
+    /// while it ran: the batches after it deleted only below its floor or ack (`None`: nothing, a reservation
+    /// protects every row).
     Reserved { floor: Option<String> },
 }
 
@@ -587,10 +588,11 @@ impl ChangeDb {
         Ok(outcome)
     }
 
-    /// [`ChangeDb::purge`], with `ceiling` asked before every batch: a reservation opened while the purge runs
-    /// lowers the target of the batches after it to its floor (to nothing for one that protects every row), and
-    /// the purge then ends as [`PurgeStop::Reserved`]. `outcome` is recorded into as batches commit, so that after
-    /// an error (the server restarted, the connection dropped) it still counts the rows that went first.
+    /// [`ChangeDb::purge`], with `ceiling` asked before every batch: a reservation opened (or a subscriber
+    /// registered behind the target) while the purge runs lowers the target of the batches after it to its floor
+    /// or ack (to nothing for a reservation that protects every row), and the purge then ends as
+    /// [`PurgeStop::Reserved`]. `outcome` is recorded into as batches commit, so that after an error (the server
+    /// restarted, the connection dropped) it still counts the rows that went first.
     pub async fn purge_within<'a>(
         &self,
         before: &str,
