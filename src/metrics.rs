@@ -348,13 +348,12 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "1 when the relay's last attempt to reach the upstream change-streamer succeeded (1 before any attempt)",
         gauge(if snapshot.upstream_up { 1.0 } else { 0.0 }),
     );
-    if let Some(at) = snapshot.last_purge_timestamp {
-        registry.register(
-            "last_purge_timestamp_seconds",
-            "Wall-clock time (epoch seconds) of the last complete change-log purge of this run",
-            gauge(at),
-        );
-    }
+    // 0 before the first: "never" in a form alert rules can test for, rather than a series that appears late.
+    registry.register(
+        "last_purge_timestamp_seconds",
+        "Wall-clock time (epoch seconds) of the last complete change-log purge of this run; 0 before the first",
+        gauge(snapshot.last_purge_timestamp.unwrap_or(0.0)),
+    );
 
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)
@@ -539,7 +538,10 @@ mod tests {
         assert!(!text.contains("watermark=\""), "{text}");
         assert!(!text.contains("cleanup_held_seconds{"), "{text}");
         assert!(!text.contains("change_log_rows"), "{text}");
-        assert!(!text.contains("last_purge_timestamp_seconds"), "{text}");
+        assert!(
+            text.contains("litestream_sidecar_last_purge_timestamp_seconds 0"),
+            "{text}"
+        );
     }
 
     #[test]

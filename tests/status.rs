@@ -86,7 +86,8 @@ async fn status_tells_what_holds_cleanup_since_when_and_what_the_last_purge_did(
             "litestream_sidecar_last_purge_timestamp_seconds",
             None
         ),
-        None
+        Some(0.0),
+        "0 before the first purge"
     );
 
     let _sub = sidecar.subscribers.connect(subscriber("vs-1", "0d"));
