@@ -48,6 +48,11 @@ struct ReasonLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ClassLabel {
     class: &'static str,
 }
@@ -106,6 +111,18 @@ pub struct Snapshot {
     pub registered: Option<bool>,
     pub change_db_up: bool,
     pub scrape_errors: u64,
+    /// `None` while `backup.verify` is off.
+    pub backup: Option<BackupFigures>,
+}
+
+/// The backup destination's figures (`backup.verify`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BackupFigures {
+    pub verified: bool,
+    /// The newest object's last-modified time (epoch seconds) at the last listing that found one.
+    pub newest_object: Option<f64>,
+    pub stale: bool,
+    pub errors: HashMap<crate::backup::ErrorKind, u64>,
 }
 
 /// Where a scrape reads its figures: the instruments, and the handles whose state goes into a [`Snapshot`].
@@ -142,6 +159,17 @@ impl Sources {
             }),
             change_db_up: discovery.db_up,
             scrape_errors: status.scrape_errors,
+            backup: status.backup.verifying.then(|| BackupFigures {
+                verified: status.backup.verified,
+                newest_object: status
+                    .backup
+                    .listing
+                    .and_then(|l| l.newest)
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_secs_f64()),
+                stale: status.backup.stale.is_some(),
+                errors: status.backup.errors.clone(),
+            }),
         }
     }
 
@@ -299,6 +327,40 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "Failed scrapes of litestream's metrics page",
         counter(snapshot.scrape_errors),
     );
+    if let Some(backup) = &snapshot.backup {
+        registry.register(
+            "backup_verified",
+            "1 when the backup destination holds an object at or after litestream's newest claimed backup time \
+             minus backup.slack, else 0",
+            gauge(if backup.verified { 1.0 } else { 0.0 }),
+        );
+        if let Some(newest) = backup.newest_object {
+            registry.register(
+                "backup_destination_newest_timestamp_seconds",
+                "Last-modified time of the newest object in the backup destination (epoch seconds)",
+                gauge(newest),
+            );
+        }
+        registry.register(
+            "backup_stale",
+            "1 while the backup destination's newest object is more than backup.stale_after older than \
+             litestream's newest claimed backup",
+            gauge(if backup.stale { 1.0 } else { 0.0 }),
+        );
+        let errors = Family::<KindLabel, Counter>::default();
+        for kind in crate::backup::ErrorKind::ALL {
+            errors
+                .get_or_create(&KindLabel {
+                    kind: kind.as_str(),
+                })
+                .inc_by(backup.errors.get(&kind).copied().unwrap_or(0));
+        }
+        registry.register(
+            "backup_verification_errors",
+            "Listings of the backup destination that failed, by kind (timeout, denied, not_found, other)",
+            errors,
+        );
+    }
 
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)
@@ -353,6 +415,14 @@ mod tests {
             registered: Some(true),
             change_db_up: true,
             scrape_errors: 1,
+            backup: Some(BackupFigures {
+                verified: false,
+                newest_object: Some(1_746_600_000.5),
+                stale: true,
+                errors: [(crate::backup::ErrorKind::Timeout, 2)]
+                    .into_iter()
+                    .collect(),
+            }),
         };
         let text = render(&instruments, &snapshot);
         let scrape = parse(&text);
@@ -384,6 +454,20 @@ mod tests {
             9.0
         );
         assert_eq!(v("litestream_sidecar_upstream_connect_errors_total"), 1.0);
+        assert_eq!(v("litestream_sidecar_backup_verified"), 0.0);
+        assert_eq!(v("litestream_sidecar_backup_stale"), 1.0);
+        assert_eq!(
+            v("litestream_sidecar_backup_destination_newest_timestamp_seconds"),
+            1_746_600_000.5
+        );
+        let errors = |kind| {
+            value(
+                &scrape,
+                "litestream_sidecar_backup_verification_errors_total",
+                Some(("kind", kind)),
+            )
+        };
+        assert_eq!((errors("timeout"), errors("denied")), (2.0, 0.0));
         assert_eq!(v("litestream_sidecar_relay_write_stalls_total"), 2.0);
         assert_eq!(
             value(
