@@ -723,13 +723,7 @@ impl RawConfig {
         );
         let list_timeout = problems.field(
             "backup.list_timeout",
-            parse_positive_duration(&self.backup.list_timeout).and_then(|d| match check_interval {
-                Some(interval) if d > interval => Err(format!(
-                    "{:?} is longer than litestream.check_interval ({:?}): every check waits for its listing",
-                    self.backup.list_timeout, self.litestream.check_interval
-                )),
-                _ => Ok(d),
-            }),
+            parse_positive_duration(&self.backup.list_timeout),
         );
         let location = problems.field(
             "litestream.backup_url",
@@ -1444,6 +1438,55 @@ mod tests {
                 "{MINIMAL}[relay]\nwrite_stall_timeout = \"0s\"\n"
             ))),
             ["relay.write_stall_timeout"]
+        );
+    }
+
+    #[test]
+    fn backup_verification_is_on_by_default_and_checked_clearly() {
+        let config = from_toml_str(MINIMAL, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(config.backup.verify);
+        assert_eq!(config.backup.slack, Duration::from_secs(60));
+        assert_eq!(config.backup.stale_after, Duration::from_secs(900));
+        assert_eq!(
+            config.backup.location,
+            Some(crate::backup::Location::S3 {
+                bucket: "bucket".into(),
+                prefix: "replica".into()
+            })
+        );
+        let errors = errors_of(
+            "[litestream]\nbackup_url = \"gcs://b/r\"\n[discovery]\nmode = \"off\"\n\
+             [backup]\nendpoint = \"http://127.0.0.1:9000\"\nslack = \"5m\"\nstale_after = \"1m\"\n",
+        );
+        assert_eq!(
+            keys(&errors),
+            [
+                "backup.stale_after",
+                "litestream.backup_url",
+                "backup.endpoint"
+            ]
+        );
+        assert!(
+            errors[1].problem.contains("backup.verify = false"),
+            "{errors:?}"
+        );
+        assert!(errors[2].problem.contains("allow_http"), "{errors:?}");
+        // Not verified, a gcs:// destination is fine; a loopback http endpoint needs allow_http.
+        let ok = from_toml_str(
+            "[litestream]\nbackup_url = \"gcs://b/r\"\n[discovery]\nmode = \"off\"\n\
+             [backup]\nverify = false\nendpoint = \"http://127.0.0.1:9000/\"\nallow_http = true\n",
+            Some(Default::default()),
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(ok.backup.location, None);
+        assert_eq!(
+            ok.backup.s3.endpoint.as_deref(),
+            Some("http://127.0.0.1:9000")
         );
     }
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod moto;
 pub mod pg;
 
 use std::net::SocketAddr;
