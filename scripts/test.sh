@@ -20,6 +20,9 @@ if [[ ${#majors[@]} -eq 0 ]]; then
 fi
 
 $CARGO build --locked --all-targets
+# The backup tests list an S3-compatible server (moto) on loopback.
+MOTO_SERVER=$(scripts/moto.sh)
+export MOTO_SERVER
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT

@@ -256,6 +256,39 @@ impl Subscriber {
     }
 }
 
+/// What the backup destination (`litestream.backup_url`) shows behind litestream's claims, as the monitor last
+/// listed it. The gauge alone is no proof: a wedged litestream has advanced it without uploading (PROTOCOL.md W3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    /// `backup.verify = false`: claims are trusted as litestream makes them.
+    Unchecked,
+    /// A listing that succeeded: the newest object's last-modified time (`None`: the destination is empty). A claim
+    /// backed up at `T` is covered when that time is at or after `T - slack`, Zero's own rule since 1.7.0: objects
+    /// are written before the gauge moves, and the two clocks may differ a little.
+    Listed {
+        newest: Option<SystemTime>,
+        slack: Duration,
+    },
+    /// The listing failed or timed out: nothing is known to be behind any claim.
+    Unreadable,
+}
+
+impl Destination {
+    /// Whether a backup claimed at `claimed` has an object behind it.
+    pub fn covers(&self, claimed: SystemTime) -> bool {
+        match *self {
+            Destination::Unchecked => true,
+            Destination::Unreadable => false,
+            Destination::Listed { newest, slack } => newest.is_some_and(|newest| {
+                // Past SystemTime's range the newest object is later than any claim.
+                newest
+                    .checked_add(slack)
+                    .is_none_or(|reach| reach >= claimed)
+            }),
+        }
+    }
+}
+
 /// Everything [`decide`] looks at, gathered by the monitor loop at one instant.
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
@@ -283,6 +316,8 @@ pub struct Inputs<'a> {
     pub highest_backup: Option<&'a str>,
     /// The watermark the gauge reports now (at the last page that had one).
     pub current_backup: Option<&'a str>,
+    /// What the backup destination holds: only claims it covers may be purged below.
+    pub destination: Destination,
 }
 
 /// How far open reservations (and, through [`purge_ceiling`], tracked subscribers) let a purge that is already
@@ -358,6 +393,8 @@ pub enum Decision {
 pub enum Bound {
     /// The newest aged backup newer than the last purge; nothing lowered it.
     Backup,
+    /// Kept at or below the newest aged backup the destination covers: newer claims have no object behind them.
+    Destination,
     /// Kept at or below this reservation's floor (the lowest open one).
     Reservation { task_id: String, floor: String },
     /// Kept at or below this subscriber's acknowledged watermark (the lowest tracked one).
@@ -368,6 +405,9 @@ impl fmt::Display for Bound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Bound::Backup => f.write_str("the newest aged backup"),
+            Bound::Destination => {
+                f.write_str("the newest aged backup the destination has objects for")
+            }
             Bound::Reservation { task_id, floor } => {
                 write!(f, "reservation {task_id} at floor {floor}")
             }
@@ -408,6 +448,10 @@ pub enum HoldReason {
     NothingNew,
     /// Every backup newer than the last purge is younger than the cleanup delay (or has a time in the future).
     BackupTooRecent,
+    /// No aged backup newer than the last purge is covered by the destination: it holds no object written at or
+    /// after the backup's claimed time minus the slack, or it could not be listed. Purging on litestream's word
+    /// alone is how a wedged litestream lost data (PROTOCOL.md W3).
+    BackupUnverified,
     /// Every aged backup newer than the last purge is above some reservation's floor.
     ReservationFloor,
     /// Every remaining backup is above some tracked subscriber's acked watermark.
@@ -416,7 +460,7 @@ pub enum HoldReason {
 
 impl HoldReason {
     /// Every variant, in evaluation order (for pre-registering metric label values).
-    pub const ALL: [HoldReason; 13] = [
+    pub const ALL: [HoldReason; 14] = [
         HoldReason::NotRegistered,
         HoldReason::RecentlyRegistered,
         HoldReason::StartingUp,
@@ -428,6 +472,7 @@ impl HoldReason {
         HoldReason::SubscriberAtReplicaVersion,
         HoldReason::NothingNew,
         HoldReason::BackupTooRecent,
+        HoldReason::BackupUnverified,
         HoldReason::ReservationFloor,
         HoldReason::SubscriberBehind,
     ];
@@ -446,6 +491,7 @@ impl HoldReason {
             HoldReason::SubscriberAtReplicaVersion => "subscriber_at_replica_version",
             HoldReason::NothingNew => "nothing_new",
             HoldReason::BackupTooRecent => "backup_too_recent",
+            HoldReason::BackupUnverified => "backup_unverified",
             HoldReason::ReservationFloor => "reservation_floor",
             HoldReason::SubscriberBehind => "subscriber_behind",
         }
@@ -468,6 +514,7 @@ impl fmt::Display for HoldReason {
             HoldReason::SubscriberAtReplicaVersion => "subscriber at replica version",
             HoldReason::NothingNew => "nothing new since last purge",
             HoldReason::BackupTooRecent => "backup too recent",
+            HoldReason::BackupUnverified => "backup not found in the destination",
             HoldReason::ReservationFloor => "backup above a reservation floor",
             HoldReason::SubscriberBehind => "subscriber behind backup",
         })
@@ -478,6 +525,7 @@ impl fmt::Display for HoldReason {
 ///
 /// Purges below `W`, the largest tracked backup watermark that satisfies every rule:
 /// - it was backed up at least `cleanup_delay` ago by the wall clock (a time in the future is not aged);
+/// - the destination covers it (see [`Destination::covers`]), unless verification is off;
 /// - mode `pin`: `W <=` every open reservation's floor; mode `pause`: no reservation is open;
 /// - `W <=` the acked watermark of every connected subscriber and of every subscriber departed less than
 ///   `reconnect_grace` ago;
@@ -501,8 +549,9 @@ impl fmt::Display for HoldReason {
 /// 9. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
 /// 10. `NothingNew`: no backup is newer than `last_purged`.
 /// 11. `BackupTooRecent`: none of those is old enough.
-/// 12. `ReservationFloor`: all of those are above some reservation's floor.
-/// 13. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+/// 12. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
+/// 13. `ReservationFloor`: all of the covered ones are above some reservation's floor.
+/// 14. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
 pub fn decide(inputs: &Inputs) -> Decision {
     match choose(inputs) {
         Ok((before, bound)) => Decision::Purge {
@@ -586,20 +635,32 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
     if !inputs.backups.iter().any(|b| is_new(&b)) {
         return Err(HoldReason::NothingNew);
     }
-    let mut candidates: Vec<&'a str> = inputs
+    let aged: Vec<&'a Backup> = inputs
         .backups
         .iter()
         .filter(is_new)
         .filter(|b| is_aged(b, inputs))
+        .collect();
+    if aged.is_empty() {
+        return Err(HoldReason::BackupTooRecent);
+    }
+    let newest = |candidates: &[&'a str]| candidates.iter().copied().max();
+    let aged_newest = aged.iter().map(|b| b.watermark.as_str()).max();
+    let mut candidates: Vec<&'a str> = aged
+        .iter()
+        .filter(|b| inputs.destination.covers(b.backed_up_at))
         .map(|b| b.watermark.as_str())
         .collect();
     if candidates.is_empty() {
-        return Err(HoldReason::BackupTooRecent);
+        return Err(HoldReason::BackupUnverified);
     }
 
     // Each constraint in turn; the last one that lowered the newest candidate is what bound the purge.
-    let mut bound = Bound::Backup;
-    let newest = |candidates: &[&'a str]| candidates.iter().copied().max();
+    let mut bound = if newest(&candidates) == aged_newest {
+        Bound::Backup
+    } else {
+        Bound::Destination
+    };
     if let Some(reservation) = lowest_floor {
         let floor = reservation.floor.as_deref().unwrap_or_default();
         let before = newest(&candidates);
@@ -718,6 +779,7 @@ mod tests {
         last_purged: Option<String>,
         /// The gauge: `(highest, current)`; unset, it reports the newest backup.
         gauge: Option<(&'static str, &'static str)>,
+        destination: Destination,
     }
 
     fn case() -> Case {
@@ -734,6 +796,7 @@ mod tests {
             subscribers: vec![],
             last_purged: None,
             gauge: None,
+            destination: Destination::Unchecked,
         }
     }
 
@@ -758,6 +821,7 @@ mod tests {
                 last_purged: self.last_purged.as_deref(),
                 highest_backup: highest,
                 current_backup: current,
+                destination: self.destination,
             })
         }
     }
@@ -804,6 +868,83 @@ mod tests {
     #[test]
     fn ready_case_purges_below_the_backup() {
         assert_eq!(ready().decide(), purge("0a"));
+    }
+
+    // The destination: a claim counts only with an object behind it.
+
+    fn listed(secs_ago: Option<u64>) -> Destination {
+        Destination::Listed {
+            newest: secs_ago.map(|ago| wall(NOW - ago)),
+            slack: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn holds_unless_the_destination_has_an_object_from_the_claim_minus_the_slack() {
+        let with = |destination| Case {
+            destination,
+            ..ready()
+        };
+        // "0a" was claimed 120 s ago: an object from 180 s ago covers it with 60 s of slack, one from 181 s not.
+        assert_eq!(with(listed(Some(180))).decide(), purge("0a"));
+        assert_eq!(with(listed(Some(0))).decide(), purge("0a"));
+        assert_eq!(
+            with(listed(Some(181))).decide(),
+            Decision::Hold(BackupUnverified)
+        );
+        assert_eq!(
+            with(listed(None)).decide(),
+            Decision::Hold(BackupUnverified)
+        );
+        assert_eq!(
+            with(Destination::Unreadable).decide(),
+            Decision::Hold(BackupUnverified)
+        );
+        assert_eq!(with(Destination::Unchecked).decide(), purge("0a"));
+    }
+
+    #[test]
+    fn claims_made_after_the_uploads_stopped_lower_the_purge_to_an_older_covered_one() {
+        // Uploads stopped 300 s ago while the gauge went on: "0c" (claimed 120 s ago) has nothing behind it.
+        let wedged = Case {
+            backups: vec![backup("0a", 600), backup("0c", 120)],
+            subscribers: vec![sub("0c")],
+            destination: listed(Some(300)),
+            ..case()
+        };
+        assert_eq!(
+            wedged.decide(),
+            Decision::Purge {
+                before: wm("0a"),
+                bound: Bound::Destination
+            }
+        );
+    }
+
+    #[test]
+    fn unverified_comes_after_the_other_backup_reasons_and_before_floors_and_acks() {
+        let young = Case {
+            backups: vec![backup("0a", 10)],
+            destination: Destination::Unreadable,
+            ..ready()
+        };
+        assert_eq!(young.decide(), Decision::Hold(BackupTooRecent));
+        let nothing_new = Case {
+            last_purged: Some(wm("0a")),
+            destination: Destination::Unreadable,
+            ..ready()
+        };
+        assert_eq!(nothing_new.decide(), Decision::Hold(NothingNew));
+        let floor_and_behind = Case {
+            reservations: vec![reservation("t1", Some("05"))],
+            subscribers: vec![sub("05")],
+            destination: listed(None),
+            ..ready()
+        };
+        assert_eq!(floor_and_behind.decide(), Decision::Hold(BackupUnverified));
+        let ordered: Vec<_> = HoldReason::ALL.iter().map(HoldReason::as_str).collect();
+        let at = |label| ordered.iter().position(|l| *l == label).unwrap();
+        assert_eq!(at("backup_unverified"), at("backup_too_recent") + 1);
     }
 
     // Ownership: only for the change-streamer the sidecar fronts, and only once its subscribers had time to arrive.
@@ -1512,7 +1653,8 @@ mod tests {
         assert_eq!(HoldReason::ALL[0], NotRegistered);
         assert_eq!(HoldReason::ALL[2], StartingUp);
         assert_eq!(HoldReason::ALL[5], BackupRegressed);
-        assert_eq!(HoldReason::ALL[12], SubscriberBehind);
+        assert_eq!(HoldReason::ALL[11], BackupUnverified);
+        assert_eq!(HoldReason::ALL[13], SubscriberBehind);
     }
 
     // Property tests: a model of the monitor's view over random event sequences.
@@ -1561,6 +1703,12 @@ mod tests {
         Ack(usize, usize),
         Leave(usize),
         Advance(u64),
+        /// The monitor lists the destination: its newest object `ago` seconds old (`None`: empty), or the listing
+        /// fails (`ago` unused), or verification is off.
+        List {
+            outcome: u8,
+            ago: Option<u64>,
+        },
     }
 
     fn event() -> impl Strategy<Value = Event> {
@@ -1574,6 +1722,8 @@ mod tests {
             4 => (any::<usize>(), any::<usize>()).prop_map(|(s, p)| Event::Ack(s, p)),
             1 => any::<usize>().prop_map(Event::Leave),
             4 => (0..90u64).prop_map(Event::Advance),
+            2 => (0..3u8, prop::option::weighted(0.9, 0..200u64))
+                .prop_map(|(outcome, ago)| Event::List { outcome, ago }),
         ]
     }
 
@@ -1590,7 +1740,11 @@ mod tests {
         next_task: u32,
         subscribers: Vec<Subscriber>,
         last_purged: Option<String>,
+        destination: Destination,
     }
+
+    /// The slack of every listing in the model.
+    const SLACK: u64 = 60;
 
     impl Model {
         fn new(
@@ -1613,6 +1767,7 @@ mod tests {
                 next_task: 0,
                 subscribers: vec![],
                 last_purged: None,
+                destination: Destination::Unchecked,
             }
         }
 
@@ -1691,6 +1846,16 @@ mod tests {
                     self.subscribers[i].departed.get_or_insert(now);
                 }
                 Event::Advance(secs) => self.clock += secs,
+                Event::List { outcome, ago } => {
+                    self.destination = match outcome {
+                        0 => Destination::Unchecked,
+                        1 => Destination::Unreadable,
+                        _ => Destination::Listed {
+                            newest: ago.map(|ago| wall(self.clock.saturating_sub(ago))),
+                            slack: Duration::from_secs(SLACK),
+                        },
+                    }
+                }
                 Event::Close(_) | Event::Ack(..) | Event::Leave(_) => {}
             }
         }
@@ -1712,6 +1877,7 @@ mod tests {
                 // Backups only ever advance in this model: the gauge is at its highest.
                 highest_backup: self.backups.iter().map(|b| b.watermark.as_str()).max(),
                 current_backup: self.backups.iter().map(|b| b.watermark.as_str()).max(),
+                destination: self.destination,
             }
         }
 
@@ -1776,6 +1942,24 @@ mod tests {
             if self.last_purged.as_deref().is_some_and(|last| w <= last) {
                 broken.push("purge not above the last purge");
             }
+            let claimed = self.backups.iter().find(|b| b.watermark == w);
+            match (self.destination, claimed) {
+                (Destination::Unchecked, _) | (_, None) => {}
+                (Destination::Unreadable, _) => broken.push("purge on a failed listing"),
+                (Destination::Listed { newest: None, .. }, _) => {
+                    broken.push("purge with an empty destination")
+                }
+                (
+                    Destination::Listed {
+                        newest: Some(n), ..
+                    },
+                    Some(b),
+                ) => {
+                    if n + Duration::from_secs(SLACK) < b.backed_up_at {
+                        broken.push("purge at a claim with no object behind it")
+                    }
+                }
+            }
             broken
         }
 
@@ -1795,6 +1979,15 @@ mod tests {
             match bound {
                 Bound::Backup => {
                     prop_assert_eq!(Some(before), newest_candidate, "bound by the backup alone")
+                }
+                Bound::Destination => {
+                    prop_assert!(
+                        Some(before) < newest_candidate,
+                        "the destination lowered it"
+                    );
+                    prop_assert!(!self
+                        .violations(newest_candidate.unwrap_or_default())
+                        .is_empty());
                 }
                 Bound::Reservation { task_id, floor } => {
                     prop_assert!(
@@ -1921,6 +2114,7 @@ mod tests {
                 ownership: Ownership::Unchecked,
                 highest_backup: backups.last().map(|b| b.watermark.as_str()),
                 current_backup: backups.last().map(|b| b.watermark.as_str()),
+                destination: Destination::Unchecked,
             });
             prop_assert_eq!(d, Decision::Purge { before: newest_aged, bound: Bound::Backup });
         }

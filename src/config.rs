@@ -38,6 +38,7 @@ const MIN_BUFFERED_BYTES: u64 = 4096;
 pub struct RawConfig {
     pub server: RawServer,
     pub litestream: RawLitestream,
+    pub backup: RawBackup,
     pub zero: RawZero,
     pub change_db: RawChangeDb,
     pub cleanup: RawCleanup,
@@ -69,6 +70,19 @@ pub struct RawLitestream {
     pub name: String,
     pub proxy_listen: String,
     pub proxy_mode: ProxyMode,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawBackup {
+    pub verify: bool,
+    pub slack: String,
+    pub stale_after: String,
+    pub list_timeout: String,
+    pub endpoint: String,
+    pub region: String,
+    pub force_path_style: bool,
+    pub allow_http: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -212,6 +226,21 @@ impl Default for RawLitestream {
     }
 }
 
+impl Default for RawBackup {
+    fn default() -> Self {
+        Self {
+            verify: true,
+            slack: "60s".into(),
+            stale_after: "15m".into(),
+            list_timeout: "10s".into(),
+            endpoint: String::new(),
+            region: String::new(),
+            force_path_style: false,
+            allow_http: false,
+        }
+    }
+}
+
 impl Default for RawZero {
     fn default() -> Self {
         Self {
@@ -289,6 +318,7 @@ impl Default for RawLog {
 pub struct Config {
     pub server: ServerConfig,
     pub litestream: LitestreamConfig,
+    pub backup: BackupConfig,
     pub zero: ZeroConfig,
     pub change_db: ChangeDbConfig,
     pub cleanup: CleanupConfig,
@@ -347,6 +377,34 @@ impl Filter {
         self.db.as_deref().is_none_or(|want| want == db)
             && self.name.as_deref().is_none_or(|want| want == name)
     }
+}
+
+/// `[backup]`: how litestream's claims are checked against the destination before a purge relies on them.
+#[derive(Debug, Clone)]
+pub struct BackupConfig {
+    /// Off: claims are trusted as litestream makes them, and snapshot statuses wait only for a first claim.
+    pub verify: bool,
+    /// A claim backed up at `T` is covered by an object last modified at or after `T - slack`.
+    pub slack: Duration,
+    /// The destination is stale when its newest object is this much older than litestream's newest claim.
+    pub stale_after: Duration,
+    /// One listing, every page of it, gives up after this long; cleanup then holds.
+    pub list_timeout: Duration,
+    /// Where the backup lives, parsed from `litestream.backup_url` (`None` with `verify` off).
+    pub location: Option<crate::backup::Location>,
+    pub s3: S3Settings,
+}
+
+/// S3 connection settings from the file; credentials come only from the environment (see [`crate::backup`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct S3Settings {
+    /// An S3-compatible endpoint such as `https://minio.internal:9000`; `None`: AWS (or `AWS_ENDPOINT`).
+    pub endpoint: Option<String>,
+    /// `None`: `AWS_REGION` / `AWS_DEFAULT_REGION`, else `us-east-1`.
+    pub region: Option<String>,
+    /// `https://endpoint/bucket/key` rather than `https://bucket.endpoint/key`.
+    pub force_path_style: bool,
+    pub allow_http: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -652,6 +710,40 @@ impl RawConfig {
             problems.field("litestream.metrics_url", not_the_proxy(url, host, *port));
         }
 
+        let slack = problems.field("backup.slack", parse_duration(&self.backup.slack));
+        let stale_after = problems.field(
+            "backup.stale_after",
+            parse_positive_duration(&self.backup.stale_after).and_then(|d| match slack {
+                Some(slack) if d <= slack => Err(format!(
+                    "{:?} must be longer than backup.slack ({:?})",
+                    self.backup.stale_after, self.backup.slack
+                )),
+                _ => Ok(d),
+            }),
+        );
+        let list_timeout = problems.field(
+            "backup.list_timeout",
+            parse_positive_duration(&self.backup.list_timeout),
+        );
+        let location = problems.field(
+            "litestream.backup_url",
+            match (&backup_url, self.backup.verify) {
+                (Some(url), true) => crate::backup::Location::parse(url).map(Some),
+                _ => Ok(None),
+            },
+        );
+        let endpoint = problems.field(
+            "backup.endpoint",
+            match self.backup.endpoint.trim() {
+                "" => Ok(None),
+                endpoint => parse_endpoint(endpoint, self.backup.allow_http).map(Some),
+            },
+        );
+        let region = match self.backup.region.trim() {
+            "" => None,
+            region => Some(region.to_string()),
+        };
+
         let app_id = problems.field(
             "zero.app_id",
             validate_app_id(&self.zero.app_id).map(|()| self.zero.app_id.clone()),
@@ -805,6 +897,19 @@ impl RawConfig {
                         .map(|_| self.litestream.proxy_listen.trim().to_string())?,
                     proxy_mode: self.litestream.proxy_mode,
                 },
+                backup: BackupConfig {
+                    verify: self.backup.verify,
+                    slack: slack?,
+                    stale_after: stale_after?,
+                    list_timeout: list_timeout?,
+                    location: location?,
+                    s3: S3Settings {
+                        endpoint: endpoint?,
+                        region,
+                        force_path_style: self.backup.force_path_style,
+                        allow_http: self.backup.allow_http,
+                    },
+                },
                 zero: ZeroConfig {
                     app_id: app_id?,
                     shard_num: shard_num?,
@@ -928,6 +1033,28 @@ fn parse_http_url(text: &str) -> Result<hyper::Uri, String> {
     // The scraper is the judge of what it can scrape: whatever it would refuse once running is refused here.
     crate::litestream::Scraper::new(uri.clone(), Duration::ZERO, 0).map_err(|e| e.to_string())?;
     Ok(uri)
+}
+
+/// An `https://host[:port]` endpoint; `http://` only with `allow_http`, since request signatures and listings
+/// would cross the network in clear.
+fn parse_endpoint(text: &str, allow_http: bool) -> Result<String, String> {
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if url.host_str().is_none() || !matches!(url.path(), "" | "/") || url.query().is_some() {
+        return Err(format!(
+            "{text:?} must be scheme://host[:port] with no path, e.g. https://minio.internal:9000"
+        ));
+    }
+    match url.scheme() {
+        "https" => {}
+        "http" if allow_http => {}
+        "http" => {
+            return Err(format!(
+                "{text:?} is plain http: set backup.allow_http = true for a loopback or trusted-network endpoint"
+            ))
+        }
+        other => return Err(format!("{text:?}: scheme {other:?} is neither https nor http")),
+    }
+    Ok(text.trim_end_matches('/').to_string())
 }
 
 /// Hides the password of a `postgres://` URL or a `password=` pair of a key-value connection string.
@@ -1311,6 +1438,55 @@ mod tests {
                 "{MINIMAL}[relay]\nwrite_stall_timeout = \"0s\"\n"
             ))),
             ["relay.write_stall_timeout"]
+        );
+    }
+
+    #[test]
+    fn backup_verification_is_on_by_default_and_checked_clearly() {
+        let config = from_toml_str(MINIMAL, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(config.backup.verify);
+        assert_eq!(config.backup.slack, Duration::from_secs(60));
+        assert_eq!(config.backup.stale_after, Duration::from_secs(900));
+        assert_eq!(
+            config.backup.location,
+            Some(crate::backup::Location::S3 {
+                bucket: "bucket".into(),
+                prefix: "replica".into()
+            })
+        );
+        let errors = errors_of(
+            "[litestream]\nbackup_url = \"gcs://b/r\"\n[discovery]\nmode = \"off\"\n\
+             [backup]\nendpoint = \"http://127.0.0.1:9000\"\nslack = \"5m\"\nstale_after = \"1m\"\n",
+        );
+        assert_eq!(
+            keys(&errors),
+            [
+                "backup.stale_after",
+                "litestream.backup_url",
+                "backup.endpoint"
+            ]
+        );
+        assert!(
+            errors[1].problem.contains("backup.verify = false"),
+            "{errors:?}"
+        );
+        assert!(errors[2].problem.contains("allow_http"), "{errors:?}");
+        // Not verified, a gcs:// destination is fine; a loopback http endpoint needs allow_http.
+        let ok = from_toml_str(
+            "[litestream]\nbackup_url = \"gcs://b/r\"\n[discovery]\nmode = \"off\"\n\
+             [backup]\nverify = false\nendpoint = \"http://127.0.0.1:9000/\"\nallow_http = true\n",
+            Some(Default::default()),
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(ok.backup.location, None);
+        assert_eq!(
+            ok.backup.s3.endpoint.as_deref(),
+            Some("http://127.0.0.1:9000")
         );
     }
 

@@ -3,6 +3,7 @@
 //!
 //! Modules, one job each:
 //! - [`address`]: what a `host:port` is and when two addresses name the same endpoint.
+//! - [`backup`]: listing the backup destination, to check litestream's claims against what it holds.
 //! - [`config`]: `sidecar.toml` and environment overrides, validated into typed values.
 //! - [`protocol`]: Zero's change-streamer wire protocol without I/O (paths, versions, frames, acks, reasons).
 //! - [`inspect`]: the little of a relayed change-stream frame that ack tracking reads.
@@ -27,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod address;
+pub mod backup;
 pub mod change_db;
 pub mod cleanup;
 pub mod config;
@@ -129,6 +131,8 @@ pub struct App {
     started: tokio::time::Instant,
     /// The last purge of the previous run, from the state file.
     last_purge: Option<cleanup::Backup>,
+    /// Where the backup destination's `AWS_*` settings come from; `None`: the process environment.
+    backup_env: Option<Vec<(String, String)>>,
 }
 
 impl App {
@@ -141,7 +145,12 @@ impl App {
             config.cleanup.initial_delay.max(saved.cleanup_delay),
             instruments.reservation_seconds.clone(),
         );
+        // A status waits for a listing that finds something to restore.
+        if config.backup.verify {
+            registry.set_restorable(false);
+        }
         Self {
+            backup_env: None,
             last_purge: saved.last_purge,
             instruments,
             config,
@@ -157,6 +166,13 @@ impl App {
     /// that began before a restart are covered; tests move it back instead of waiting.
     pub fn started_at(mut self, started: tokio::time::Instant) -> Self {
         self.started = started;
+        self
+    }
+
+    /// Takes the destination's `AWS_*` settings (credentials, region, endpoint) from `env` instead of the process
+    /// environment: tests run side by side in one process.
+    pub fn backup_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.backup_env = Some(env);
         self
     }
 
@@ -236,6 +252,10 @@ impl App {
             self.discovery.clone(),
         )
         .resuming_after(self.last_purge.clone());
+        let monitor = match self.backup_env.clone() {
+            Some(env) => monitor.with_backup_env(&self.config, env),
+            None => monitor,
+        };
         tracker.spawn(
             monitor
                 .run(shutdown.clone())

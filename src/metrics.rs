@@ -48,6 +48,11 @@ struct ReasonLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ClassLabel {
     class: &'static str,
 }
@@ -116,6 +121,18 @@ pub struct Snapshot {
     pub upstream_up: bool,
     /// Epoch seconds of the last complete purge of this run.
     pub last_purge_timestamp: Option<f64>,
+    /// `None` while `backup.verify` is off.
+    pub backup: Option<BackupFigures>,
+}
+
+/// The backup destination's figures (`backup.verify`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BackupFigures {
+    pub verified: bool,
+    /// The newest object's last-modified time (epoch seconds) at the last listing that found one.
+    pub newest_object: Option<f64>,
+    pub stale: bool,
+    pub errors: HashMap<crate::backup::ErrorKind, u64>,
 }
 
 /// Where a scrape reads its figures: the instruments, and the handles whose state goes into a [`Snapshot`].
@@ -164,6 +181,17 @@ impl Sources {
             last_purge_timestamp: status.last_purge.as_ref().and_then(|purge| {
                 let since_epoch = purge.completed_at.duration_since(std::time::UNIX_EPOCH);
                 since_epoch.ok().map(|d| d.as_secs_f64())
+            }),
+            backup: status.backup.verifying.then(|| BackupFigures {
+                verified: status.backup.verified,
+                newest_object: status
+                    .backup
+                    .listing
+                    .and_then(|l| l.newest)
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_secs_f64()),
+                stale: status.backup.stale.is_some(),
+                errors: status.backup.errors.clone(),
             }),
         }
     }
@@ -354,6 +382,40 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "Wall-clock time (epoch seconds) of the last complete change-log purge of this run; 0 before the first",
         gauge(snapshot.last_purge_timestamp.unwrap_or(0.0)),
     );
+    if let Some(backup) = &snapshot.backup {
+        registry.register(
+            "backup_verified",
+            "1 when the backup destination holds an object at or after litestream's newest claimed backup time \
+             minus backup.slack, else 0",
+            gauge(if backup.verified { 1.0 } else { 0.0 }),
+        );
+        if let Some(newest) = backup.newest_object {
+            registry.register(
+                "backup_destination_newest_timestamp_seconds",
+                "Last-modified time of the newest object in the backup destination (epoch seconds)",
+                gauge(newest),
+            );
+        }
+        registry.register(
+            "backup_stale",
+            "1 while the backup destination's newest object is more than backup.stale_after older than \
+             litestream's newest claimed backup",
+            gauge(if backup.stale { 1.0 } else { 0.0 }),
+        );
+        let errors = Family::<KindLabel, Counter>::default();
+        for kind in crate::backup::ErrorKind::ALL {
+            errors
+                .get_or_create(&KindLabel {
+                    kind: kind.as_str(),
+                })
+                .inc_by(backup.errors.get(&kind).copied().unwrap_or(0));
+        }
+        registry.register(
+            "backup_verification_errors",
+            "Listings of the backup destination that failed, by kind (timeout, denied, not_found, other)",
+            errors,
+        );
+    }
 
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)
@@ -412,6 +474,14 @@ mod tests {
             change_log_rows: Some(1234),
             upstream_up: false,
             last_purge_timestamp: Some(1_750_000_000.0),
+            backup: Some(BackupFigures {
+                verified: false,
+                newest_object: Some(1_746_600_000.5),
+                stale: true,
+                errors: [(crate::backup::ErrorKind::Timeout, 2)]
+                    .into_iter()
+                    .collect(),
+            }),
         };
         let text = render(&instruments, &snapshot);
         let scrape = parse(&text);
@@ -443,6 +513,20 @@ mod tests {
             9.0
         );
         assert_eq!(v("litestream_sidecar_upstream_connect_errors_total"), 1.0);
+        assert_eq!(v("litestream_sidecar_backup_verified"), 0.0);
+        assert_eq!(v("litestream_sidecar_backup_stale"), 1.0);
+        assert_eq!(
+            v("litestream_sidecar_backup_destination_newest_timestamp_seconds"),
+            1_746_600_000.5
+        );
+        let errors = |kind| {
+            value(
+                &scrape,
+                "litestream_sidecar_backup_verification_errors_total",
+                Some(("kind", kind)),
+            )
+        };
+        assert_eq!((errors("timeout"), errors("denied")), (2.0, 0.0));
         assert_eq!(v("litestream_sidecar_relay_write_stalls_total"), 2.0);
         assert_eq!(
             value(

@@ -12,10 +12,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Level};
 
+use crate::backup::{self, ErrorKind, ListError, Listing};
 use crate::change_db::{ChangeDb, DbError, Expected, FailureClass, PurgeOutcome};
 use crate::cleanup::{
-    self, Backlog, Backup, Decision, GaugeMove, HeldReservation, HoldReason, Inputs, Ownership,
-    Subscriber,
+    self, Backlog, Backup, Decision, Destination, GaugeMove, HeldReservation, HoldReason, Inputs,
+    Ownership, Subscriber,
 };
 use crate::config::Config;
 use crate::litestream::{Filter, Scraper};
@@ -62,6 +63,7 @@ pub struct Status {
     pub change_log: Option<ChangeLogReading>,
     /// Why the last attempt to read the change log's size failed, while it is the last.
     pub change_log_error: Option<String>,
+    pub backup: BackupStatus,
 }
 
 /// A hold reason in force, and since when.
@@ -92,6 +94,24 @@ pub struct ChangeLogReading {
     pub read_at: SystemTime,
 }
 
+/// The backup destination as the monitor last saw it (`backup.verify`).
+#[derive(Debug, Clone, Default)]
+pub struct BackupStatus {
+    /// `backup.verify` is on: the fields below mean something.
+    pub verifying: bool,
+    /// The last listing that succeeded.
+    pub listing: Option<Listing>,
+    /// Litestream's newest claim is covered by the destination.
+    pub verified: bool,
+    /// `(newest object, newest claim)` while the destination is stale: its newest object is more than
+    /// `backup.stale_after` older than litestream's newest claim.
+    pub stale: Option<(Option<SystemTime>, SystemTime)>,
+    /// Listings that failed, by kind.
+    pub errors: std::collections::HashMap<ErrorKind, u64>,
+    /// The error of the latest listing, while listings fail.
+    pub failing: Option<ListError>,
+}
+
 impl Status {
     /// The watermark the last complete purge deleted below.
     pub fn last_purged(&self) -> Option<&str> {
@@ -107,11 +127,26 @@ impl Status {
                  (restarted on an older generation?); it resumes once the backup reaches {highest} again"
             )
         });
+        let stale = self.backup.stale.map(|(newest, claimed)| {
+            format!(
+                "backup destination stale: its newest object is from {}, litestream claims a backup at {} \
+                 (litestream wedged or uploading elsewhere?); cleanup holds for claims with nothing behind them",
+                newest.map_or("never (it is empty)".to_string(), |t| {
+                    humantime::format_rfc3339_seconds(t).to_string()
+                }),
+                humantime::format_rfc3339_seconds(claimed)
+            )
+        });
+        let unlisted =
+            self.backup.failing.as_ref().map(|err| {
+                format!("cleanup held: the backup destination cannot be listed ({err})")
+            });
         let failing = self.purge_failure_problem();
-        match (regressed, failing) {
-            (Some(regressed), Some(failing)) => Some(format!("{regressed}; {failing}")),
-            (regressed, failing) => regressed.or(failing),
-        }
+        let problems: Vec<String> = [regressed, stale, unlisted, failing]
+            .into_iter()
+            .flatten()
+            .collect();
+        (!problems.is_empty()).then(|| problems.join("; "))
     }
 
     fn purge_failure_problem(&self) -> Option<String> {
@@ -279,6 +314,11 @@ pub struct Monitor {
     state_file: Option<std::path::PathBuf>,
     /// The previous run's last purge: nothing at or below it is tracked again.
     resumed: Option<Backup>,
+    /// `None`: `backup.verify` is off. `Err`: the client could not be built (an unusable `AWS_*` variable, say),
+    /// reported as a failed listing at every check.
+    destination: Option<Result<backup::Destination, String>>,
+    slack: Duration,
+    stale_after: Duration,
 }
 
 /// What one check saw besides the backlog, in the policy's own types.
@@ -304,6 +344,7 @@ impl Gathered {
 #[derive(Default)]
 struct Said {
     scrape_problem: Throttle,
+    listing_problem: Throttle,
     last_hold: Option<HoldReason>,
     state_problem: Throttle,
     /// What the state file holds, as far as this run knows.
@@ -347,7 +388,31 @@ impl Monitor {
             upstream_address: config.upstream.advertised_address.clone(),
             state_file: config.cleanup.state_file.clone(),
             resumed: None,
+            destination: config.backup.location.as_ref().map(|location| {
+                backup::Destination::open(
+                    location,
+                    &config.backup.s3,
+                    config.backup.list_timeout,
+                    std::env::vars(),
+                )
+            }),
+            slack: config.backup.slack,
+            stale_after: config.backup.stale_after,
         }
+    }
+
+    /// Replaces the destination's client, built with `env` instead of the process environment (tests give their
+    /// S3 credentials this way).
+    pub fn with_backup_env(mut self, config: &Config, env: Vec<(String, String)>) -> Self {
+        if let Some(location) = config.backup.location.as_ref() {
+            self.destination = Some(backup::Destination::open(
+                location,
+                &config.backup.s3,
+                config.backup.list_timeout,
+                env,
+            ));
+        }
+        self
     }
 
     /// Continues after the previous run's last purge (from the state file).
@@ -365,10 +430,15 @@ impl Monitor {
             self.status.update(|s| s.purged_through = Some(resumed));
         }
         let mut said = Said::default();
+        let mut known: Option<Listing> = None;
+        if self.destination.is_some() {
+            self.status.update(|s| s.backup.verifying = true);
+        }
         let mut every = crate::shared::Every::new(self.check_interval);
         while every.tick(&shutdown).await {
             let now = Instant::now();
             self.scrape(&mut backlog, &mut said, now).await;
+            let destination = self.verify(&backlog, &mut known, &mut said, now).await;
             let observed = self.gather(now);
             let decision = cleanup::decide(&Inputs {
                 now,
@@ -385,6 +455,7 @@ impl Monitor {
                 last_purged: backlog.last_purged(),
                 highest_backup: backlog.highest(),
                 current_backup: backlog.current().map(|b| b.watermark.as_str()),
+                destination,
             });
             debug!(
                 ?decision,
@@ -515,6 +586,102 @@ impl Monitor {
             }
             Err(err) => s.change_log_error = Some(err),
         });
+    }
+
+    /// What the destination holds behind litestream's claims, for the policy. Lists it at most once per check, and
+    /// only when what is `known` from an earlier listing does not settle it: nothing restorable seen yet, or the
+    /// newest claim newer than the newest object plus the slack. Before litestream's first claim nothing is
+    /// listed: no status is sent and nothing is purged then anyway.
+    async fn verify(
+        &self,
+        backlog: &Backlog,
+        known: &mut Option<Listing>,
+        said: &mut Said,
+        now: Instant,
+    ) -> Destination {
+        let Some(destination) = &self.destination else {
+            return Destination::Unchecked;
+        };
+        let listed = |listing: &Option<Listing>| Destination::Listed {
+            newest: listing.and_then(|l| l.newest),
+            slack: self.slack,
+        };
+        let claimed = backlog
+            .backups()
+            .iter()
+            .chain(backlog.current())
+            .map(|b| b.backed_up_at)
+            .max();
+        let Some(claimed) = claimed else {
+            return listed(known);
+        };
+        let settled = known.is_some_and(|l| l.is_restorable() && listed(known).covers(claimed));
+        if !settled {
+            let result = match destination {
+                Ok(destination) => destination.list().await,
+                Err(problem) => Err(ListError {
+                    kind: ErrorKind::Other,
+                    message: problem.clone(),
+                }),
+            };
+            match result {
+                Ok(listing) => {
+                    debug!(
+                        objects = listing.objects,
+                        newest = ?listing.newest.map(humantime::format_rfc3339_millis),
+                        "backup destination listed"
+                    );
+                    *known = Some(listing);
+                    self.registry.set_restorable(listing.is_restorable());
+                    said.listing_problem
+                        .succeeded("backup destination can be listed again");
+                    self.status.update(|s| {
+                        s.backup.listing = Some(listing);
+                        s.backup.failing = None;
+                    });
+                }
+                Err(err) => {
+                    said.listing_problem.failed(
+                        "cannot list the backup destination; cleanup holds",
+                        err.to_string(),
+                        Level::WARN,
+                        now,
+                    );
+                    self.status.update(|s| {
+                        *s.backup.errors.entry(err.kind).or_default() += 1;
+                        s.backup.verified = false;
+                        s.backup.failing = Some(err);
+                    });
+                    return Destination::Unreadable;
+                }
+            }
+        }
+        let fact = listed(known);
+        let newest = known.and_then(|l| l.newest);
+        let stale =
+            backup::is_stale(newest, claimed, self.stale_after).then_some((newest, claimed));
+        let was_stale = self.status.get().backup.stale.is_some();
+        match (was_stale, stale) {
+            (false, Some(_)) => error!(
+                newest_object = newest.map_or("none".into(), |t| humantime::format_rfc3339_seconds(t).to_string()),
+                claimed = %humantime::format_rfc3339_seconds(claimed),
+                stale_after = ?self.stale_after,
+                "backup destination stale: litestream claims backups its destination does not hold; cleanup holds \
+                 for those claims (the sidecar keeps serving)"
+            ),
+            (true, None) => info!(
+                newest_object = newest
+                    .map_or("none".into(), |t| humantime::format_rfc3339_seconds(t)
+                        .to_string()),
+                "backup destination no longer stale"
+            ),
+            _ => {}
+        }
+        self.status.update(|s| {
+            s.backup.verified = fact.covers(claimed);
+            s.backup.stale = stale;
+        });
+        fact
     }
 
     /// Everything else the policy reads, at one instant.

@@ -71,6 +71,8 @@ struct Book {
     open: HashMap<String, Held>,
     cleanup_delay: Duration,
     newest_backup: Option<String>,
+    /// The destination holds something to restore (always, unless the monitor lists it and found nothing yet).
+    restorable: bool,
 }
 
 struct Held {
@@ -104,6 +106,7 @@ impl Registry {
                 open: HashMap::new(),
                 cleanup_delay: initial_delay.max(MIN_CLEANUP_DELAY),
                 newest_backup: None,
+                restorable: true,
             })),
         }
     }
@@ -236,6 +239,18 @@ impl Registry {
     /// The newest backed-up watermark seen: what a restore started now gets at least.
     pub fn newest_backup(&self) -> Option<String> {
         self.lock().newest_backup.clone()
+    }
+
+    /// Whether the backup destination was seen holding at least one object: a status sends a view-syncer to restore
+    /// from it, and with nothing there its restore fails (PROTOCOL.md §11.7, Zero 1.8.0 withholds the status too).
+    /// True unless [`Registry::set_restorable`] said otherwise: with `backup.verify` off nothing is listed.
+    pub fn is_restorable(&self) -> bool {
+        self.lock().restorable
+    }
+
+    /// What the latest listing of the destination found (the monitor's job).
+    pub fn set_restorable(&self, restorable: bool) {
+        self.lock().restorable = restorable;
     }
 
     /// Never above the newest backup: a floor computed before the gauge went back (a v4 status built across a
@@ -387,8 +402,9 @@ const STATUS_RETRY: Duration = Duration::from_secs(1);
 /// Builds the status frame for `version` and pins the reservation where that status needs it; `None` while it
 /// cannot be built yet, and the handler tries again (pinging the socket meanwhile).
 ///
-/// Withheld for every version until litestream has reported a backup, as Zero 1.8+ withholds it: a view-syncer
-/// handed a status with nothing to restore fails and retries with a new reservation.
+/// Withheld for every version until litestream has reported a backup and (with `backup.verify`) a listing found an
+/// object in the destination, as Zero 1.8+ withholds it: a view-syncer handed a status with nothing to restore
+/// fails and retries with a new reservation.
 ///
 /// v3's status carries only the backup URL: the reservation keeps the floor it opened with, or the newest backup
 /// when none was known then. v4+'s also carries `minWatermark`, from which a view-syncer that keeps its own replica
@@ -397,6 +413,9 @@ const STATUS_RETRY: Duration = Duration::from_secs(1);
 /// set to the lower of the newest backup and the `minWatermark` sent.
 async fn status_frame(ctx: &SnapshotContext, version: u64, lease: &mut Lease) -> Option<String> {
     let newest = ctx.registry.newest_backup()?;
+    if !ctx.registry.is_restorable() {
+        return None;
+    }
     if version < 4 {
         if lease.floor().is_none() {
             lease.set_floor(Some(newest));
@@ -489,6 +508,8 @@ where
         log_pinned(&lease);
     } else if ctx.registry.newest_backup().is_none() {
         info!("snapshot status withheld until litestream reports a first backup");
+    } else if !ctx.registry.is_restorable() {
+        info!("snapshot status withheld until the backup destination holds a restorable backup");
     } else {
         info!("snapshot status held back until the change DB answers");
     }

@@ -230,7 +230,8 @@ async fn sigterm_closes_reservations_with_1001_and_exits_0() {
             "sidecar.toml",
             &format!(
                 "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
-                 metrics_url = \"{}\"\n[discovery]\nmode = \"off\"\n[log]\nformat = \"json\"\n",
+                 metrics_url = \"{}\"\n[discovery]\nmode = \"off\"\n[log]\nformat = \"json\"\n\
+                 [backup]\nverify = false\n",
                 litestream.url()
             ),
         );
@@ -437,7 +438,7 @@ async fn logs_carry_fields_in_both_formats_and_never_the_password() {
                 "[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
                  metrics_url = \"{}\"\n\
                  [discovery]\nmode = \"off\"\n[change_db]\nurl = \"postgres://zero:hunter2secret@127.0.0.1:9/zero\"\n\
-                 [log]\nformat = \"{format}\"\nfilter = \"debug\"\n",
+                 [log]\nformat = \"{format}\"\nfilter = \"debug\"\n[backup]\nverify = false\n",
                 litestream.url()
             ),
         );

@@ -659,6 +659,8 @@ impl World {
                     last_purged: self.backlog.last_purged(),
                     highest_backup: self.backlog.highest(),
                     current_backup: self.backlog.current().map(|b| b.watermark.as_str()),
+                    // The model's backups exist where they are claimed: verification is tested on its own.
+                    destination: cleanup::Destination::Unchecked,
                 });
                 if let Decision::Purge { before, .. } = decision {
                     // The running purge's ceiling would catch a decision past a subscriber, but the decision

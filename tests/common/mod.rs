@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod moto;
 pub mod pg;
 pub mod process;
 
@@ -26,12 +27,14 @@ pub const BACKUP_URL: &str = "s3://acme-zero/replica";
 /// The default config's litestream: nothing listens there (port 9, discard).
 pub const NO_LITESTREAM: &str = "http://127.0.0.1:9/metrics";
 
-/// A config for tests: loopback listeners on free ports, `extra` (TOML) merged over it.
+/// A config for tests: loopback listeners on free ports, `extra` (TOML) merged over it. Claims are not checked
+/// against the destination (`backup.verify = false`: nothing serves [`BACKUP_URL`]); the tests of that turn it on.
 pub fn config(extra: &str) -> Config {
     let base = format!(
         "[litestream]\nbackup_url = \"{BACKUP_URL}\"\nproxy_listen = \"127.0.0.1:0\"\n\
          metrics_url = \"{NO_LITESTREAM}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
-         [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n[discovery]\nmode = \"off\"\n"
+         [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n[discovery]\nmode = \"off\"\n\
+         [backup]\nverify = false\n"
     );
     let mut merged: toml::Table = base.parse().unwrap();
     let extra: toml::Table = extra.parse().expect("extra config is TOML");
