@@ -264,7 +264,7 @@ async fn newest_of(
 }
 
 /// The S3 client: `AWS_*` variables first, the file's settings over them. Requests are not retried (the next
-/// check is the retry) and each is bounded by the listing's timeout.
+/// check is the retry); the listing's timeout bounds them.
 fn s3_client(
     bucket: &str,
     s3: &S3Settings,
@@ -284,9 +284,12 @@ fn s3_client(
         retry_timeout: timeout,
         ..RetryConfig::default()
     });
+    // The listing's own timeout decides (and reports a timeout as one); the client's only catches what outlives
+    // it, so it is set a little longer rather than racing it.
+    let request_timeout = timeout + Duration::from_secs(1);
     let mut options = ClientOptions::new()
-        .with_timeout(timeout)
-        .with_connect_timeout(timeout);
+        .with_timeout(request_timeout)
+        .with_connect_timeout(request_timeout);
     if s3.allow_http {
         options = options.with_allow_http(true);
     }
