@@ -552,7 +552,7 @@ async fn status_prints_the_running_daemons_reservations_subscribers_and_hold_rea
             "[server]\nlisten = \"127.0.0.1:{port}\"\n[litestream]\nbackup_url = \"s3://b/r\"\n\
              proxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n[upstream]\naddress = \"{}\"\n\
              [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n[discovery]\nmode = \"off\"\n\
-             [log]\nformat = \"json\"\n",
+             [backup]\nverify = false\n[log]\nformat = \"json\"\n",
             litestream.url(),
             upstream.addr
         ),
