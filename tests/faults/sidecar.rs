@@ -132,15 +132,24 @@ fn write_process_config(
     let url = crate::common::pg::database_url();
     let separator = if url.contains('?') { '&' } else { '?' };
     let url = format!("{url}{separator}application_name={}", db.application_name());
+    // The destination holds a fresh object: the claimed backups are verified as in production.
+    let backup = dir.join("backup");
+    std::fs::create_dir_all(backup.join("generations/0a1b2c3d/snapshots")).unwrap();
+    std::fs::write(
+        backup.join("generations/0a1b2c3d/snapshots/00000000.snapshot.lz4"),
+        b"snapshot",
+    )
+    .unwrap();
     let text = format!(
         "{}[server]\nlisten = \"127.0.0.1:0\"\n\
-         [litestream]\nbackup_url = \"{BACKUP_URL}\"\nproxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n\
+         [litestream]\nbackup_url = \"file://{}\"\nproxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n\
          check_interval = \"1s\"\n\
          [discovery]\nmode = \"off\"\n\
          [cleanup]\nwithout_subscribers = \"after_grace\"\nreconnect_grace = \"1s\"\nbatch_rows = {batch_rows}\n\
          state_file = \"{}\"\n\
          [log]\nformat = \"json\"\n",
         db.config_at(&url),
+        backup.display(),
         litestream.url(),
         state.display()
     );
@@ -331,9 +340,10 @@ async fn killed_during_a_restore_the_restarted_process_holds_cleanup_for_the_lea
         first.addr
     ))
     .await;
+    let backup_url = format!("file://{}", dir.path().join("backup").display());
     assert!(next_text(&mut restore)
         .await
-        .contains(&format!("\"backupURL\":\"{BACKUP_URL}\"")));
+        .contains(&format!("\"backupURL\":\"{backup_url}\"")));
     within("the floor logged", Duration::from_secs(10), || async {
         !first.logged("reservation pinned").is_empty()
     })
