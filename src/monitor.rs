@@ -99,6 +99,8 @@ pub struct ChangeLogReading {
 pub struct BackupStatus {
     /// `backup.verify` is on: the fields below mean something.
     pub verifying: bool,
+    /// `backup.slack`: how much older than a claim the newest object may be and still cover it.
+    pub slack: Duration,
     /// The last listing that succeeded.
     pub listing: Option<Listing>,
     /// Litestream's newest claim is covered by the destination.
@@ -432,7 +434,11 @@ impl Monitor {
         let mut said = Said::default();
         let mut known: Option<Listing> = None;
         if self.destination.is_some() {
-            self.status.update(|s| s.backup.verifying = true);
+            let slack = self.slack;
+            self.status.update(|s| {
+                s.backup.verifying = true;
+                s.backup.slack = slack;
+            });
         }
         let mut every = crate::shared::Every::new(self.check_interval);
         while every.tick(&shutdown).await {

@@ -34,6 +34,8 @@ pub struct Report {
     pub backups_tracked: usize,
     /// Set while litestream's gauge reports less than it once did (cleanup holds until it is back).
     pub backup_regressed: Option<Regressed>,
+    /// What the backup destination holds behind the claims; `null` while `backup.verify` is off.
+    pub destination: Option<DestinationEntry>,
     /// Open snapshot reservations, oldest first.
     pub reservations: Vec<ReservationEntry>,
     /// Relayed subscribers the cleanup policy tracks: connected ones, and departed ones within the reconnect grace
@@ -58,6 +60,23 @@ pub struct BackupEntry {
     pub age_seconds: Option<f64>,
     /// Where litestream's gauge is now: what a restore started now gets.
     pub current: bool,
+    /// Whether the destination holds an object written at or after its backup time minus `backup.slack` (only
+    /// then may the sidecar purge below it); `null` while `backup.verify` is off or nothing was listed yet.
+    pub verified: Option<bool>,
+}
+
+/// The backup destination as the last listing saw it (`backup.verify`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DestinationEntry {
+    /// Objects under the replica's path, and the newest one's last-modified time.
+    pub objects: Option<u64>,
+    pub newest_object_at: Option<String>,
+    pub newest_object_age_seconds: Option<f64>,
+    /// The newest object is more than `backup.stale_after` older than litestream's newest claim.
+    pub stale: bool,
+    /// Why the latest listing failed, while listings fail.
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -213,7 +232,7 @@ pub fn build(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Report {
     let mut backups: Vec<BackupEntry> = status
         .recent_backups
         .iter()
-        .map(|b| backup_entry(b, current, wall_now))
+        .map(|b| backup_entry(b, current, &status.backup, wall_now))
         .collect();
     if let Some((watermark, at)) = &status.newest_backup {
         if !backups.iter().any(|b| &b.watermark == watermark) {
@@ -221,7 +240,7 @@ pub fn build(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Report {
                 watermark: watermark.clone(),
                 backed_up_at: *at,
             };
-            backups.push(backup_entry(&gauge, current, wall_now));
+            backups.push(backup_entry(&gauge, current, &status.backup, wall_now));
             backups.sort_by(|a, b| b.watermark.cmp(&a.watermark));
         }
     }
@@ -292,6 +311,7 @@ pub fn build(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Report {
         uptime_seconds: since(inputs.started),
         backups,
         backups_tracked: status.backups_tracked,
+        destination: destination_entry(&status.backup, wall_now),
         backup_regressed: status
             .backup_regressed
             .as_ref()
@@ -314,13 +334,44 @@ pub fn build(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Report {
     }
 }
 
-fn backup_entry(backup: &Backup, current: Option<&str>, wall_now: SystemTime) -> BackupEntry {
+fn backup_entry(
+    backup: &Backup,
+    current: Option<&str>,
+    destination: &crate::monitor::BackupStatus,
+    wall_now: SystemTime,
+) -> BackupEntry {
+    let verified = destination
+        .verifying
+        .then_some(destination.listing)
+        .flatten()
+        .map(|listing| {
+            crate::cleanup::Destination::Listed {
+                newest: listing.newest,
+                slack: destination.slack,
+            }
+            .covers(backup.backed_up_at)
+        });
     BackupEntry {
         watermark: backup.watermark.clone(),
         backed_up_at: Some(rfc3339(backup.backed_up_at)),
         age_seconds: Some(age(backup.backed_up_at, wall_now)),
         current: current == Some(backup.watermark.as_str()),
+        verified,
     }
+}
+
+fn destination_entry(
+    destination: &crate::monitor::BackupStatus,
+    wall_now: SystemTime,
+) -> Option<DestinationEntry> {
+    let newest = destination.listing.and_then(|l| l.newest);
+    destination.verifying.then(|| DestinationEntry {
+        objects: destination.listing.map(|l| l.objects),
+        newest_object_at: newest.map(rfc3339),
+        newest_object_age_seconds: newest.map(|t| age(t, wall_now)),
+        stale: destination.stale.is_some(),
+        error: destination.failing.as_ref().map(ToString::to_string),
+    })
 }
 
 fn cleanup(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Cleanup {
@@ -526,11 +577,46 @@ pub fn render(report: &Report) -> String {
                     b.watermark.clone(),
                     or_dash(b.backed_up_at.as_deref()).to_string(),
                     b.age_seconds.map_or("-".into(), duration),
+                    match b.verified {
+                        Some(true) => "yes",
+                        Some(false) => "NO",
+                        None => "-",
+                    }
+                    .to_string(),
                     if b.current { "current" } else { "" }.to_string(),
                 ]
             })
             .collect();
-        table(&mut out, &["WATERMARK", "BACKED UP", "AGE", ""], &rows);
+        table(
+            &mut out,
+            &["WATERMARK", "BACKED UP", "AGE", "IN DESTINATION", ""],
+            &rows,
+        );
+    }
+    if let Some(destination) = &report.destination {
+        let newest = destination.newest_object_at.as_deref().map_or_else(
+            || "no object".to_string(),
+            |at| {
+                format!(
+                    "newest object {at} ({} ago)",
+                    destination
+                        .newest_object_age_seconds
+                        .map_or("-".into(), duration)
+                )
+            },
+        );
+        out.push_str(&format!(
+            "destination: {} objects, {newest}{}{}\n",
+            destination
+                .objects
+                .map_or("-".to_string(), |n| n.to_string()),
+            if destination.stale { "; STALE" } else { "" },
+            destination
+                .error
+                .as_deref()
+                .map(|e| format!("; listing fails: {e}"))
+                .unwrap_or_default()
+        ));
     }
     if let Some(regressed) = &report.backup_regressed {
         out.push_str(&format!(
@@ -880,13 +966,50 @@ mod tests {
         assert_eq!((cleanup.hold_reason, cleanup.held_since), (None, None));
     }
 
+    /// With `backup.verify` on, each claim says whether the destination covers it, and the destination is shown.
+    #[test]
+    fn claims_say_whether_the_destination_holds_them() {
+        let now = Instant::now();
+        let wall_now = SystemTime::UNIX_EPOCH + secs(1_750_000_000);
+        let mut inputs = inputs(now, wall_now);
+        inputs.status.backup = crate::monitor::BackupStatus {
+            verifying: true,
+            slack: secs(60),
+            // Written 5 minutes ago: covers the claim of 11m 40s ago, not the one of 1m 30s ago.
+            listing: Some(crate::backup::Listing {
+                objects: 3,
+                newest: Some(wall_now - secs(300)),
+            }),
+            stale: Some((Some(wall_now - secs(300)), wall_now - secs(90))),
+            ..Default::default()
+        };
+        let report = build(&inputs, now, wall_now);
+        let verified: Vec<_> = report.backups.iter().map(|b| b.verified).collect();
+        assert_eq!(verified, [Some(false), Some(true)]);
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["destination"]["objects"], 3);
+        assert_eq!(json["destination"]["stale"], true);
+        let text = render(&report);
+        for needle in [
+            "0f         2025-06-15T15:05:10Z  1m 30s   NO              current",
+            "0c         2025-06-15T14:55:00Z  11m 40s  yes",
+            "destination: 3 objects, newest object 2025-06-15T15:01:40Z (5m ago); STALE",
+        ] {
+            assert!(text.contains(needle), "no {needle:?} in\n{text}");
+        }
+        // Verification off: no verdicts, no destination.
+        let report = build(&self::inputs(now, wall_now), now, wall_now);
+        assert!(report.backups.iter().all(|b| b.verified.is_none()));
+        assert_eq!(report.destination, None);
+    }
+
     #[test]
     fn the_table_has_a_section_per_question() {
         let text = render(&report());
         for needle in [
             "BACKUPS (2 tracked)",
             "WATERMARK  BACKED UP",
-            "0f         2025-06-15T15:05:10Z  1m 30s   current",
+            "0f         2025-06-15T15:05:10Z  1m 30s   -               current",
             "RESERVATIONS (1)",
             "restore-7  45s  0c",
             "SUBSCRIBERS (2)",
