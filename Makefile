@@ -1,12 +1,13 @@
 # litestream-sidecar. `make run` starts the sidecar with ./sidecar.toml; `make test` installs and starts what the
-# tests need (a throwaway PostgreSQL cluster, the interop suite's npm packages) and runs every test.
+# tests need (a throwaway PostgreSQL cluster, the interop suite's npm packages) and runs every test; `make demo` shows
+# it at work beside real Zero processes until Ctrl-C.
 
 CARGO ?= cargo
 CONFIG ?= ./sidecar.toml
 # PostgreSQL majors `make test` runs the whole suite against, each on its own throwaway cluster: `make test PG=18`.
 PG ?= 15 17
 
-.PHONY: all build run test interop lint bench clean
+.PHONY: all build run demo test interop lint bench clean
 
 all: build
 
@@ -20,6 +21,11 @@ run: build
 # real Zero processes (tests/interop), once per major in $(PG), each on a throwaway PostgreSQL cluster.
 test:
 	CARGO="$(CARGO)" scripts/test.sh $(PG)
+
+# The sidecar at work beside real Zero 1.9 processes on a throwaway PostgreSQL (the first major in $(PG)), with
+# `litestream-sidecar status` every 3 s, until Ctrl-C. DEMO_SECONDS=150 ends it by itself: exit 0 only if it purged.
+demo:
+	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" scripts/demo.sh
 
 # Only the interop suites with real Zero 0.20 and 1.9 (npm ci, the sidecar build, Zero, the litestream stand-in), on
 # the first major in $(PG).
