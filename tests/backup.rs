@@ -428,25 +428,6 @@ async fn a_listing_that_fails_holds_cleanup() {
     db.drop().await;
 }
 
-/// Reads frames, answering pings, until a text frame (`Some`) or `pings` pings (`None`).
-async fn text_after_pings(raw: &mut RawClient, pings: usize) -> Option<String> {
-    let mut seen = 0;
-    loop {
-        let (opcode, payload) = raw.read_frame().await.expect("the socket stays open");
-        match opcode {
-            0x9 => {
-                raw.write_frame(true, 0xA, b"").await;
-                seen += 1;
-                if seen >= pings {
-                    return None;
-                }
-            }
-            0x1 => return Some(String::from_utf8(payload).unwrap()),
-            other => panic!("unexpected opcode {other}"),
-        }
-    }
-}
-
 #[tokio::test]
 async fn no_status_is_sent_before_the_destination_holds_a_restorable_backup() {
     let db = TestSchema::create(Some(6), None).await;

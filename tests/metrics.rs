@@ -9,33 +9,6 @@ use common::*;
 use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::subscribers::SubscriberInfo;
 
-async fn scrape(sidecar: &Sidecar) -> prometheus_parse::Scrape {
-    let (status, body) = http(sidecar.addr, "GET", "/metrics").await;
-    assert_eq!(status, 200, "{body}");
-    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
-        .expect("a metrics page")
-}
-
-fn value(
-    scrape: &prometheus_parse::Scrape,
-    name: &str,
-    label: Option<(&str, &str)>,
-) -> Option<f64> {
-    scrape
-        .samples
-        .iter()
-        .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => v,
-            prometheus_parse::Value::Histogram(ref buckets) => {
-                buckets.last().map_or(0.0, |b| b.count)
-            }
-            ref other => panic!("{name}: {other:?}"),
-        })
-}
-
 #[tokio::test]
 async fn reservations_and_their_durations() {
     let sidecar = start(config("")).await;

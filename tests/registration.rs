@@ -554,25 +554,6 @@ async fn the_purge_rechecks_the_owner_task_and_deletes_nothing_after_a_takeover(
     db.drop().await;
 }
 
-/// Reads frames, answering pings, until a text frame arrives; `None` if `pings` pings came first.
-async fn text_after_pings(raw: &mut RawClient, pings: usize) -> Option<String> {
-    let mut seen = 0;
-    loop {
-        let (opcode, payload) = raw.read_frame().await.expect("the socket stays open");
-        match opcode {
-            0x9 => {
-                raw.write_frame(true, 0xA, b"").await;
-                seen += 1;
-                if seen >= pings {
-                    return None;
-                }
-            }
-            0x1 => return Some(String::from_utf8(payload).unwrap()),
-            other => panic!("unexpected opcode {other}"),
-        }
-    }
-}
-
 /// Zero >= 1.8 withholds the snapshot status until a restorable backup exists: a view-syncer handed one with
 /// nothing to restore fails and retries with a new reservation. Every version waits, pinged meanwhile.
 #[tokio::test]

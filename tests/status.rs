@@ -17,27 +17,6 @@ async fn status(sidecar: &Sidecar) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
-async fn scrape(sidecar: &Sidecar) -> prometheus_parse::Scrape {
-    let (code, body) = http(sidecar.addr, "GET", "/metrics").await;
-    assert_eq!(code, 200, "{body}");
-    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap()
-}
-
-fn value(
-    scrape: &prometheus_parse::Scrape,
-    name: &str,
-    label: Option<(&str, &str)>,
-) -> Option<f64> {
-    scrape
-        .samples
-        .iter()
-        .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
-        .map(|s| match s.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
-            ref other => panic!("{name}: {other:?}"),
-        })
-}
-
 fn series(scrape: &prometheus_parse::Scrape, name: &str) -> usize {
     scrape.samples.iter().filter(|s| s.metric == name).count()
 }

@@ -825,3 +825,51 @@ pub fn changes_path(
          &replicaVersion=01&initial={initial}"
     )
 }
+
+/// `GET /metrics`, parsed.
+pub async fn scrape(sidecar: &Sidecar) -> prometheus_parse::Scrape {
+    let (status, body) = http(sidecar.addr, "GET", "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("a metrics page")
+}
+
+/// The value of `name`'s first sample (with `label`, if given); a histogram's count.
+pub fn value(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    label: Option<(&str, &str)>,
+) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Histogram(ref buckets) => {
+                buckets.last().map_or(0.0, |b| b.count)
+            }
+            ref other => panic!("{name}: {other:?}"),
+        })
+}
+
+/// Reads frames, answering pings, until a text frame arrives; `None` if `pings` pings came first.
+pub async fn text_after_pings(raw: &mut RawClient, pings: usize) -> Option<String> {
+    let mut seen = 0;
+    loop {
+        let (opcode, payload) = raw.read_frame().await.expect("the socket stays open");
+        match opcode {
+            0x9 => {
+                raw.write_frame(true, 0xA, b"").await;
+                seen += 1;
+                if seen >= pings {
+                    return None;
+                }
+            }
+            0x1 => return Some(String::from_utf8(payload).unwrap()),
+            other => panic!("unexpected opcode {other}"),
+        }
+    }
+}
