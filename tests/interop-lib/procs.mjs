@@ -309,3 +309,30 @@ export function environ(pid) {
 export function cmdline(pid) {
   return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean);
 }
+
+/**
+ * What the kernel counted on each established TCP connection to `peerPort` (`ss -tinp`), whatever the processes
+ * log: [{local, peer, pids, bytesAcked, bytesReceived}], bytes sent and acknowledged by the peer, bytes received.
+ * A WebSocket ping a server sends with no payload is 2 bytes on the wire, a client's pong to it 6 (masked).
+ */
+export function tcpCounters(peerPort) {
+  const out = execFileSync('ss', ['-Htinp', 'state', 'established', 'dport', '=', `:${peerPort}`],
+    {encoding: 'utf8', maxBuffer: SS_MAX_BUFFER});
+  const found = [];
+  for (const line of out.split('\n')) {
+    if (!line.trim()) continue;
+    if (/^\s/.test(line)) {
+      // The counters of the socket on the line before.
+      const last = found.at(-1);
+      if (!last) continue;
+      const counter = name => Number(line.match(new RegExp(`\\b${name}:(\\d+)`))?.[1] ?? 0);
+      last.bytesAcked = counter('bytes_acked');
+      last.bytesReceived = counter('bytes_received');
+      continue;
+    }
+    const cols = line.trim().split(/\s+/);
+    found.push({local: cols[2], peer: cols[3], pids: [...line.matchAll(/pid=(\d+)/g)].map(m => Number(m[1])),
+      bytesAcked: 0, bytesReceived: 0});
+  }
+  return found;
+}

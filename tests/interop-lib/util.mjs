@@ -1,6 +1,6 @@
 // Helpers both interop suites use (tests/interop for Zero 0.20, tests/interop-1.9 for Zero 1.9): free ports,
 // waiting for a condition, plain HTTP GETs, reading litestream's progress gauge off a metrics page, and the
-// sidecar's JSON log events and the lines of its output that are not log records.
+// sidecar's JSON log events (and a reservation's course in them) and the lines of its output that are not log records.
 import assert from 'node:assert/strict';
 import {readFileSync} from 'node:fs';
 import {createServer} from 'node:net';
@@ -183,4 +183,24 @@ export class StrayLines {
   assertNone(where) {
     assertNoStrayLines(this.all(), where);
   }
+}
+
+/** The records that end a reservation in the sidecar's log, whichever way it ends. */
+export const RESERVATION_ENDS = ['reservation ended by its subscription', 'reservation released', 'reservation closed'];
+
+/**
+ * The course of the first reservation of `taskID` in the log of the sidecar started as `sidecar` in `procs`: its
+ * "reservation opened" record, why its status was held back ("snapshot status withheld …" / "… held back …", or
+ * null), "reservation pinned" (logged as its status is queued; null until then), the first record that ended it
+ * (null while open), and `waitMs`, from opened to pinned by the sidecar's own timestamps (null until pinned).
+ */
+export function reservationTimeline(procs, taskID) {
+  const all = sidecarEvents(procs).filter(e => field(e, 'task_id') === taskID);
+  const opened = all.find(e => e.message === 'reservation opened') ?? null;
+  const after = opened ? all.slice(all.indexOf(opened) + 1) : [];
+  const withheld = after.find(e => /^snapshot status (withheld|held back)/.test(e.message)) ?? null;
+  const pinned = after.find(e => e.message === 'reservation pinned') ?? null;
+  const ended = after.find(e => RESERVATION_ENDS.includes(e.message)) ?? null;
+  const waitMs = opened && pinned ? Date.parse(pinned.timestamp) - Date.parse(opened.timestamp) : null;
+  return {opened, withheld, pinned, ended, waitMs};
 }

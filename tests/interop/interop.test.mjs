@@ -1,16 +1,21 @@
 // End-to-end interop tests: the sidecar in the recommended deployment (PROTOCOL.md §11.6) with real Zero 0.20
 // processes. Run by `make test` (scripts/interop.sh): PostgreSQL from scripts/with-postgres.sh, the sidecar binary
 // from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone, but a
-// later scenario relies on the state an earlier one left (rows, subscribers, processes).
+// later scenario relies on the state an earlier one left (rows, subscribers, processes). The last one starts a
+// second, fresh deployment beside the first.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {listeners, connections, markedPids} from '../interop-lib/procs.mjs';
-import {StrayLines, field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../interop-lib/util.mjs';
+import {listeners, connections, markedPids, tcpCounters, treePids} from '../interop-lib/procs.mjs';
+import {
+  RESERVATION_ENDS, StrayLines, field, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
+} from '../interop-lib/util.mjs';
 import {Topology, eventually, progressSamples, RM_TASK_ID, VS_TASK_ID} from './lib/topology.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from './lib/clients.mjs';
 
 const t = new Topology();
+const extra = []; // further deployments (the cold start), stopped and closed with the main one
+const everyTopology = [t]; // every deployment started, closed or not
 const clientLog = [];
 let client;
 let failed = false;
@@ -32,14 +37,11 @@ function openReservations() {
   return new Map([...open].filter(([, n]) => n > 0));
 }
 
-/** Lines of the sidecar's output that are not log records (a panic, a stray print): none may appear. */
-const strays = new StrayLines(() => [t.procs]);
+/** Lines of a sidecar's output that are not log records (a panic, a stray print): none may appear. */
+const strays = new StrayLines(() => everyTopology.map(topo => topo.procs));
 
 /** The sidecar's purge records: finished, and stopped early by a change while it ran. */
 const PURGES = ['change log purged', 'change log purge stopped early; the next check continues'];
-
-/** The records that end a reservation, whichever way it ends. */
-const RESERVATION_ENDS = ['reservation ended by its subscription', 'reservation released', 'reservation closed'];
 
 /** A log record for a failure message: without `spans` and `target` (`span` still names the innermost one). */
 const brief = record => JSON.stringify(record, (k, v) => (k === 'spans' || k === 'target' ? undefined : v));
@@ -176,10 +178,10 @@ async function changeLogWatermarks() {
 }
 
 function scenario(name, fn, timeout = 180_000) {
-  test(name, {timeout}, async () => {
+  test(name, {timeout}, async ctx => {
     strays.mark();
     try {
-      await fn();
+      await fn(ctx);
       strays.assertNoneSince('during this scenario');
     } catch (e) {
       failed = true;
@@ -211,8 +213,8 @@ before(async () => {
 
 after(async () => {
   for (const p of pumps) p.cancel();
-  // Everything stopped first, so that the check below sees all the sidecar wrote, its shutdown included.
-  await t.procs.stopAll();
+  // Everything stopped first, so that the check below sees all the sidecars wrote, their shutdown included.
+  for (const topo of [...extra, t]) await topo.procs.stopAll();
   let stray = null;
   try {
     strays.assertNone('over the whole run');
@@ -220,12 +222,14 @@ after(async () => {
     stray = e;
   }
   if (failed || stray) {
-    process.stderr.write(`\n# interop: ${failed ? 'a scenario failed' : 'the sidecar wrote lines that are not log records'}; ` +
-      `logs of every process follow (also in ${t.logDir})\n`);
-    t.procs.dump();
+    const what = failed ? 'a scenario failed' : 'a sidecar wrote lines that are not log records';
+    for (const topo of [t, ...extra]) {
+      process.stderr.write(`\n# interop: ${what}; logs of every process of "${topo.name}" follow (also in ${topo.logDir})\n`);
+      topo.procs.dump();
+    }
     process.stderr.write(`\n===== log of Zero's client in the tests =====\n${clientLog.join('\n')}\n`);
   }
-  await t.close({keep: failed || stray !== null});
+  for (const topo of [...extra, t]) await topo.close({keep: failed || stray !== null});
   const left = markedPids();
   if (stray) {
     if (left.length > 0) stray.message += `\nand processes left running: ${left}`;
@@ -509,3 +513,99 @@ scenario('5. the sidecar restarts under both Zero processes; streaming resumes, 
   assert.ok(vs.running && rm.running, 'both Zero processes kept running');
   assert.deepEqual(rm.matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
 }, 180_000);
+
+scenario('6. cold start with the first backup late: the view-syncer waits on one open, pinged reservation, then restores once', async ctx => {
+  // Long enough that the wait outlasts Zero 0.20's own liveness limit on the socket (30 s + 3 s, PROTOCOL.md §4.4).
+  const FIRST_UPLOAD_DELAY_MS = 45_000;
+  const PING_INTERVAL_MS = 5_000; // the sidecar's server.ping_interval in the Topology's config
+  const cold = new Topology('cold', {standinEnv: {INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
+  extra.push(cold);
+  everyTopology.push(cold);
+  await cold.prepare();
+  await cold.startSidecar();
+  const rm = cold.startReplicationManager();
+  await eventually('Zero to advertise the sidecar', async () => (await cold.ownerAddress()) === cold.sidecarAddress,
+    {timeout: 90_000});
+  await rm.waitFor(/holding the first upload back/, {timeout: 60_000});
+  assert.equal(await cold.backedUp(), null, 'no backup yet');
+
+  const vs = cold.startViewSyncer();
+  const timeline = () => reservationTimeline(cold.procs, VS_TASK_ID);
+  await eventually('the view-syncer to reserve a snapshot', () => timeline().opened, {timeout: 60_000, interval: 100});
+  // Until the sidecar sends the status: the view-syncer's socket to the sidecar as the kernel counts it, whether
+  // the stand-in has backed anything up, and the view-syncer's restore lines. Read in that order, a restore line
+  // seen before a look that still finds no backup came while no status could have been sent.
+  const RESTORE = /restoring backup from|replica not found|\[litestream-standin \d+\] restor/;
+  const samples = [];
+  const early = [];
+  await eventually('the sidecar to send the status', async () => {
+    if (timeline().pinned) return true;
+    // (Zero runs the restore in a worker of the process started; only this deployment's processes use its port.)
+    const vsPids = treePids('view-syncer');
+    const sockets = tcpCounters(cold.ports.sidecar).filter(s => s.pids.some(p => vsPids.includes(p)));
+    const restoreLines = vs.matching(RESTORE);
+    const backedUp = await cold.backedUp();
+    if (backedUp === null) early.push(...restoreLines);
+    samples.push({at: Date.now(), sockets, backedUp});
+    assert.ok(vs.running, 'the view-syncer keeps running');
+    return false;
+  }, {timeout: FIRST_UPLOAD_DELAY_MS + 60_000, interval: 500});
+  const {opened, withheld, pinned, waitMs} = timeline();
+  assert.deepEqual(early, [], 'no status and no restore attempt before the first backup');
+  assert.equal(withheld?.message, 'snapshot status withheld until litestream reports a first backup');
+
+  // The one reservation socket, from just after it opened until just before its status went out.
+  const openedAt = Date.parse(opened.timestamp);
+  const pinnedAt = Date.parse(pinned.timestamp);
+  const waiting = samples.filter(s => s.at < pinnedAt);
+  const [first, last] = [waiting[0], waiting.at(-1)];
+  assert.ok(first && first.at < openedAt + PING_INTERVAL_MS, 'a look at the socket before the first ping');
+  for (const s of waiting) {
+    assert.equal(s.sockets.length, 1, `one connection to the sidecar while waiting: ${JSON.stringify(s.sockets)}`);
+    assert.equal(s.sockets[0].local, first.sockets[0].local, 'the same socket all along (never reopened)');
+  }
+  // The status follows the first backup (the sidecar's next check, then a listing of the destination).
+  const backupSeen = samples.find(s => s.backedUp !== null);
+  const noBackup = waiting.filter(s => s.backedUp === null);
+  assert.ok(noBackup.length > 0 && noBackup.at(-1).at - openedAt >= 20_000,
+    'the reservation stayed open, with no status, for at least 20 s with no backup');
+  assert.ok(!backupSeen || pinnedAt >= backupSeen.at - 1_000, 'no status before the stand-in reported a backup');
+  const received = last.sockets[0].bytesReceived - first.sockets[0].bytesReceived;
+  const sent = last.sockets[0].bytesAcked - first.sockets[0].bytesAcked;
+  assert.equal(received % 2, 0, `only 2-byte pings reached the view-syncer before its status (${received} bytes)`);
+  assert.equal(sent % 6, 0, `only 6-byte pongs left it (${sent} bytes)`);
+  const [pings, pongs] = [received / 2, sent / 6];
+  const due = Math.floor((last.at - openedAt) / PING_INTERVAL_MS);
+  assert.ok(Math.abs(pings - due) <= 1, `a ping every ${PING_INTERVAL_MS} ms: ${pings} in ${last.at - openedAt} ms`);
+  assert.ok(pongs >= pings - 1 && pongs <= pings, `the view-syncer answered them (${pongs} pongs to ${pings} pings)`);
+  const measured = `reservation open ${(waitMs / 1000).toFixed(1)} s before its status (first upload held back ` +
+    `${FIRST_UPLOAD_DELAY_MS / 1000} s); ${pings} pings sent and ${pongs} pongs answered in the first ` +
+    `${((last.at - openedAt) / 1000).toFixed(1)} s of it, on one socket; no restore attempted meanwhile; status ` +
+    `${backupSeen ? `${((pinnedAt - backupSeen.at) / 1000).toFixed(1)} s after the stand-in's first backup was seen` : 'sent'}`;
+  ctx.diagnostic(`cold start: ${measured}`);
+
+  // Then it restores once from the backup the status names, and subscribes and streams through the sidecar.
+  const restoring = await vs.waitFor(/restoring backup from /, {timeout: 60_000});
+  assert.ok(restoring.includes(`restoring backup from ${cold.backupURL}`), restoring);
+  await vs.waitFor(/\[litestream-standin \d+\] restored /, {timeout: 30_000});
+  await eventually('the view-syncer to subscribe through the sidecar',
+    () => sidecarEventsWith(cold.procs, 'subscribed', {task_id: VS_TASK_ID, mode: 'serving'}).length > 0, {timeout: 60_000});
+  await eventually("the view-syncer's subscription to end its reservation", () => timeline().ended);
+  assert.equal(timeline().ended.message, 'reservation ended by its subscription');
+  const w = await cold.insert([[90, 'ninety', 90]]);
+  await eventually('the row to reach the view-syncer replica', () => {
+    try {
+      return cold.replicaItems(cold.vsReplica).stateVersion >= w;
+    } catch {
+      return false;
+    }
+  }, {timeout: 60_000});
+  assert.deepEqual(cold.replicaItems(cold.vsReplica).rows, await cold.upstreamItems());
+  assert.equal(sidecarEventsWith(cold.procs, 'reservation opened', {task_id: VS_TASK_ID}).length, 1, 'exactly one reservation');
+  assert.equal(vs.matching(/restoring backup from /).length, 1, 'one restore');
+  assert.equal(vs.matching(/\[litestream-standin \d+\] restored /).length, 1, 'one restore');
+  assert.deepEqual(vs.matching(/replica not found|max attempts exceeded/), []);
+  assert.deepEqual(rm.matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
+  await cold.close();
+  extra.splice(extra.indexOf(cold), 1);
+}, 240_000);

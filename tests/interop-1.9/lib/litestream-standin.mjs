@@ -25,37 +25,13 @@ import {appendFileSync, copyFileSync, existsSync, mkdirSync, readFileSync, renam
 import {randomBytes} from 'node:crypto';
 import {createServer} from 'node:http';
 import {dirname, join} from 'node:path';
-import {fileURLToPath} from 'node:url';
 import Database from '@rocicorp/zero-sqlite3';
+import {backupDir, goFloat, holdFirstUpload, readConfig, splitAddr} from '../../interop-lib/standin.mjs';
 
 /** The destination's object listing, beside the copy. */
 const OBJECTS = 'objects.jsonl';
 
 const log = (...args) => console.error(`[litestream-standin ${process.pid}]`, ...args);
-
-function readConfig(path = process.env.LITESTREAM_CONFIG) {
-  if (!path) throw new Error('LITESTREAM_CONFIG is not set');
-  const text = readFileSync(path, 'utf8').replace(/\$\{(\w+)\}/g, (_, name) => process.env[name] ?? '');
-  const value = key => text.match(new RegExp(`^\\s*(?:- )?${key}:\\s*(\\S+)\\s*$`, 'm'))?.[1];
-  return {dbPath: value('path'), replicaURL: value('url'), addr: value('addr')};
-}
-
-function backupDir(replicaURL) {
-  if (!replicaURL?.startsWith('file://')) throw new Error(`only file:// replicas are supported: ${replicaURL}`);
-  return fileURLToPath(replicaURL);
-}
-
-/** Go's strconv.FormatFloat(v, 'g', -1, 64), as client_golang writes sample values. */
-function goFloat(v) {
-  if (v === 0) return '0';
-  const exp = Math.floor(Math.log10(Math.abs(v)));
-  if (exp < -4 || exp >= 6) {
-    const [mantissa, e] = v.toExponential().split('e');
-    const n = Number(e);
-    return `${mantissa}e${n < 0 ? '-' : '+'}${String(Math.abs(n)).padStart(2, '0')}`;
-  }
-  return String(v);
-}
 
 async function replicate() {
   const {dbPath, replicaURL, addr} = readConfig();
@@ -63,7 +39,6 @@ async function replicate() {
   mkdirSync(dir, {recursive: true});
   const backupFile = join(dir, 'replica.db');
   const interval = Number(process.env.INTEROP_STANDIN_INTERVAL_MS ?? 2000);
-  const firstUploadDelay = Number(process.env.INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS ?? 0);
   const generation = randomBytes(8).toString('hex');
   let progress = null; // {watermark, time}
   let copies = 0;
@@ -108,10 +83,7 @@ async function replicate() {
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
 
-  if (firstUploadDelay > 0) {
-    log(`holding the first upload back for ${firstUploadDelay} ms`);
-    await new Promise(r => setTimeout(r, firstUploadDelay));
-  }
+  await holdFirstUpload(log);
   while (!stopping) {
     try {
       if (existsSync(dbPath)) {
@@ -192,12 +164,6 @@ function list(command, args) {
     : [['replica', 'generation', 'index', 'offset', 'size', 'created'],
       ...objects.map(o => ['file', o.generation, o.index, 0, o.size, rfc3339(o.created)])];
   process.stdout.write(rows.map(r => r.join('\t')).join('\n') + '\n');
-}
-
-function splitAddr(addr) {
-  const m = /^(.*):(\d+)$/.exec(addr ?? '');
-  if (!m) throw new Error(`bad addr in litestream config: ${addr}`);
-  return [m[1] === '' ? '127.0.0.1' : m[1].replace(/^\[|\]$/g, ''), Number(m[2])];
 }
 
 function restore(args) {

@@ -7,43 +7,20 @@
 //     directory of the file:// replica URL, reads "_zero.replicationState".stateVersion from the copy, and serves
 //     on the config's `addr` the fork's gauge for it (PROTOCOL.md §7):
 //       litestream_replica_progress{db="<replica path>",name="file",watermark="<stateVersion>"} <epoch seconds>
+//     INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS holds the first upload back that long (a slow initial snapshot).
 //   litestream-standin.mjs restore [-if-db-not-exists] [-if-replica-exists] [...] <db path>
 //     Copies the backup back to <db path>.
 //
 // Like litestream it reads its config from $LITESTREAM_CONFIG (Zero's config.yml format, ${VAR} expanded from the
-// environment): the db `path`, the replica `url` and `addr`.
-import {copyFileSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync} from 'node:fs';
+// environment): the db `path`, the replica `url` and `addr` (tests/interop-lib/standin.mjs, shared with the Zero 1.9
+// suite's stand-in).
+import {copyFileSync, existsSync, mkdirSync, renameSync, rmSync, statSync} from 'node:fs';
 import {createServer} from 'node:http';
 import {dirname, join} from 'node:path';
-import {fileURLToPath} from 'node:url';
 import Database from '@rocicorp/zero-sqlite3';
+import {backupDir, goFloat, holdFirstUpload, readConfig, splitAddr} from '../../interop-lib/standin.mjs';
 
 const log = (...args) => console.error(`[litestream-standin ${process.pid}]`, ...args);
-
-function readConfig() {
-  const path = process.env.LITESTREAM_CONFIG;
-  if (!path) throw new Error('LITESTREAM_CONFIG is not set');
-  const text = readFileSync(path, 'utf8').replace(/\$\{(\w+)\}/g, (_, name) => process.env[name] ?? '');
-  const value = key => text.match(new RegExp(`^\\s*(?:- )?${key}:\\s*(\\S+)\\s*$`, 'm'))?.[1];
-  return {dbPath: value('path'), replicaURL: value('url'), addr: value('addr')};
-}
-
-function backupDir(replicaURL) {
-  if (!replicaURL?.startsWith('file://')) throw new Error(`only file:// replicas are supported: ${replicaURL}`);
-  return fileURLToPath(replicaURL);
-}
-
-/** Go's strconv.FormatFloat(v, 'g', -1, 64), as client_golang writes sample values. */
-function goFloat(v) {
-  if (v === 0) return '0';
-  const exp = Math.floor(Math.log10(Math.abs(v)));
-  if (exp < -4 || exp >= 6) {
-    const [mantissa, e] = v.toExponential().split('e');
-    const n = Number(e);
-    return `${mantissa}e${n < 0 ? '-' : '+'}${String(Math.abs(n)).padStart(2, '0')}`;
-  }
-  return String(v);
-}
 
 async function replicate() {
   const {dbPath, replicaURL, addr} = readConfig();
@@ -93,6 +70,7 @@ async function replicate() {
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
 
+  await holdFirstUpload(log);
   while (!stopping) {
     try {
       if (existsSync(dbPath)) {
@@ -123,12 +101,6 @@ async function replicate() {
     }
     await new Promise(r => setTimeout(r, interval));
   }
-}
-
-function splitAddr(addr) {
-  const m = /^(.*):(\d+)$/.exec(addr ?? '');
-  if (!m) throw new Error(`bad addr in litestream config: ${addr}`);
-  return [m[1] === '' ? '127.0.0.1' : m[1].replace(/^\[|\]$/g, ''), Number(m[2])];
 }
 
 function restore(args) {

@@ -5,7 +5,8 @@
 //   RM BackupMonitor ──GET localhost:{proxy}/metrics──▶ sidecar proxy ──▶ litestream stand-in (private addr)
 //   sidecar ──▶ change DB (verify ownerAddress, purge changeLog)
 //
-// One PostgreSQL cluster (scripts/with-postgres.sh) holds the upstream, CVR and change databases.
+// One PostgreSQL cluster (scripts/with-postgres.sh) holds the upstream, CVR and change databases; each Topology
+// has databases of its own.
 import {mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync} from 'node:fs';
 import {tmpdir} from 'node:os';
 import {dirname, join, resolve} from 'node:path';
@@ -31,8 +32,14 @@ export {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/
 import {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/util.mjs';
 
 export class Topology {
-  constructor() {
-    this.dir = mkdtempSync(join(tmpdir(), 'sidecar-interop-'));
+  /**
+   * @param name distinguishes this deployment's databases and directories from another one's
+   * @param standinEnv extra environment for the litestream stand-in the replication-manager runs
+   */
+  constructor(name = 'main', {standinEnv = {}} = {}) {
+    this.name = name;
+    this.standinEnv = standinEnv;
+    this.dir = mkdtempSync(join(tmpdir(), `sidecar-interop-${name}-`));
     this.logDir = join(this.dir, 'logs');
     mkdirSync(this.logDir);
     this.procs = new Procs(this.logDir);
@@ -61,7 +68,7 @@ export class Topology {
   /** Fresh databases and ports, config files written; nothing started. */
   async prepare() {
     const admin = this.sql(this.baseURL.toString(), {max: 1});
-    const suffix = `${process.pid}`;
+    const suffix = `${this.name}_${process.pid}`;
     this.dbs = {upstream: `interop_upstream_${suffix}`, cvr: `interop_cvr_${suffix}`, change: `interop_change_${suffix}`};
     for (const db of Object.values(this.dbs)) {
       await admin.unsafe(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`);
@@ -172,6 +179,7 @@ filter = "warn,litestream_sidecar=debug"
     if (role === 'rm') {
       return {
         ...common,
+        ...this.standinEnv,
         ZERO_TASK_ID: RM_TASK_ID,
         ZERO_REPLICA_FILE: this.rmReplica,
         ZERO_NUM_SYNC_WORKERS: '0',
