@@ -594,7 +594,7 @@ async fn each_hop_keeps_its_own_liveness() {
 async fn a_subscriber_outlives_unanswered_pings_until_the_peer_timeout() {
     let mut upstream = Upstream::start().await;
     let sidecar =
-        start(upstream.config("[server]\nping_interval = \"1s\"\npeer_timeout = \"4s\"\n")).await;
+        start(upstream.config("[server]\nping_interval = \"1s\"\npeer_timeout = \"6s\"\n")).await;
     let path = changes_path(3, "t1", "silent", "0a", false);
     let opened = Instant::now();
     let mut silent = RawClient::connect(sidecar.addr, &path).await;
@@ -622,7 +622,7 @@ async fn a_subscriber_outlives_unanswered_pings_until_the_peer_timeout() {
             other => panic!("expected the marker, got {other:?}"),
         }
     }
-    // Four seconds without a pong: dropped, and its upstream closed, never sooner.
+    // Six seconds without a pong: dropped, and its upstream closed, never sooner.
     assert!(
         silent.is_dropped().await,
         "an unresponsive subscriber was kept"
@@ -632,7 +632,7 @@ async fn a_subscriber_outlives_unanswered_pings_until_the_peer_timeout() {
         Some((1001, "subscriber unresponsive".into()))
     );
     assert!(
-        opened.elapsed() >= Duration::from_secs(4),
+        opened.elapsed() >= Duration::from_secs(6),
         "dropped after {:?}",
         opened.elapsed()
     );

@@ -39,7 +39,7 @@ async fn an_upstream_down_longer_than_the_grace_lets_every_subscriber_return_bef
     let sidecar = start_aged(
         upstream.config(&format!(
             "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
-             [cleanup]\nreconnect_grace = \"4s\"\n",
+             [cleanup]\nreconnect_grace = \"8s\"\n",
             db.config(),
             litestream.url()
         )),
@@ -84,7 +84,7 @@ async fn an_upstream_down_longer_than_the_grace_lets_every_subscriber_return_bef
     );
     let refused = refused(&sidecar.url(&changes_path(3, "fast", "fast", "0d", false))).await;
     assert_eq!(refused.0, 502, "{refused:?}");
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(db.watermarks().await, ["0b", "0c", "0d", "0e"]);
 
     // Back; the up-to-date subscriber returns first, the slow one is still backing off. Cleanup waits a whole
