@@ -21,8 +21,6 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
 
-use crate::config::S3Settings;
-
 /// Where litestream writes the replica, from `litestream.backup_url`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {
@@ -261,6 +259,18 @@ async fn newest_of(
         listing.newest = listing.newest.max(Some(modified));
     }
     Ok(listing)
+}
+
+/// S3 connection settings from the file; credentials come only from the environment (see [`crate::backup`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct S3Settings {
+    /// An S3-compatible endpoint such as `https://minio.internal:9000`; `None`: AWS (or `AWS_ENDPOINT`).
+    pub endpoint: Option<String>,
+    /// `None`: `AWS_REGION` / `AWS_DEFAULT_REGION`, else `us-east-1`.
+    pub region: Option<String>,
+    /// `https://endpoint/bucket/key` rather than `https://bucket.endpoint/key`.
+    pub force_path_style: bool,
+    pub allow_http: bool,
 }
 
 /// The S3 client: `AWS_*` variables first, the file's settings over them. Requests are not retried (the next

@@ -392,19 +392,7 @@ pub struct BackupConfig {
     pub list_timeout: Duration,
     /// Where the backup lives, parsed from `litestream.backup_url` (`None` with `verify` off).
     pub location: Option<crate::backup::Location>,
-    pub s3: S3Settings,
-}
-
-/// S3 connection settings from the file; credentials come only from the environment (see [`crate::backup`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct S3Settings {
-    /// An S3-compatible endpoint such as `https://minio.internal:9000`; `None`: AWS (or `AWS_ENDPOINT`).
-    pub endpoint: Option<String>,
-    /// `None`: `AWS_REGION` / `AWS_DEFAULT_REGION`, else `us-east-1`.
-    pub region: Option<String>,
-    /// `https://endpoint/bucket/key` rather than `https://bucket.endpoint/key`.
-    pub force_path_style: bool,
-    pub allow_http: bool,
+    pub s3: crate::backup::S3Settings,
 }
 
 #[derive(Debug, Clone)]
@@ -903,7 +891,7 @@ impl RawConfig {
                     stale_after: stale_after?,
                     list_timeout: list_timeout?,
                     location: location?,
-                    s3: S3Settings {
+                    s3: crate::backup::S3Settings {
                         endpoint: endpoint?,
                         region,
                         force_path_style: self.backup.force_path_style,
@@ -923,9 +911,7 @@ impl RawConfig {
                     without_subscribers: self.cleanup.without_subscribers,
                     batch_rows: batch_rows?,
                     state_file: match self.cleanup.state_file.trim() {
-                        "" => crate::state::default_path(
-                            std::env::var("STATE_DIRECTORY").ok().as_deref(),
-                        ),
+                        "" => default_state_file(std::env::var("STATE_DIRECTORY").ok().as_deref()),
                         path => Some(path.into()),
                     },
                 },
@@ -1086,6 +1072,13 @@ pub fn redact_db_url(text: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Where the state lives when `cleanup.state_file` is not set: systemd's `StateDirectory=` (passed as
+/// `$STATE_DIRECTORY`, possibly several paths separated by `:`), else nowhere.
+fn default_state_file(state_directory: Option<&str>) -> Option<std::path::PathBuf> {
+    let dir = state_directory?.split(':').next()?.trim();
+    (!dir.is_empty()).then(|| std::path::Path::new(dir).join("state.json"))
 }
 
 #[cfg(test)]
@@ -1497,5 +1490,21 @@ mod tests {
         assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
         assert!(parse_duration("30").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn the_default_path_is_systemds_state_directory() {
+        assert_eq!(default_state_file(None), None);
+        assert_eq!(default_state_file(Some("")), None);
+        assert_eq!(
+            default_state_file(Some("/var/lib/litestream-sidecar")),
+            Some(std::path::PathBuf::from(
+                "/var/lib/litestream-sidecar/state.json"
+            ))
+        );
+        assert_eq!(
+            default_state_file(Some("/var/lib/a:/var/lib/b")),
+            Some(std::path::PathBuf::from("/var/lib/a/state.json"))
+        );
     }
 }

@@ -68,7 +68,7 @@ pub struct Instruments {
     /// Subscriptions ended because the subscriber stopped reading (`relay.write_stall_timeout`).
     pub relay_write_stalls: Counter,
     /// The relay's last attempt to reach the upstream change-streamer.
-    pub upstream: crate::shared::Cell<crate::relay::UpstreamHealth>,
+    pub upstream: crate::shared::Cell<UpstreamHealth>,
 }
 
 impl Default for Instruments {
@@ -133,6 +133,36 @@ pub struct BackupFigures {
     pub newest_object: Option<f64>,
     pub stale: bool,
     pub errors: HashMap<crate::backup::ErrorKind, u64>,
+}
+
+/// The outcome of the relay's last attempt to reach the upstream change-streamer. No periodic probe: every
+/// subscription connects, so the last connect is as fresh as anyone relies on the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamHealth {
+    /// Whether the last attempt succeeded; true before any, so that an idle sidecar does not alert.
+    pub up: bool,
+    /// Wall-clock time of the last attempt.
+    pub last_attempt: Option<std::time::SystemTime>,
+    /// Why the last attempt failed, while it is the last.
+    pub last_error: Option<String>,
+}
+
+impl Default for UpstreamHealth {
+    fn default() -> Self {
+        Self {
+            up: true,
+            last_attempt: None,
+            last_error: None,
+        }
+    }
+}
+
+impl UpstreamHealth {
+    pub(crate) fn attempted(&mut self, error: Option<String>) {
+        self.up = error.is_none();
+        self.last_attempt = Some(std::time::SystemTime::now());
+        self.last_error = error;
+    }
 }
 
 /// Where a scrape reads its figures: the instruments, and the handles whose state goes into a [`Snapshot`].

@@ -61,36 +61,6 @@ pub struct RelayContext {
     pub shutdown: CancellationToken,
 }
 
-/// The outcome of the relay's last attempt to reach the upstream change-streamer. No periodic probe: every
-/// subscription connects, so the last connect is as fresh as anyone relies on the upstream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamHealth {
-    /// Whether the last attempt succeeded; true before any, so that an idle sidecar does not alert.
-    pub up: bool,
-    /// Wall-clock time of the last attempt.
-    pub last_attempt: Option<std::time::SystemTime>,
-    /// Why the last attempt failed, while it is the last.
-    pub last_error: Option<String>,
-}
-
-impl Default for UpstreamHealth {
-    fn default() -> Self {
-        Self {
-            up: true,
-            last_attempt: None,
-            last_error: None,
-        }
-    }
-}
-
-impl UpstreamHealth {
-    fn attempted(&mut self, error: Option<String>) {
-        self.up = error.is_none();
-        self.last_attempt = Some(std::time::SystemTime::now());
-        self.last_error = error;
-    }
-}
-
 /// The relay's slice of the configuration.
 #[derive(Debug, Clone)]
 pub struct Settings {

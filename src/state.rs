@@ -148,13 +148,6 @@ fn decode(text: &[u8]) -> Result<Saved, String> {
     })
 }
 
-/// Where the state lives when `cleanup.state_file` is not set: systemd's `StateDirectory=` (passed as
-/// `$STATE_DIRECTORY`, possibly several paths separated by `:`), else nowhere.
-pub fn default_path(state_directory: Option<&str>) -> Option<PathBuf> {
-    let dir = state_directory?.split(':').next()?.trim();
-    (!dir.is_empty()).then(|| Path::new(dir).join("state.json"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,19 +212,5 @@ mod tests {
             Err(StateError::Write { .. })
         ));
         assert_eq!(load(&path).unwrap(), Some(saved()));
-    }
-
-    #[test]
-    fn the_default_path_is_systemds_state_directory() {
-        assert_eq!(default_path(None), None);
-        assert_eq!(default_path(Some("")), None);
-        assert_eq!(
-            default_path(Some("/var/lib/litestream-sidecar")),
-            Some(PathBuf::from("/var/lib/litestream-sidecar/state.json"))
-        );
-        assert_eq!(
-            default_path(Some("/var/lib/a:/var/lib/b")),
-            Some(PathBuf::from("/var/lib/a/state.json"))
-        );
     }
 }

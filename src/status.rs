@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::cleanup::{Backup, Decision};
+use crate::metrics::UpstreamHealth;
 use crate::monitor::Status;
-use crate::relay::UpstreamHealth;
 use crate::reservations::Reservation;
 use crate::subscribers::SubscriberView;
 

@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime};
 use common::moto::Moto;
 use common::pg::TestSchema;
 use common::*;
+use litestream_sidecar::backup::S3Settings;
 use litestream_sidecar::backup::{self, ErrorKind, Listing, Location};
 use litestream_sidecar::cleanup::{self, Decision, HoldReason};
-use litestream_sidecar::config::S3Settings;
 use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::subscribers::SubscriberInfo;
 
