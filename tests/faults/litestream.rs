@@ -90,8 +90,10 @@ impl Bench {
     /// checks go on and report that nothing new is known.
     async fn holds_through_the_fault(&self) {
         self.subscriber.ack("0e");
+        // Four checks, of which the first may be the one that purged below 0b (still finishing when the rows
+        // were seen gone): at least three held.
         assert_eq!(
-            self.decisions(3).await,
+            self.decisions(4).await,
             Decision::Hold(HoldReason::NothingNew)
         );
         assert_eq!(self.db.watermarks().await, ["0b", "0c", "0d", "0e"]);
