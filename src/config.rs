@@ -31,6 +31,13 @@ const DEFAULT_PEER_TIMEOUT: &str = "60s";
 const MIN_MESSAGE_BYTES: u64 = 100 << 20;
 /// Below this a relay buffer could not gather even a few small frames per write.
 const MIN_BUFFERED_BYTES: u64 = 4096;
+/// Far above what one replication-manager's view-syncers open (one reservation and one subscription each), and
+/// under the file-descriptor limit the sidecar raises itself to where the system allows.
+const DEFAULT_MAX_CONNECTIONS: u64 = 16_384;
+/// Zero's requests carry a path, a query of a few short parameters and a dozen headers: well under 4 KiB.
+const DEFAULT_MAX_HEADER_BYTES: u64 = 16 << 10;
+/// hyper's smallest read buffer: it refuses a smaller limit.
+const MIN_HEADER_BYTES: u64 = 8 << 10;
 
 /// The file format as written by operators: strings where units matter, every field defaulted.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -56,6 +63,13 @@ pub struct RawServer {
     pub peer_timeout: String,
     pub max_message_bytes: u64,
     pub shutdown_grace: String,
+    /// CIDR blocks allowed to open `/snapshot` and `/changes`; a TOML list, or one comma-separated string (as an
+    /// environment variable can only be).
+    #[serde(deserialize_with = "list_or_commas")]
+    pub allow: Vec<String>,
+    pub max_connections: u64,
+    pub header_read_timeout: String,
+    pub max_header_bytes: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -206,6 +220,10 @@ impl Default for RawServer {
             peer_timeout: DEFAULT_PEER_TIMEOUT.into(),
             max_message_bytes: 128 << 20,
             shutdown_grace: "10s".into(),
+            allow: Vec::new(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: "10s".into(),
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
         }
     }
 }
@@ -341,6 +359,15 @@ pub struct ServerConfig {
     pub max_message_bytes: usize,
     /// How long shutdown waits for connections to close before exiting anyway.
     pub shutdown_grace: Duration,
+    /// Who may open `/snapshot` and `/changes`; the plain endpoints stay open to everyone.
+    pub allow: crate::allow::AllowList,
+    /// Connections open at once on the main listener, WebSockets included; past it new ones get a 503.
+    pub max_connections: usize,
+    /// A request head must arrive whole within this long of the connection opening or of the previous response,
+    /// so it is also how long a plain HTTP connection may sit idle.
+    pub header_read_timeout: Duration,
+    /// Largest request line plus headers; a longer head gets a 431 and the connection is closed.
+    pub max_header_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -600,6 +627,27 @@ fn environment(source: Option<std::collections::HashMap<String, String>>) -> con
         .source(source)
 }
 
+/// A list from TOML (`["10.0.0.0/8", "::1"]`) or from one string, split at commas and whitespace
+/// (`LITESTREAM_SIDECAR__SERVER__ALLOW="10.0.0.0/8, ::1"`).
+fn list_or_commas<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrString {
+        List(Vec<String>),
+        String(String),
+    }
+    Ok(match ListOrString::deserialize(deserializer)? {
+        ListOrString::List(list) => list,
+        ListOrString::String(text) => text
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect(),
+    })
+}
+
 impl RawConfig {
     /// Checks every key and converts it; returns all problems, not just the first.
     pub fn validate(&self) -> Result<Config, ConfigError> {
@@ -644,6 +692,44 @@ impl RawConfig {
         let shutdown_grace = problems.field(
             "server.shutdown_grace",
             parse_duration(&self.server.shutdown_grace),
+        );
+        let allow = problems.field(
+            "server.allow",
+            crate::allow::AllowList::parse(&self.server.allow),
+        );
+        let max_connections = problems.field(
+            "server.max_connections",
+            match usize::try_from(self.server.max_connections) {
+                Ok(0) | Err(_) => Err(format!(
+                    "{} is not a number of connections from 1 up",
+                    self.server.max_connections
+                )),
+                Ok(n) => Ok(n),
+            },
+        );
+        let header_read_timeout = problems.field(
+            "server.header_read_timeout",
+            parse_duration(&self.server.header_read_timeout).and_then(|d| {
+                if d < Duration::from_millis(100) {
+                    Err(format!(
+                        "{:?} is shorter than 100ms: clients on a slow link could not send a request",
+                        self.server.header_read_timeout
+                    ))
+                } else {
+                    Ok(d)
+                }
+            }),
+        );
+        let max_header_bytes = problems.field(
+            "server.max_header_bytes",
+            if !(MIN_HEADER_BYTES..=(1 << 20)).contains(&self.server.max_header_bytes) {
+                Err(format!(
+                    "{} is outside {MIN_HEADER_BYTES}..=1048576",
+                    self.server.max_header_bytes
+                ))
+            } else {
+                Ok(self.server.max_header_bytes as usize)
+            },
         );
 
         let backup_url = problems.field("litestream.backup_url", {
@@ -870,6 +956,10 @@ impl RawConfig {
                     peer_timeout: peer_timeout?,
                     max_message_bytes: max_message_bytes?,
                     shutdown_grace: shutdown_grace?,
+                    allow: allow?,
+                    max_connections: max_connections?,
+                    header_read_timeout: header_read_timeout?,
+                    max_header_bytes: max_header_bytes?,
                 },
                 litestream: LitestreamConfig {
                     backup_url: backup_url?,
@@ -1256,6 +1346,70 @@ mod tests {
         assert_eq!(config.zero.shard_num, 3);
         assert_eq!(config.zero.cdc_schema(), "zero_3/cdc");
         assert_eq!(config.server.ping_interval, Duration::from_secs(15));
+    }
+
+    #[test]
+    fn access_and_connection_limits_parse_from_the_file_or_the_environment() {
+        let text = format!(
+            "{MINIMAL}[server]\nallow = [\"10.0.0.0/8\", \"::1\"]\nmax_connections = 100\n"
+        );
+        let config = from_toml_str(&text, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(config.server.allow.allows("10.1.1.1".parse().unwrap()));
+        assert!(!config.server.allow.allows("192.168.1.1".parse().unwrap()));
+        assert_eq!(config.server.max_connections, 100);
+        assert_eq!(config.server.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(config.server.max_header_bytes, 16 << 10);
+
+        let env = [(
+            "LITESTREAM_SIDECAR__SERVER__ALLOW".to_string(),
+            "127.0.0.0/8, 192.168.0.0/16 ::1".to_string(),
+        )];
+        let config = from_toml_str(MINIMAL, Some(env.into_iter().collect()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        for (ip, allowed) in [
+            ("127.0.0.1", true),
+            ("192.168.7.7", true),
+            ("::1", true),
+            ("10.0.0.1", false),
+        ] {
+            assert_eq!(
+                config.server.allow.allows(ip.parse().unwrap()),
+                allowed,
+                "{ip}"
+            );
+        }
+        let defaults = from_toml_str(MINIMAL, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(
+            defaults.server.allow.is_open(),
+            "no list: everyone, as before"
+        );
+
+        let errors = errors_of(&format!(
+            "{MINIMAL}[server]\nallow = [\"10.0.0.0/8\", \"10.1.0.0/8\", \"example.com\"]\nmax_connections = 0\n\
+             header_read_timeout = \"1ms\"\nmax_header_bytes = 100\n"
+        ));
+        assert_eq!(
+            keys(&errors),
+            [
+                "server.allow",
+                "server.max_connections",
+                "server.header_read_timeout",
+                "server.max_header_bytes"
+            ]
+        );
+        let allow = errors[0].to_string();
+        assert!(
+            allow.contains("did you mean 10.0.0.0/8?") && allow.contains("\"example.com\""),
+            "{allow}"
+        );
     }
 
     #[test]

@@ -28,6 +28,8 @@
 #![forbid(unsafe_code)]
 
 pub mod address;
+pub mod admission;
+pub mod allow;
 pub mod backup;
 pub mod change_db;
 pub mod cleanup;
@@ -62,6 +64,9 @@ use relay::RelayContext;
 use reservations::{Registry, SnapshotContext};
 use server::{Context, Readiness};
 use subscribers::Subscribers;
+
+/// Connections the metrics proxy holds at once: Zero's BackupMonitor fetches one page at a time.
+const PROXY_MAX_CONNECTIONS: usize = 64;
 
 /// Why [`App::run`] stopped with an error rather than after a drain; `main` exits 1 on any of them.
 #[derive(Debug, thiserror::Error)]
@@ -225,14 +230,33 @@ impl App {
             filter: litestream.filter.clone(),
             status: self.status.clone(),
         });
+        // The proxy only ever serves the local replication-manager: a small cap of its own, so that nothing on
+        // it can take places from view-syncers.
+        let proxy_limits = server::Limits::from_config(
+            &self.config.server,
+            admission::Admission::new(
+                PROXY_MAX_CONNECTIONS,
+                self.instruments.connections_refused.clone(),
+            ),
+        );
         for listener in proxy_listeners {
             let addr = listener.local_addr().map_err(Error::Listener)?;
             info!(%addr, "metrics proxy listening");
             tracker.spawn(
-                server::serve_http(listener, proxy.clone(), shutdown.clone(), tracker.clone())
-                    .instrument(info_span!("proxy", %addr)),
+                server::serve_http(
+                    listener,
+                    proxy.clone(),
+                    proxy_limits.clone(),
+                    shutdown.clone(),
+                    tracker.clone(),
+                )
+                .instrument(info_span!("proxy", %addr)),
             );
         }
+        let admission = admission::Admission::new(
+            self.config.server.max_connections,
+            self.instruments.connections_refused.clone(),
+        );
 
         // The change DB connection outlives the other tasks: it is closed after the drain below.
         let db_shutdown = CancellationToken::new();
@@ -283,6 +307,7 @@ impl App {
                 status: self.status.clone(),
                 discovery_mode: self.config.discovery.mode,
                 discovery: self.discovery.clone(),
+                admission: admission.clone(),
             },
             status: status::Sources {
                 registry: self.registry.clone(),
@@ -300,7 +325,6 @@ impl App {
                 backup_url: self.config.litestream.backup_url.as_str().into(),
                 ping_interval: self.config.server.ping_interval,
                 peer_timeout: self.config.server.peer_timeout,
-                max_message_bytes: self.config.server.max_message_bytes,
                 shutdown: shutdown.clone(),
             },
             readiness: Readiness::new(self.config.discovery.mode, self.discovery.clone()),
@@ -317,6 +341,8 @@ impl App {
                 instruments: self.instruments.clone(),
                 shutdown: shutdown.clone(),
             },
+            allow: self.config.server.allow.clone(),
+            admission: admission.clone(),
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
         });
@@ -334,9 +360,15 @@ impl App {
                 .instrument(info_span!("notify")),
             );
         }
-        server::serve_http(listener, context.clone(), shutdown.clone(), tracker.clone())
-            .instrument(info_span!("server", %addr))
-            .await;
+        server::serve_http(
+            listener,
+            context.clone(),
+            server::Limits::from_config(&self.config.server, admission),
+            shutdown.clone(),
+            tracker.clone(),
+        )
+        .instrument(info_span!("server", %addr))
+        .await;
         context.readiness.set_listening(false);
         notify::stopping();
 

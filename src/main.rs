@@ -109,6 +109,8 @@ fn main() -> ExitCode {
         None => info!("no config file found; using defaults and the environment"),
     }
 
+    raise_open_files(config.server.max_connections);
+
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -120,6 +122,24 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async_main(config))
+}
+
+/// Raises the open-file limit to the hard limit: the usual soft limit (1024 from systemd and most shells) would
+/// refuse connections, with errors on accept rather than a clear 503, long before `server.max_connections`.
+fn raise_open_files(max_connections: usize) {
+    // One descriptor a connection, plus the upstream socket of each relayed one, the database and the listeners.
+    let wanted = max_connections as u64 + 256;
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < wanted => tracing::warn!(
+            limit,
+            max_connections,
+            "the open-file limit is below server.max_connections: accepts will fail before the cap refuses \
+             with 503 (raise LimitNOFILE= or `ulimit -n`, or lower server.max_connections)"
+        ),
+        Ok(limit) => tracing::debug!(limit, "open-file limit"),
+        // A seccomp filter may forbid setrlimit (the systemd unit sets LimitNOFILE= instead).
+        Err(err) => tracing::debug!(error = %err, "open-file limit not raised"),
+    }
 }
 
 /// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came. Only the address is read from

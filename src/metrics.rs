@@ -69,6 +69,8 @@ pub struct Instruments {
     pub relay_write_stalls: Counter,
     /// The relay's last attempt to reach the upstream change-streamer.
     pub upstream: crate::shared::Cell<UpstreamHealth>,
+    /// Connections and requests turned away, by [`crate::admission::Refusal`].
+    pub connections_refused: Family<crate::admission::RefusalLabel, Counter>,
 }
 
 impl Default for Instruments {
@@ -80,6 +82,7 @@ impl Default for Instruments {
             upstream_connect_errors: Counter::default(),
             relay_write_stalls: Counter::default(),
             upstream: crate::shared::Cell::default(),
+            connections_refused: Family::default(),
         }
     }
 }
@@ -123,6 +126,9 @@ pub struct Snapshot {
     pub last_purge_timestamp: Option<f64>,
     /// `None` while `backup.verify` is off.
     pub backup: Option<BackupFigures>,
+    /// Connections open on the main listener, and its cap (`server.max_connections`).
+    pub connections_open: u64,
+    pub max_connections: u64,
 }
 
 /// The backup destination's figures (`backup.verify`).
@@ -173,6 +179,8 @@ pub struct Sources {
     pub status: crate::monitor::StatusHandle,
     pub discovery_mode: crate::config::DiscoveryMode,
     pub discovery: crate::discovery::StateHandle,
+    /// The main listener's connection counts.
+    pub admission: crate::admission::Admission,
 }
 
 impl Sources {
@@ -223,6 +231,8 @@ impl Sources {
                 stale: status.backup.stale.is_some(),
                 errors: status.backup.errors.clone(),
             }),
+            connections_open: self.admission.open() as u64,
+            max_connections: self.admission.max_connections() as u64,
         }
     }
 
@@ -283,6 +293,22 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "upstream_connect_errors",
         "Subscriptions refused because the change-streamer could not be reached or refused the upgrade",
         instruments.upstream_connect_errors.clone(),
+    );
+    registry.register(
+        "connections_open",
+        "Connections open on the main listener, WebSockets included",
+        gauge(snapshot.connections_open as f64),
+    );
+    registry.register(
+        "max_connections",
+        "server.max_connections: past it, new connections get HTTP 503",
+        gauge(snapshot.max_connections as f64),
+    );
+    registry.register(
+        "connections_refused",
+        "Connections and requests turned away, by reason: max_connections (503), not_allowed (403, server.allow), \
+         header_timeout (closed), header_too_large (431)",
+        instruments.connections_refused.clone(),
     );
     registry.register(
         "relay_write_stalls",
@@ -486,6 +512,10 @@ mod tests {
         instruments.upstream_connect_errors.inc();
         instruments.relay_write_stalls.inc();
         instruments.relay_write_stalls.inc();
+        instruments
+            .connections_refused
+            .get_or_create(&crate::admission::Refusal::NotAllowed.label())
+            .inc_by(3);
         let snapshot = Snapshot {
             reservations_open: 2,
             subscribers: 3,
@@ -512,6 +542,8 @@ mod tests {
                     .into_iter()
                     .collect(),
             }),
+            connections_open: 17,
+            max_connections: 16384,
         };
         let text = render(&instruments, &snapshot);
         let scrape = parse(&text);
@@ -558,6 +590,16 @@ mod tests {
         };
         assert_eq!((errors("timeout"), errors("denied")), (2.0, 0.0));
         assert_eq!(v("litestream_sidecar_relay_write_stalls_total"), 2.0);
+        assert_eq!(v("litestream_sidecar_connections_open"), 17.0);
+        assert_eq!(v("litestream_sidecar_max_connections"), 16384.0);
+        assert_eq!(
+            value(
+                &scrape,
+                "litestream_sidecar_connections_refused_total",
+                Some(("reason", "not_allowed"))
+            ),
+            3.0
+        );
         assert_eq!(
             value(
                 &scrape,

@@ -350,9 +350,12 @@ pub struct SnapshotContext {
     pub ping_interval: Duration,
     /// A peer silent this long is dropped (`server.peer_timeout`).
     pub peer_timeout: Duration,
-    pub max_message_bytes: usize,
     pub shutdown: CancellationToken,
 }
+
+/// Largest frame (and message) a reservation's client may send. It only ever sends acks (`{"ack":1}`, PROTOCOL.md
+/// §4), so a few KiB is generous, and a socket claiming more is closed (1009) before it costs anything.
+pub const MAX_CLIENT_FRAME: usize = 4096;
 
 /// Answers a `/snapshot` upgrade request: refused (HTTP 400 with Zero's message, 503 while shutting down), or
 /// upgraded, the reservation then held on its own task in `tracker`.
@@ -496,7 +499,7 @@ where
     // The socket is read with a buffer that exists only while bytes are pending, and written through an outbox
     // that keeps none once flushed: an open reservation mostly waits, and thousands may be open at once.
     let (mut reader, mut writer) = tokio::io::split(ws.into_inner());
-    let mut inbox = Inbox::new(true, ctx.max_message_bytes, Reads::Small);
+    let mut inbox = Inbox::new(true, MAX_CLIENT_FRAME, Reads::Small);
     let mut outbox = Outbox::new(Role::Server);
     // v3's status needs nothing but config: it is queued at once, and the loop's first flush writes it. A v4+
     // status that cannot be built yet is retried in the loop below. Boxed: the database read is a large future
@@ -517,7 +520,7 @@ where
     status_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let mut liveness = Liveness::new(ctx.ping_interval, ctx.peer_timeout);
-    let mut assembler = Assembler::new(ctx.max_message_bytes);
+    let mut assembler = Assembler::new(MAX_CLIENT_FRAME);
     let mut acked = false;
 
     let (outcome, leave) = loop {

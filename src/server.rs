@@ -22,21 +22,20 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, warn, Instrument};
 
+use crate::admission::{Admission, Admitted, Refusal};
 use crate::http::plain;
 use crate::protocol::{self, Route};
 use crate::relay::{self, RelayContext};
 use crate::reservations::{self, SnapshotContext};
 
-/// A client that has not sent its request head within this time is dropped (slow-loris protection).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Back-off after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -49,12 +48,35 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Response<Full<Bytes>>> + Send;
 }
 
+/// What one listener's connections may cost before they are refused or dropped.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Counts open connections against the cap and every refusal.
+    pub admission: Admission,
+    /// A request head must arrive whole within this long of the connection opening or of the previous response
+    /// (slow-loris protection, and the idle timeout of a kept-alive connection).
+    pub header_read_timeout: Duration,
+    /// Largest request line plus headers.
+    pub max_header_bytes: usize,
+}
+
+impl Limits {
+    pub fn from_config(server: &crate::config::ServerConfig, admission: Admission) -> Self {
+        Self {
+            admission,
+            header_read_timeout: server.header_read_timeout,
+            max_header_bytes: server.max_header_bytes,
+        }
+    }
+}
+
 /// Accepts connections on `listener` until `shutdown` is cancelled and serves each on its own task in `tracker`,
-/// with `handler`. Open connections are then shut down gracefully; upgraded WebSockets live on as their own
-/// tasks, which end themselves on `shutdown`.
+/// with `handler`, within `limits`. Open connections are then shut down gracefully; upgraded WebSockets live on
+/// as their own tasks, which end themselves on `shutdown`.
 pub async fn serve_http<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
+    limits: Limits,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
@@ -71,27 +93,46 @@ pub async fn serve_http<H: Handler>(
                 }
             },
         };
-        let _ = stream.set_nodelay(true);
+        let Some(stream) = limits.admission.admit(stream) else {
+            continue;
+        };
         let span = debug_span!("conn", %peer);
         tracker.spawn(
-            serve_connection(stream, peer, handler.clone(), shutdown.clone()).instrument(span),
+            serve_connection(stream, peer, handler.clone(), &limits, shutdown.clone())
+                .instrument(span),
         );
     }
 }
 
-async fn serve_connection<H: Handler>(
-    stream: TcpStream,
+fn serve_connection<H: Handler>(
+    stream: Admitted,
     peer: SocketAddr,
     handler: Arc<H>,
+    limits: &Limits,
+    shutdown: CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    let admission = limits.admission.clone();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes);
+    async move { serve_admitted(stream, peer, handler, builder, admission, shutdown).await }
+}
+
+async fn serve_admitted<H: Handler>(
+    stream: Admitted,
+    peer: SocketAddr,
+    handler: Arc<H>,
+    builder: hyper::server::conn::http1::Builder,
+    admission: Admission,
     shutdown: CancellationToken,
 ) {
     let service = hyper::service::service_fn(move |req| {
         let response = handler.clone().handle(req, peer);
         async move { Ok::<_, Infallible>(response.await) }
     });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+    let conn = builder
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);
@@ -102,8 +143,17 @@ async fn serve_connection<H: Handler>(
             conn.await
         }
     };
-    if let Err(err) = result {
-        debug!(error = %err, "connection ended with an error");
+    match result {
+        Ok(()) => {}
+        Err(err) if err.is_timeout() => admission.count(
+            Refusal::HeaderTimeout,
+            &format_args!("{peer} sent no whole request head in time (server.header_read_timeout)"),
+        ),
+        Err(err) if err.is_parse_too_large() => admission.count(
+            Refusal::HeaderTooLarge,
+            &format_args!("{peer} sent a request head over server.max_header_bytes"),
+        ),
+        Err(err) => debug!(error = %err, "connection ended with an error"),
     }
 }
 
@@ -162,6 +212,10 @@ pub struct Context {
     pub snapshot: SnapshotContext,
     pub relay: RelayContext,
     pub readiness: Readiness,
+    /// Who may open the WebSocket paths (`server.allow`).
+    pub allow: crate::allow::AllowList,
+    /// The main listener's connection counts, where refusals are counted.
+    pub admission: Admission,
     pub shutdown: CancellationToken,
     /// Where upgraded WebSockets run, so that the shutdown drain waits for them.
     pub tracker: TaskTracker,
@@ -211,6 +265,22 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Context) -> Respo
             response
         }
         Route::NotFound => plain(StatusCode::NOT_FOUND, "not found\n"),
+        // Before anything else about the request is looked at, so that a refused peer learns nothing more.
+        Route::Snapshot(_) | Route::Changes(_) if !ctx.allow.allows(peer.ip()) => {
+            ctx.admission.count(
+                Refusal::NotAllowed,
+                &format_args!("{} is not in server.allow", peer.ip().to_canonical()),
+            );
+            let mut response = plain(
+                StatusCode::FORBIDDEN,
+                "forbidden: this address may not open the change-streamer protocol (server.allow)\n",
+            );
+            // Nothing else is served to it on this connection: its place goes to someone allowed.
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
         Route::Snapshot(_) | Route::Changes(_)
             if !fastwebsockets::upgrade::is_upgrade_request(&req) =>
         {

@@ -407,10 +407,14 @@ impl Inbox {
         parse_header(&self.buf[at..], self.from_client, self.max_payload)
     }
 
-    /// Makes room for the rest of the frame at the front, whose `header` has arrived.
+    /// Makes room for more of the frame at the front, whose `header` has arrived: at most as much again as has
+    /// arrived (at least a read's room), never the whole length the header claims. A peer that announces a
+    /// 100 MiB frame and sends nothing more then costs what it sent, not what it claimed; a real large frame
+    /// costs a few doublings on its way in.
     pub fn wait_for(&mut self, header: &Header) {
-        self.buf
-            .reserve(header.frame_len().saturating_sub(self.buf.len()));
+        let missing = header.frame_len().saturating_sub(self.buf.len());
+        let (_, room) = self.reads.room();
+        self.buf.reserve(missing.min(self.buf.len().max(room)));
     }
 
     /// Takes out the first `len` bytes, whole frames, exactly as received (headers and masks included).
@@ -771,14 +775,19 @@ mod tests {
 
     /// A masked client frame with an all-zero mask (the payload stays readable).
     fn client_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
-        let mut frame = vec![
-            (if fin { 0x80 } else { 0 }) | opcode,
-            0x80 | payload.len() as u8,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let mut frame = vec![(if fin { 0x80 } else { 0 }) | opcode];
+        match payload.len() {
+            n @ 0..=125 => frame.push(0x80 | n as u8),
+            n @ 126..=0xffff => {
+                frame.push(0x80 | 126);
+                frame.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                frame.push(0x80 | 127);
+                frame.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        frame.extend_from_slice(&[0, 0, 0, 0]);
         frame.extend_from_slice(payload);
         frame
     }
@@ -811,6 +820,30 @@ mod tests {
                 .await,
             Err(ReadError::Protocol(CloseWith { code: 1009, .. }))
         ));
+        // A header that claims a large frame reserves room for what arrived, not for the claim; the frame is
+        // still read whole as its bytes come.
+        let (mut sender, mut receiver) = tokio::io::duplex(1 << 16);
+        let mut claim = Inbox::new(true, 100 << 20, Reads::Small);
+        let big = client_frame(true, 0x2, &vec![7u8; 300_000]);
+        sender.write_all(&big[..20]).await.unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), claim.read_frame(&mut receiver))
+                .await
+                .is_err()
+        );
+        assert!(
+            claim.buf.capacity() <= 4096,
+            "a 300 KB claim reserved {} bytes",
+            claim.buf.capacity()
+        );
+        let writer = tokio::spawn(async move {
+            sender.write_all(&big[20..]).await.unwrap();
+            sender
+        });
+        let read = claim.read_frame(&mut receiver).await.unwrap();
+        assert_eq!(read.payload.len(), 300_000);
+        assert!(read.payload.iter().all(|&b| b == 7));
+        drop(writer.await.unwrap());
         let mut unmasked = Inbox::new(true, 1024, Reads::Small);
         assert!(matches!(
             unmasked.read_frame(&mut &b"\x81\x01x"[..]).await,

@@ -412,29 +412,33 @@ async fn binary_and_invalid_utf8_get_their_close_codes() {
 
 #[tokio::test]
 async fn messages_up_to_the_limit_are_read_and_larger_ones_close_with_1009() {
+    use litestream_sidecar::reservations::MAX_CLIENT_FRAME;
     let sidecar = start(config("")).await;
     let path = "/replication/v3/snapshot?taskID=big";
 
-    // 100 MiB in one frame is read whole: it fails as an ack (1002), not as too big (1009).
+    // A frame of exactly the limit is read whole: it fails as an ack (1002), not as too big (1009).
     let mut raw = RawClient::connect(sidecar.addr, path).await;
-    let mut payload = vec![b' '; 100 << 20];
+    let mut payload = vec![b' '; MAX_CLIENT_FRAME];
     payload[0] = b'[';
     *payload.last_mut().unwrap() = b']';
     raw.write_frame(true, 0x1, &payload).await;
     assert_eq!(raw.read_close().await.unwrap().0, 1002);
-    drop(payload);
 
-    // A frame announcing more than 128 MiB is refused from its header alone.
-    let mut raw = RawClient::connect(sidecar.addr, path).await;
-    raw.write_header(true, 0x1, (128 << 20) + 1).await;
-    assert_eq!(
-        raw.read_close().await,
-        Some((1009, "message too big".into()))
-    );
+    // One byte more is refused from its header alone, however little follows it: clients only send acks, and
+    // server.max_message_bytes (for the change-streamer's messages) does not apply.
+    for claim in [MAX_CLIENT_FRAME as u64 + 1, 100 << 20, (128 << 20) + 1] {
+        let mut raw = RawClient::connect(sidecar.addr, path).await;
+        raw.write_header(true, 0x1, claim).await;
+        assert_eq!(
+            raw.read_close().await,
+            Some((1009, "message too big".into())),
+            "a {claim}-byte claim"
+        );
+    }
 
     // So is a fragmented message that grows past the limit.
     let mut raw = RawClient::connect(sidecar.addr, path).await;
-    let chunk = vec![b' '; 64 << 20];
+    let chunk = vec![b' '; MAX_CLIENT_FRAME / 2];
     raw.write_frame(false, 0x1, &chunk).await;
     raw.write_frame(false, 0x0, &chunk).await;
     raw.write_frame(true, 0x0, b"x").await;
