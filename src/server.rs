@@ -25,12 +25,13 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, warn, Instrument};
 
-use crate::admission::{Admission, Admitted, Refusal};
+use crate::admission::{read_head, Admission, Admitted, Head, Refusal, Rewind};
 use crate::http::plain;
 use crate::protocol::{self, Route};
 use crate::relay::{self, RelayContext};
@@ -98,30 +99,81 @@ pub async fn serve_http<H: Handler>(
         };
         let span = debug_span!("conn", %peer);
         tracker.spawn(
-            serve_connection(stream, peer, handler.clone(), &limits, shutdown.clone())
-                .instrument(span),
+            serve_connection(
+                stream,
+                peer,
+                handler.clone(),
+                limits.clone(),
+                shutdown.clone(),
+            )
+            .instrument(span),
         );
     }
 }
 
-fn serve_connection<H: Handler>(
-    stream: Admitted,
+/// Serves one admitted connection: its first request head is read here, in a small buffer that grows as bytes
+/// arrive, and only a connection that sent one whole gets hyper's state (two 8 KiB buffers and a connection
+/// machine, boxed). A slow-loris client, which never finishes its head, so costs little more than its socket
+/// until `header_read_timeout` drops it.
+async fn serve_connection<H: Handler>(
+    mut stream: Admitted,
     peer: SocketAddr,
     handler: Arc<H>,
-    limits: &Limits,
+    limits: Limits,
     shutdown: CancellationToken,
-) -> impl Future<Output = ()> + Send + 'static {
-    let admission = limits.admission.clone();
+) {
+    let head = tokio::select! {
+        head = tokio::time::timeout(
+            limits.header_read_timeout,
+            read_head(&mut stream, limits.max_header_bytes),
+        ) => head,
+        _ = shutdown.cancelled() => return,
+    };
+    let head = match head {
+        Ok(Ok(Head::Complete(head))) => head,
+        Ok(Ok(Head::Closed)) | Ok(Err(_)) => return,
+        Ok(Ok(Head::TooLarge)) => {
+            limits.admission.count(
+                Refusal::HeaderTooLarge,
+                &format_args!("{peer} sent a request head over server.max_header_bytes"),
+            );
+            let _ =
+                tokio::time::timeout(limits.header_read_timeout, stream.write_all(HEAD_TOO_LARGE))
+                    .await;
+            return;
+        }
+        Err(_) => {
+            limits.admission.count(
+                Refusal::HeaderTimeout,
+                &format_args!(
+                    "{peer} sent no whole request head in time (server.header_read_timeout)"
+                ),
+            );
+            return;
+        }
+    };
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_bytes);
-    async move { serve_admitted(stream, peer, handler, builder, admission, shutdown).await }
+    let stream = Rewind::new(head, stream);
+    Box::pin(serve_admitted(
+        stream,
+        peer,
+        handler,
+        builder,
+        limits.admission,
+        shutdown,
+    ))
+    .await
 }
 
+/// The answer to a first request head over `server.max_header_bytes` (hyper answers later ones alike).
+const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
 async fn serve_admitted<H: Handler>(
-    stream: Admitted,
+    stream: Rewind<Admitted>,
     peer: SocketAddr,
     handler: Arc<H>,
     builder: hyper::server::conn::http1::Builder,

@@ -3,6 +3,7 @@
 //!
 //! Arguments name the sections to run (`cargo run --release --example bench -- purge relay`); none runs them all.
 
+mod attack;
 mod metrics;
 mod purge;
 mod relay;
@@ -16,6 +17,8 @@ fn main() {
         let upstream = args.get(1).expect("plain-relay <upstream address>");
         return relay::plain_relay_main(upstream);
     }
+    // The attack section alone holds over 11,000 sockets.
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
     let wanted = |section: &str| args.is_empty() || args.iter().any(|s| s == section);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -25,6 +28,9 @@ fn main() {
     runtime.block_on(async {
         if wanted("reservations") {
             reservations::run(&mut report).await;
+        }
+        if wanted("attack") {
+            attack::run(&mut report).await;
         }
         if wanted("relay") {
             relay::run(&mut report).await;

@@ -292,7 +292,7 @@ fn median(values: &mut [f64]) -> f64 {
 
 /// A stand-in change-streamer: accepts WebSocket upgrades on any path and hands each raw socket, after its 101,
 /// to the bench.
-async fn fake_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<TcpStream>) {
+pub async fn fake_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<TcpStream>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = mpsc::unbounded_channel();

@@ -12,9 +12,12 @@ const CONCURRENCY: usize = 64;
 
 pub async fn run(report: &mut Report) {
     println!("snapshot reservations");
-    let daemon = Daemon::start(
-        "[server]\nlisten = \"{addr}\"\n[litestream]\nbackup_url = \"s3://bench/replica\"\nproxy_listen = \"127.0.0.1:0\"\n[discovery]\nmode = \"off\"\n",
-    );
+    let litestream = crate::util::litestream_stand_in().await;
+    let daemon = Daemon::start(&format!(
+        "[server]\nlisten = \"{{addr}}\"\n{}[discovery]\nmode = \"off\"\n",
+        crate::util::served(&litestream)
+    ));
+    crate::util::wait_for_status(&daemon.addr).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let idle = daemon.rss_kib();
     report.add(

@@ -188,3 +188,64 @@ pub fn ms(d: Duration) -> String {
 pub fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
+
+/// Stands in for litestream's metrics page (the Zero fork cannot run here): the real fork page, served on
+/// loopback to every request. Returns the config keys that point the sidecar at it, for its `[litestream]`
+/// section, with `[backup] verify = false` to follow (nothing serves the backup URL): reservations get their
+/// status only once a backup is known.
+pub async fn litestream_stand_in() -> String {
+    const PAGE: &str = include_str!("../../tests/fixtures/litestream/zero-fork.prom");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{PAGE}",
+                    PAGE.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    format!("metrics_url = \"http://{addr}/metrics\"\ncheck_interval = \"1s\"\n")
+}
+
+/// `[litestream]` and `[backup]` for a bench sidecar whose reservations get their status at once: call with the
+/// result of [`litestream_stand_in`].
+pub fn served(litestream: &str) -> String {
+    format!(
+        "[litestream]\nbackup_url = \"s3://bench/replica\"\nproxy_listen = \"127.0.0.1:0\"\n{litestream}\
+         [backup]\nverify = false\n"
+    )
+}
+
+/// Waits until a reservation on `addr` gets its status: the first scrape of litestream has happened.
+pub async fn wait_for_status(addr: &str) {
+    use futures_util::StreamExt;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let url = format!("ws://{addr}/replication/v3/snapshot?taskID=warm-up");
+        if let Ok((mut ws, _)) = tokio_tungstenite::connect_async(url).await {
+            if let Ok(Some(Ok(tokio_tungstenite::tungstenite::Message::Text(_)))) =
+                tokio::time::timeout(Duration::from_millis(500), ws.next()).await
+            {
+                return;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no status within 20 s"
+        );
+    }
+}
