@@ -556,41 +556,50 @@ pub fn resolve_path(explicit: Option<&Path>) -> Option<PathBuf> {
 
 /// Reads the file (if any) and the process environment into a [`RawConfig`].
 pub fn load(path: Option<&Path>) -> Result<RawConfig, ConfigError> {
-    let mut builder = config::Config::builder();
-    if let Some(path) = path {
-        if !path.is_file() {
-            return Err(ConfigError::File {
+    let text = match path {
+        None => None,
+        Some(path) => {
+            let unreadable = |reason: String| ConfigError::File {
                 path: path.to_path_buf(),
-                source: Box::new(config::ConfigError::Message("no such file".into())),
-            });
+                source: Box::new(config::ConfigError::Message(reason)),
+            };
+            if !path.is_file() {
+                return Err(unreadable("no such file".into()));
+            }
+            Some(std::fs::read_to_string(path).map_err(|e| unreadable(e.to_string()))?)
         }
-        builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
-    }
-    builder = builder.add_source(environment(None));
-    builder
-        .build()
-        .and_then(|c| c.try_deserialize())
-        .map_err(|source| match path {
-            Some(path) => ConfigError::File {
-                path: path.to_path_buf(),
-                source: Box::new(source),
-            },
-            None => ConfigError::Load(Box::new(source)),
-        })
+    };
+    build(text.as_deref(), None).map_err(|source| match path {
+        Some(path) => ConfigError::File {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        },
+        None => ConfigError::Load(Box::new(source)),
+    })
 }
 
-/// Builds a [`RawConfig`] from TOML text and an explicit set of environment variables; tests use it so they never
-/// touch the process environment.
+/// Builds a [`RawConfig`] from TOML text and an explicit set of environment variables, through the same steps as
+/// [`load`]: tests use it so they never touch the process environment.
 pub fn from_toml_str(
     text: &str,
     env: Option<std::collections::HashMap<String, String>>,
 ) -> Result<RawConfig, ConfigError> {
-    config::Config::builder()
-        .add_source(config::File::from_str(text, config::FileFormat::Toml))
+    build(Some(text), env).map_err(|e| ConfigError::Load(Box::new(e)))
+}
+
+/// The file's text (if any) under the environment's overrides (`None`: the process environment).
+fn build(
+    text: Option<&str>,
+    env: Option<std::collections::HashMap<String, String>>,
+) -> Result<RawConfig, config::ConfigError> {
+    let mut builder = config::Config::builder();
+    if let Some(text) = text {
+        builder = builder.add_source(config::File::from_str(text, config::FileFormat::Toml));
+    }
+    builder
         .add_source(environment(env))
         .build()
         .and_then(|c| c.try_deserialize())
-        .map_err(|e| ConfigError::Load(Box::new(e)))
 }
 
 fn environment(source: Option<std::collections::HashMap<String, String>>) -> config::Environment {
