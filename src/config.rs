@@ -866,9 +866,7 @@ impl RawConfig {
         );
         let filter = problems.field(
             "log.filter",
-            tracing_subscriber::EnvFilter::try_new(&self.log.filter)
-                .map(|_| self.log.filter.clone())
-                .map_err(|e| e.to_string()),
+            log_filter(&self.log.filter).map(|_| self.log.filter.clone()),
         );
 
         problems.finish(|| {
@@ -955,6 +953,14 @@ impl RawConfig {
         shown.change_db.url = redact_db_url(&shown.change_db.url);
         toml::to_string(&shown).expect("config serializes")
     }
+}
+
+/// The filter of `log.filter` or `RUST_LOG`, each comma-separated directive trimmed first: tracing-subscriber finds
+/// a directive's parts in its trimmed text but cuts them from the untrimmed one, which garbles a directive after
+/// `, ` and panics when a cut falls inside a multi-byte character.
+pub fn log_filter(directives: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    let trimmed: Vec<&str> = directives.split(',').map(str::trim).collect();
+    tracing_subscriber::EnvFilter::try_new(trimmed.join(",")).map_err(|e| e.to_string())
 }
 
 /// Zero refuses other app IDs (PROTOCOL.md §8.1); the ID also becomes part of a quoted SQL identifier.
@@ -1231,6 +1237,18 @@ mod tests {
         );
         let app_id = errors.iter().find(|e| e.key == "zero.app_id").unwrap();
         assert!(app_id.problem.contains("^[a-z0-9_]+$"), "{app_id}");
+    }
+
+    #[test]
+    fn log_filters_with_spaces_and_wide_characters_are_read_not_panicked_on() {
+        // tracing-subscriber alone panics on this one (a cut inside 'é').
+        assert!(log_filter(" \u{e9}\u{e9}=info").is_ok());
+        let filter = log_filter("info, litestream_sidecar=debug").unwrap();
+        assert_eq!(filter.to_string(), "litestream_sidecar=debug,info");
+        let errors = errors_of(&format!(
+            "{MINIMAL}[log]\nfilter = \" \u{e9}\u{e9}=info,=\"\n"
+        ));
+        assert_eq!(keys(&errors), ["log.filter"]);
     }
 
     #[test]
