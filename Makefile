@@ -7,7 +7,7 @@ CONFIG ?= ./sidecar.toml
 # PostgreSQL majors `make test` runs the whole suite against, each on its own throwaway cluster: `make test PG=18`.
 PG ?= 15 17
 
-.PHONY: all build run demo test interop lint bench clean
+.PHONY: all build run demo test interop lint bench fuzz clean
 
 all: build
 
@@ -40,6 +40,12 @@ lint:
 # The purge benchmark runs on every major in $(PG), side by side.
 bench:
 	scripts/with-postgres.sh --pg "$(PG)" $(CARGO) run --locked --release --example bench
+
+# Every fuzz target of tests/fuzz.rs (the parsers of outside bytes) for FUZZ_CASES cases each, in a release build;
+# each prints its count, time and seed (FUZZ_SEED=... replays one). `make test` runs the same targets briefly.
+FUZZ_CASES ?= 1000000
+fuzz:
+	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release --locked --test fuzz -- --nocapture --test-threads=2
 
 clean:
 	$(CARGO) clean

@@ -583,41 +583,50 @@ pub fn resolve_path(explicit: Option<&Path>) -> Option<PathBuf> {
 
 /// Reads the file (if any) and the process environment into a [`RawConfig`].
 pub fn load(path: Option<&Path>) -> Result<RawConfig, ConfigError> {
-    let mut builder = config::Config::builder();
-    if let Some(path) = path {
-        if !path.is_file() {
-            return Err(ConfigError::File {
+    let text = match path {
+        None => None,
+        Some(path) => {
+            let unreadable = |reason: String| ConfigError::File {
                 path: path.to_path_buf(),
-                source: Box::new(config::ConfigError::Message("no such file".into())),
-            });
+                source: Box::new(config::ConfigError::Message(reason)),
+            };
+            if !path.is_file() {
+                return Err(unreadable("no such file".into()));
+            }
+            Some(std::fs::read_to_string(path).map_err(|e| unreadable(e.to_string()))?)
         }
-        builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
-    }
-    builder = builder.add_source(environment(None));
-    builder
-        .build()
-        .and_then(|c| c.try_deserialize())
-        .map_err(|source| match path {
-            Some(path) => ConfigError::File {
-                path: path.to_path_buf(),
-                source: Box::new(source),
-            },
-            None => ConfigError::Load(Box::new(source)),
-        })
+    };
+    build(text.as_deref(), None).map_err(|source| match path {
+        Some(path) => ConfigError::File {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        },
+        None => ConfigError::Load(Box::new(source)),
+    })
 }
 
-/// Builds a [`RawConfig`] from TOML text and an explicit set of environment variables; tests use it so they never
-/// touch the process environment.
+/// Builds a [`RawConfig`] from TOML text and an explicit set of environment variables, through the same steps as
+/// [`load`]: tests use it so they never touch the process environment.
 pub fn from_toml_str(
     text: &str,
     env: Option<std::collections::HashMap<String, String>>,
 ) -> Result<RawConfig, ConfigError> {
-    config::Config::builder()
-        .add_source(config::File::from_str(text, config::FileFormat::Toml))
+    build(Some(text), env).map_err(|e| ConfigError::Load(Box::new(e)))
+}
+
+/// The file's text (if any) under the environment's overrides (`None`: the process environment).
+fn build(
+    text: Option<&str>,
+    env: Option<std::collections::HashMap<String, String>>,
+) -> Result<RawConfig, config::ConfigError> {
+    let mut builder = config::Config::builder();
+    if let Some(text) = text {
+        builder = builder.add_source(config::File::from_str(text, config::FileFormat::Toml));
+    }
+    builder
         .add_source(environment(env))
         .build()
         .and_then(|c| c.try_deserialize())
-        .map_err(|e| ConfigError::Load(Box::new(e)))
 }
 
 fn environment(source: Option<std::collections::HashMap<String, String>>) -> config::Environment {
@@ -943,9 +952,7 @@ impl RawConfig {
         );
         let filter = problems.field(
             "log.filter",
-            tracing_subscriber::EnvFilter::try_new(&self.log.filter)
-                .map(|_| self.log.filter.clone())
-                .map_err(|e| e.to_string()),
+            log_filter(&self.log.filter).map(|_| self.log.filter.clone()),
         );
 
         problems.finish(|| {
@@ -1036,6 +1043,14 @@ impl RawConfig {
         shown.change_db.url = redact_db_url(&shown.change_db.url);
         toml::to_string(&shown).expect("config serializes")
     }
+}
+
+/// The filter of `log.filter` or `RUST_LOG`, each comma-separated directive trimmed first: tracing-subscriber finds
+/// a directive's parts in its trimmed text but cuts them from the untrimmed one, which garbles a directive after
+/// `, ` and panics when a cut falls inside a multi-byte character.
+pub fn log_filter(directives: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    let trimmed: Vec<&str> = directives.split(',').map(str::trim).collect();
+    tracing_subscriber::EnvFilter::try_new(trimmed.join(",")).map_err(|e| e.to_string())
 }
 
 /// Zero refuses other app IDs (PROTOCOL.md §8.1); the ID also becomes part of a quoted SQL identifier.
@@ -1312,6 +1327,18 @@ mod tests {
         );
         let app_id = errors.iter().find(|e| e.key == "zero.app_id").unwrap();
         assert!(app_id.problem.contains("^[a-z0-9_]+$"), "{app_id}");
+    }
+
+    #[test]
+    fn log_filters_with_spaces_and_wide_characters_are_read_not_panicked_on() {
+        // tracing-subscriber alone panics on this one (a cut inside 'é').
+        assert!(log_filter(" \u{e9}\u{e9}=info").is_ok());
+        let filter = log_filter("info, litestream_sidecar=debug").unwrap();
+        assert_eq!(filter.to_string(), "litestream_sidecar=debug,info");
+        let errors = errors_of(&format!(
+            "{MINIMAL}[log]\nfilter = \" \u{e9}\u{e9}=info,=\"\n"
+        ));
+        assert_eq!(keys(&errors), ["log.filter"]);
     }
 
     #[test]

@@ -258,8 +258,12 @@ async fn wait_for_signal() -> &'static str {
 }
 
 fn init_tracing(log: &config::LogConfig) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&log.filter));
+    // `RUST_LOG` wins when it holds a valid filter; `log.filter` was checked with the config.
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|directives| config::log_filter(&directives).ok())
+        .or_else(|| config::log_filter(&log.filter).ok())
+        .unwrap_or_default();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -122,7 +122,9 @@ fn encode(saved: &Saved) -> Vec<u8> {
     text
 }
 
-fn decode(text: &[u8]) -> Result<Saved, String> {
+/// A state file's bytes, as [`load`] reads them: apart from the file, so that any bytes a corrupt file may hold
+/// can be tried without one.
+pub fn decode(text: &[u8]) -> Result<Saved, String> {
     let file: File = serde_json::from_slice(text).map_err(|e| e.to_string())?;
     if file.version != VERSION {
         return Err(format!("version {} (expected {VERSION})", file.version));

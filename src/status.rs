@@ -485,11 +485,17 @@ pub async fn fetch(addr: &str, timeout: Duration) -> Result<(String, Report), Fe
     })?;
     let scraper = crate::litestream::Scraper::new(url, timeout, 16 << 20).map_err(unreachable)?;
     let body = scraper.fetch().await.map_err(unreachable)?;
-    let text = String::from_utf8_lossy(&body).into_owned();
-    let report = serde_json::from_str(&text).map_err(|source| FetchError::NotAReport {
+    read_report(&body).map_err(|source| FetchError::NotAReport {
         addr: addr.to_string(),
         source,
-    })?;
+    })
+}
+
+/// A `/status` answer as text and as a report. Whoever answers at the address writes it, so it is read like any
+/// outside input: invalid UTF-8 is replaced rather than refused, since `--json` shows the text as it came.
+pub fn read_report(body: &[u8]) -> Result<(String, Report), serde_json::Error> {
+    let text = String::from_utf8_lossy(body).into_owned();
+    let report = serde_json::from_str(&text)?;
     Ok((text, report))
 }
 
@@ -517,12 +523,17 @@ fn or_dash(value: Option<&str>) -> &str {
     value.filter(|v| !v.is_empty()).unwrap_or("-")
 }
 
+/// Widest a column is padded to. A longer cell pushes the rest of its row right instead of widening the column:
+/// one long value (whatever answered at `--addr` chose it) padded onto every row would make the table grow with
+/// the square of the answer.
+const MAX_COLUMN: usize = 64;
+
 /// Left-aligned columns two spaces apart, like `litestream snapshots`.
 fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
+            *width = (*width).max(cell.chars().count().min(MAX_COLUMN));
         }
     }
     let mut line = |cells: Vec<&str>| {
@@ -1027,6 +1038,24 @@ mod tests {
             "rows  1234",
         ] {
             assert!(text.contains(needle), "no {needle:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_long_cell_does_not_widen_its_column_for_every_row() {
+        let mut report = Report {
+            subscribers: vec![SubscriberEntry::default(); 1000],
+            ..Report::default()
+        };
+        report.subscribers[0].id = "x".repeat(10_000);
+        let text = render(&report);
+        assert!(
+            text.contains(&format!("{}  -", "x".repeat(10_000))),
+            "the long id is shown whole"
+        );
+        // Every other row is padded to the capped width, not to the long id.
+        for line in text.lines().filter(|l| !l.starts_with('x')) {
+            assert!(line.len() <= MAX_COLUMN + 100, "{line:?}");
         }
     }
 

@@ -875,6 +875,44 @@ mod tests {
         assert_eq!(inbox.buf.capacity(), 0);
     }
 
+    #[tokio::test]
+    async fn a_header_claiming_a_huge_payload_costs_memory_only_as_bytes_arrive() {
+        // A 100 MiB binary frame under a 128 MiB limit, of which only the header and a few bytes ever come.
+        let mut bytes = vec![0x82, 0xff];
+        bytes.extend_from_slice(&(100u64 << 20).to_be_bytes());
+        bytes.extend_from_slice(&[0, 0, 0, 0, 1, 2, 3]);
+        for reads in [Reads::Small, Reads::Bulk] {
+            let mut inbox = Inbox::new(true, 128 << 20, reads);
+            inbox.buf.extend_from_slice(&bytes);
+            let header = inbox.header_at(0).unwrap().unwrap();
+            assert_eq!(header.payload_len, 100 << 20);
+            inbox.wait_for(&header);
+            assert!(inbox.buf.capacity() <= 64 << 10, "{}", inbox.buf.capacity());
+            let mut inbox = Inbox::new(true, 128 << 20, reads);
+            assert!(matches!(
+                inbox.read_frame(&mut &bytes[..]).await,
+                Err(ReadError::Gone)
+            ));
+            assert!(inbox.buf.capacity() <= 64 << 10, "{}", inbox.buf.capacity());
+        }
+        // A whole large frame still arrives, its buffer growing with it.
+        let payload: Vec<u8> = (0..3_000_000u32).map(|i| i as u8).collect();
+        let mut frame = vec![0x82, 0xff];
+        frame.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+        frame.extend_from_slice(&[0, 0, 0, 0]);
+        frame.extend_from_slice(&payload);
+        let (mut client, mut server) = tokio::io::duplex(64 << 10);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            client.write_all(&frame).await.unwrap();
+            client
+        });
+        let mut inbox = Inbox::new(true, 128 << 20, Reads::Small);
+        let read = inbox.read_frame(&mut server).await.unwrap();
+        assert_eq!(&read.payload[..], &payload[..]);
+        drop(writer.await.unwrap());
+    }
+
     /// Every text message an assembler hands over, as a relay's inspection sees them.
     fn texts(assembler: &mut Assembler, frames: &[(bool, OpCode, &str)]) -> Vec<String> {
         let mut seen = Vec::new();
