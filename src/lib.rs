@@ -24,6 +24,7 @@
 //! - [`shared`]: state one loop writes and others read, and the rhythm of the periodic loops.
 //! - [`status`]: `GET /status` (the state as JSON) and the table `litestream-sidecar status` prints from it.
 //! - [`state`]: the learned cleanup delay and the last purge, kept in a file across restarts.
+//! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
 
 #![forbid(unsafe_code)]
 
@@ -48,6 +49,7 @@ pub mod shared;
 pub mod state;
 pub mod status;
 pub mod subscribers;
+pub mod tls;
 pub mod ws;
 
 use std::sync::Arc;
@@ -73,6 +75,9 @@ pub enum Error {
     /// A listener handed to [`App::run`] cannot say its address.
     #[error("listener: {0}")]
     Listener(#[source] std::io::Error),
+    /// A certificate, key or CA file the config names cannot be used.
+    #[error(transparent)]
+    Tls(tls::Error),
 }
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
@@ -133,6 +138,8 @@ pub struct App {
     last_purge: Option<cleanup::Backup>,
     /// Where the backup destination's `AWS_*` settings come from; `None`: the process environment.
     backup_env: Option<Vec<(String, String)>>,
+    /// The TLS files the config names, once read ([`App::reloader`]); [`App::run`] reads them if nobody did.
+    tls: Option<tls::Tls>,
 }
 
 impl App {
@@ -151,6 +158,7 @@ impl App {
         }
         Self {
             backup_env: None,
+            tls: None,
             last_purge: saved.last_purge,
             instruments,
             config,
@@ -197,6 +205,20 @@ impl App {
         &self.subscribers
     }
 
+    /// Reads the TLS files the config names, now rather than in [`App::run`], so that a process can refuse to
+    /// start on them; the handle re-reads them (SIGHUP) while the app runs.
+    pub fn reloader(&mut self) -> Result<Reloader, tls::Error> {
+        let tls = match &self.tls {
+            Some(tls) => tls.clone(),
+            None => tls::Tls::load(&self.config)?,
+        };
+        self.tls = Some(tls.clone());
+        Ok(Reloader {
+            tls,
+            instruments: self.instruments.clone(),
+        })
+    }
+
     /// Binds the metrics proxy's listeners (every address `litestream.proxy_listen` resolves to).
     pub async fn bind_proxy(&self) -> std::io::Result<Vec<TcpListener>> {
         proxy::bind(&self.config.litestream.proxy_listen).await
@@ -211,6 +233,10 @@ impl App {
         proxy_listeners: Vec<TcpListener>,
         shutdown: CancellationToken,
     ) -> Result<(), Error> {
+        let tls = match self.tls.clone() {
+            Some(tls) => tls,
+            None => tls::Tls::load(&self.config).map_err(Error::Tls)?,
+        };
         let tracker = TaskTracker::new();
         let litestream = &self.config.litestream;
         let scraper = litestream::Scraper::new(
@@ -229,8 +255,14 @@ impl App {
             let addr = listener.local_addr().map_err(Error::Listener)?;
             info!(%addr, "metrics proxy listening");
             tracker.spawn(
-                server::serve_http(listener, proxy.clone(), shutdown.clone(), tracker.clone())
-                    .instrument(info_span!("proxy", %addr)),
+                server::serve_http(
+                    listener,
+                    None,
+                    proxy.clone(),
+                    shutdown.clone(),
+                    tracker.clone(),
+                )
+                .instrument(info_span!("proxy", %addr)),
             );
         }
 
@@ -307,6 +339,7 @@ impl App {
             relay: RelayContext {
                 settings: Arc::new(relay::Settings {
                     upstream: self.config.upstream.clone(),
+                    upstream_tls: tls.upstream.clone(),
                     relay: self.config.relay.clone(),
                     ping_interval: self.config.server.ping_interval,
                     peer_timeout: self.config.server.peer_timeout,
@@ -321,7 +354,7 @@ impl App {
             tracker: tracker.clone(),
         });
         let addr = listener.local_addr().map_err(Error::Listener)?;
-        info!(%addr, "listening");
+        info!(%addr, tls = tls.server.is_some(), "listening");
         context.readiness.set_listening(true);
         notify::ready("listening");
         {
@@ -334,9 +367,15 @@ impl App {
                 .instrument(info_span!("notify")),
             );
         }
-        server::serve_http(listener, context.clone(), shutdown.clone(), tracker.clone())
-            .instrument(info_span!("server", %addr))
-            .await;
+        server::serve_http(
+            listener,
+            tls.server.as_ref().map(|server| server.acceptor()),
+            context.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        )
+        .instrument(info_span!("server", %addr))
+        .await;
         context.readiness.set_listening(false);
         notify::stopping();
 
@@ -352,5 +391,18 @@ impl App {
         db_shutdown.cancel();
         info!("stopped");
         Ok(())
+    }
+}
+
+/// Re-reads the TLS files of a running [`App`] (SIGHUP), counting each outcome in its metrics.
+#[derive(Clone)]
+pub struct Reloader {
+    tls: tls::Tls,
+    instruments: metrics::Instruments,
+}
+
+impl Reloader {
+    pub fn reload(&self) {
+        self.tls.reload(&self.instruments);
     }
 }

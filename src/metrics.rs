@@ -53,6 +53,11 @@ struct KindLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ClassLabel {
     class: &'static str,
 }
@@ -69,6 +74,8 @@ pub struct Instruments {
     pub relay_write_stalls: Counter,
     /// The relay's last attempt to reach the upstream change-streamer.
     pub upstream: crate::shared::Cell<UpstreamHealth>,
+    /// SIGHUP re-reads of TLS files, by outcome: a failed one leaves the sidecar on certificates that may expire.
+    pub tls_reloads: Family<ResultLabel, Counter>,
 }
 
 impl Default for Instruments {
@@ -80,6 +87,7 @@ impl Default for Instruments {
             upstream_connect_errors: Counter::default(),
             relay_write_stalls: Counter::default(),
             upstream: crate::shared::Cell::default(),
+            tls_reloads: Family::default(),
         }
     }
 }
@@ -92,6 +100,14 @@ impl Instruments {
         };
         self.relay_frames.get_or_create(&label).inc_by(frames);
         self.relay_bytes.get_or_create(&label).inc_by(bytes);
+    }
+
+    /// Counts one re-read of TLS files (the listener's pair, or the upstream's CAs).
+    pub fn tls_reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.tls_reloads
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 }
 
@@ -288,6 +304,11 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "relay_write_stalls",
         "Subscriptions ended because the subscriber stopped reading: bytes waited relay.write_stall_timeout",
         instruments.relay_write_stalls.clone(),
+    );
+    registry.register(
+        "tls_reloads",
+        "Re-reads of TLS certificates, keys and CAs on SIGHUP, by result; a failed one keeps the previous ones",
+        instruments.tls_reloads.clone(),
     );
     let backup = Family::<Vec<(&'static str, String)>, Gauge>::default();
     if let Some((watermark, _)) = &snapshot.newest_backup {
@@ -486,6 +507,9 @@ mod tests {
         instruments.upstream_connect_errors.inc();
         instruments.relay_write_stalls.inc();
         instruments.relay_write_stalls.inc();
+        instruments.tls_reloaded(true);
+        instruments.tls_reloaded(false);
+        instruments.tls_reloaded(false);
         let snapshot = Snapshot {
             reservations_open: 2,
             subscribers: 3,
@@ -558,6 +582,14 @@ mod tests {
         };
         assert_eq!((errors("timeout"), errors("denied")), (2.0, 0.0));
         assert_eq!(v("litestream_sidecar_relay_write_stalls_total"), 2.0);
+        let reloads = |result| {
+            value(
+                &scrape,
+                "litestream_sidecar_tls_reloads_total",
+                Some(("result", result)),
+            )
+        };
+        assert_eq!((reloads("ok"), reloads("error")), (1.0, 2.0));
         assert_eq!(
             value(
                 &scrape,

@@ -25,7 +25,9 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, warn, Instrument};
@@ -50,10 +52,11 @@ pub trait Handler: Send + Sync + 'static {
 }
 
 /// Accepts connections on `listener` until `shutdown` is cancelled and serves each on its own task in `tracker`,
-/// with `handler`. Open connections are then shut down gracefully; upgraded WebSockets live on as their own
-/// tasks, which end themselves on `shutdown`.
+/// with `handler`, over TLS when given an acceptor. Open connections are then shut down gracefully; upgraded
+/// WebSockets live on as their own tasks, which end themselves on `shutdown`.
 pub async fn serve_http<H: Handler>(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     handler: Arc<H>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
@@ -73,18 +76,34 @@ pub async fn serve_http<H: Handler>(
         };
         let _ = stream.set_nodelay(true);
         let span = debug_span!("conn", %peer);
-        tracker.spawn(
-            serve_connection(stream, peer, handler.clone(), shutdown.clone()).instrument(span),
-        );
+        let (handler, shutdown) = (handler.clone(), shutdown.clone());
+        match tls.clone() {
+            None => {
+                tracker.spawn(serve_connection(stream, peer, handler, shutdown).instrument(span))
+            }
+            // The handshake runs on the connection's task, bounded like a request head.
+            Some(tls) => tracker.spawn(
+                async move {
+                    let accepted =
+                        crate::tls::accept(&tls, stream, HEADER_READ_TIMEOUT, &shutdown).await;
+                    if let Some(stream) = accepted {
+                        serve_connection(stream, peer, handler, shutdown).await;
+                    }
+                }
+                .instrument(span),
+            ),
+        };
     }
 }
 
-async fn serve_connection<H: Handler>(
-    stream: TcpStream,
+async fn serve_connection<H: Handler, IO>(
+    stream: IO,
     peer: SocketAddr,
     handler: Arc<H>,
     shutdown: CancellationToken,
-) {
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |req| {
         let response = handler.clone().handle(req, peer);
         async move { Ok::<_, Infallible>(response.await) }
