@@ -70,6 +70,8 @@ pub struct RawServer {
     pub max_connections: u64,
     pub header_read_timeout: String,
     pub max_header_bytes: u64,
+    pub tls_cert_file: String,
+    pub tls_key_file: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -139,6 +141,9 @@ pub struct RawUpstream {
     pub advertised_address: String,
     pub connect_timeout: String,
     pub silence_timeout: String,
+    pub tls: bool,
+    pub tls_ca_file: String,
+    pub tls_server_name: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -224,6 +229,8 @@ impl Default for RawServer {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_read_timeout: "10s".into(),
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
         }
     }
 }
@@ -307,6 +314,9 @@ impl Default for RawUpstream {
             advertised_address: String::new(),
             connect_timeout: "5s".into(),
             silence_timeout: "33s".into(),
+            tls: false,
+            tls_ca_file: String::new(),
+            tls_server_name: String::new(),
         }
     }
 }
@@ -368,6 +378,18 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Largest request line plus headers; a longer head gets a 431 and the connection is closed.
     pub max_header_bytes: usize,
+    /// When set, the listener speaks TLS only: view-syncers are given one URL, so it is either `ws://` or `wss://`.
+    pub tls: Option<ServerTlsFiles>,
+}
+
+/// `server.tls_cert_file` and `server.tls_key_file`: only paths here; [`crate::tls`] reads them at start and on
+/// SIGHUP, so that `status` and `--check-config` users need no access to the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    /// PEM: the certificate, then any intermediates.
+    pub cert_file: PathBuf,
+    /// PEM: the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
 }
 
 #[derive(Debug, Clone)]
@@ -487,6 +509,17 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     /// An upstream from which nothing (message or ping) arrived during a whole period of this length is dropped.
     pub silence_timeout: Duration,
+    /// `wss://` to the upstream, for a change-streamer behind a TLS-terminating proxy.
+    pub tls: Option<UpstreamTlsConfig>,
+}
+
+/// `upstream.tls = true`: how the upstream's certificate is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTlsConfig {
+    /// PEM bundle of the CAs trusted instead of the system's; `None`: the system's trust store.
+    pub ca_file: Option<PathBuf>,
+    /// The name the certificate must carry, also sent as SNI (unless an IP address).
+    pub server_name: rustls::pki_types::ServerName<'static>,
 }
 
 #[derive(Debug, Clone)]
@@ -740,6 +773,24 @@ impl RawConfig {
                 Ok(self.server.max_header_bytes as usize)
             },
         );
+        let server_tls = match (
+            self.server.tls_cert_file.trim(),
+            self.server.tls_key_file.trim(),
+        ) {
+            ("", "") => Some(None),
+            (_, "") => problems.field(
+                "server.tls_key_file",
+                Err("must be set with server.tls_cert_file".into()),
+            ),
+            ("", _) => problems.field(
+                "server.tls_cert_file",
+                Err("must be set with server.tls_key_file".into()),
+            ),
+            (cert, key) => Some(Some(ServerTlsFiles {
+                cert_file: cert.into(),
+                key_file: key.into(),
+            })),
+        };
 
         let backup_url = problems.field("litestream.backup_url", {
             let url = self.litestream.backup_url.trim();
@@ -897,10 +948,18 @@ impl RawConfig {
             },
         );
 
+        if let (Some(Some(_)), Some(address)) = (&server_tls, &advertise_address) {
+            problems.field(
+                "discovery.advertise_address",
+                advertised_with_tls(self.discovery.mode, address),
+            );
+        }
+
         let address = problems.field(
             "upstream.address",
             validate_host_port(&self.upstream.address),
         );
+        let upstream_tls = self.upstream_tls(&mut problems, address.as_deref());
         let advertised_address = problems.field(
             "upstream.advertised_address",
             match self.upstream.advertised_address.trim() {
@@ -967,6 +1026,7 @@ impl RawConfig {
                     max_connections: max_connections?,
                     header_read_timeout: header_read_timeout?,
                     max_header_bytes: max_header_bytes?,
+                    tls: server_tls?,
                 },
                 litestream: LitestreamConfig {
                     backup_url: backup_url?,
@@ -1022,6 +1082,7 @@ impl RawConfig {
                     advertised_address: advertised_address?,
                     connect_timeout: connect_timeout?,
                     silence_timeout: silence_timeout?,
+                    tls: upstream_tls?,
                 },
                 relay: RelayConfig {
                     suppress_upstream_cleanup: self.relay.suppress_upstream_cleanup,
@@ -1035,6 +1096,40 @@ impl RawConfig {
                 },
             })
         })
+    }
+
+    /// `upstream.tls*`: `Some(None)` without TLS; `None` when a problem was recorded. The server name defaults to
+    /// the address's host, which is what a certificate for the upstream names when the address is a DNS name.
+    fn upstream_tls(
+        &self,
+        problems: &mut Problems,
+        address: Option<&str>,
+    ) -> Option<Option<UpstreamTlsConfig>> {
+        let upstream = &self.upstream;
+        let ca_file = upstream.tls_ca_file.trim();
+        let name = upstream.tls_server_name.trim();
+        if !upstream.tls {
+            let key = match (ca_file, name) {
+                ("", "") => return Some(None),
+                ("", _) => "upstream.tls_server_name",
+                _ => "upstream.tls_ca_file",
+            };
+            return problems.field(key, Err("has no effect unless upstream.tls = true".into()));
+        }
+        let name = match name {
+            // A bad address is reported once, under its own key.
+            "" => parse_host_port(address?).ok()?.0,
+            name => name.to_string(),
+        };
+        let server_name = problems.field(
+            "upstream.tls_server_name",
+            rustls::pki_types::ServerName::try_from(name.clone())
+                .map_err(|_| format!("{name:?} is neither a DNS name nor an IP address")),
+        )?;
+        Some(Some(UpstreamTlsConfig {
+            ca_file: (!ca_file.is_empty()).then(|| ca_file.into()),
+            server_name,
+        }))
     }
 
     /// The effective configuration as TOML, with any password in `change_db.url` replaced.
@@ -1064,6 +1159,21 @@ pub fn validate_app_id(app_id: &str) -> Result<(), String> {
     {
         return Err(format!(
             "{app_id:?} must match ^[a-z0-9_]+$ (lower-case letters, digits and '_', as Zero requires)"
+        ));
+    }
+    Ok(())
+}
+
+/// With a TLS listener, what `ownerAddress` tells view-syncers must make them speak TLS: Zero's clients use `ws://`
+/// for a bare address, so the sidecar may write only a `wss://` one (`adopt`), and a `ws://` one is wrong in any
+/// mode.
+fn advertised_with_tls(mode: DiscoveryMode, address: &str) -> Result<(), String> {
+    let bare = !address.contains("://");
+    if address.starts_with("ws://") || (bare && mode == DiscoveryMode::Adopt) {
+        return Err(format!(
+            "{address:?} would have view-syncers speak plain WebSocket to a TLS listener (server.tls_cert_file is set): \
+             write wss://{}",
+            host_port(address)
         ));
     }
     Ok(())
@@ -1687,5 +1797,123 @@ mod tests {
             default_state_file(Some("/var/lib/a:/var/lib/b")),
             Some(std::path::PathBuf::from("/var/lib/a/state.json"))
         );
+    }
+
+    #[test]
+    fn tls_is_off_by_default_and_its_files_come_in_pairs() {
+        let config = from_toml_str(MINIMAL, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(config.server.tls, None);
+        assert_eq!(config.upstream.tls, None);
+
+        let both = format!(
+            "{MINIMAL}[server]\ntls_cert_file = \" /etc/s/cert.pem \"\ntls_key_file = \"/etc/s/key.pem\"\n"
+        );
+        let config = from_toml_str(&both, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(
+            config.server.tls,
+            Some(ServerTlsFiles {
+                cert_file: "/etc/s/cert.pem".into(),
+                key_file: "/etc/s/key.pem".into(),
+            })
+        );
+        let errors = errors_of(&format!(
+            "{MINIMAL}[server]\ntls_key_file = \"/etc/s/key.pem\"\n"
+        ));
+        assert_eq!(keys(&errors), ["server.tls_cert_file"]);
+        assert!(errors[0].problem.contains("tls_key_file"), "{errors:?}");
+        let errors = errors_of(&format!(
+            "{MINIMAL}[server]\ntls_cert_file = \"/etc/s/cert.pem\"\n"
+        ));
+        assert_eq!(keys(&errors), ["server.tls_key_file"]);
+    }
+
+    #[test]
+    fn a_tls_listener_is_never_advertised_as_plain() {
+        let tls = "[server]\ntls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"\n";
+        let with = |mode: &str, address: &str| {
+            format!(
+                "[litestream]\nbackup_url = \"s3://b/r\"\n{tls}[discovery]\nmode = \"{mode}\"\n\
+                 advertise_address = \"{address}\"\n"
+            )
+        };
+        for (mode, address) in [
+            ("verify", "10.0.0.5:4851"),
+            ("verify", "wss://sidecar.internal:4851"),
+            ("adopt", "wss://10.0.0.5:4851"),
+            ("owner", ""),
+        ] {
+            let text = with(mode, address);
+            let result = from_toml_str(&text, Some(Default::default()))
+                .unwrap()
+                .validate();
+            assert!(result.is_ok(), "{mode} {address}: {result:?}");
+        }
+        for (mode, address) in [
+            ("verify", "ws://10.0.0.5:4851"),
+            ("adopt", "10.0.0.5:4851"),
+            ("adopt", "ws://10.0.0.5:4851"),
+        ] {
+            let errors = errors_of(&with(mode, address));
+            assert_eq!(
+                keys(&errors),
+                ["discovery.advertise_address"],
+                "{mode} {address}"
+            );
+            assert!(
+                errors[0].problem.contains("wss://10.0.0.5:4851"),
+                "{errors:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn upstream_tls_names_the_address_host_unless_told_otherwise() {
+        let tls = |extra: &str| {
+            from_toml_str(
+                &format!(
+                    "{MINIMAL}[upstream]\naddress = \"rm.internal:4849\"\ntls = true\n{extra}"
+                ),
+                Some(Default::default()),
+            )
+            .unwrap()
+            .validate()
+        };
+        let upstream = tls("").unwrap().upstream.tls.unwrap();
+        assert_eq!(upstream.server_name.to_str(), "rm.internal");
+        assert_eq!(upstream.ca_file, None);
+        let upstream = tls("tls_ca_file = \"/etc/ca.pem\"\ntls_server_name = \"10.1.2.3\"\n")
+            .unwrap()
+            .upstream
+            .tls
+            .unwrap();
+        assert_eq!(upstream.server_name.to_str(), "10.1.2.3");
+        assert_eq!(upstream.ca_file, Some("/etc/ca.pem".into()));
+        let upstream = from_toml_str(
+            &format!("{MINIMAL}[upstream]\naddress = \"[::1]:4849\"\ntls = true\n"),
+            Some(Default::default()),
+        )
+        .unwrap()
+        .validate()
+        .unwrap()
+        .upstream
+        .tls
+        .unwrap();
+        assert_eq!(upstream.server_name.to_str(), "::1");
+
+        let errors = errors_of(&format!(
+            "{MINIMAL}[upstream]\ntls = true\ntls_server_name = \"not a name\"\n"
+        ));
+        assert_eq!(keys(&errors), ["upstream.tls_server_name"]);
+        for key in ["tls_ca_file", "tls_server_name"] {
+            let errors = errors_of(&format!("{MINIMAL}[upstream]\n{key} = \"x\"\n"));
+            assert_eq!(keys(&errors), [format!("upstream.{key}")]);
+            assert!(errors[0].problem.contains("upstream.tls = true"));
+        }
     }
 }

@@ -24,6 +24,7 @@
 //! - [`shared`]: state one loop writes and others read, and the rhythm of the periodic loops.
 //! - [`status`]: `GET /status` (the state as JSON) and the table `litestream-sidecar status` prints from it.
 //! - [`state`]: the learned cleanup delay and the last purge, kept in a file across restarts.
+//! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
 
 #![forbid(unsafe_code)]
 
@@ -50,6 +51,7 @@ pub mod shared;
 pub mod state;
 pub mod status;
 pub mod subscribers;
+pub mod tls;
 pub mod ws;
 
 use std::sync::Arc;
@@ -78,6 +80,9 @@ pub enum Error {
     /// A listener handed to [`App::run`] cannot say its address.
     #[error("listener: {0}")]
     Listener(#[source] std::io::Error),
+    /// A certificate, key or CA file the config names cannot be used.
+    #[error(transparent)]
+    Tls(tls::Error),
 }
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
@@ -138,6 +143,8 @@ pub struct App {
     last_purge: Option<cleanup::Backup>,
     /// Where the backup destination's `AWS_*` settings come from; `None`: the process environment.
     backup_env: Option<Vec<(String, String)>>,
+    /// The TLS files the config names, once read ([`App::reloader`]); [`App::run`] reads them if nobody did.
+    tls: Option<tls::Tls>,
 }
 
 impl App {
@@ -156,6 +163,7 @@ impl App {
         }
         Self {
             backup_env: None,
+            tls: None,
             last_purge: saved.last_purge,
             instruments,
             config,
@@ -202,6 +210,20 @@ impl App {
         &self.subscribers
     }
 
+    /// Reads the TLS files the config names, now rather than in [`App::run`], so that a process can refuse to
+    /// start on them; the handle re-reads them (SIGHUP) while the app runs.
+    pub fn reloader(&mut self) -> Result<Reloader, tls::Error> {
+        let tls = match &self.tls {
+            Some(tls) => tls.clone(),
+            None => tls::Tls::load(&self.config)?,
+        };
+        self.tls = Some(tls.clone());
+        Ok(Reloader {
+            tls,
+            instruments: self.instruments.clone(),
+        })
+    }
+
     /// Binds the metrics proxy's listeners (every address `litestream.proxy_listen` resolves to).
     pub async fn bind_proxy(&self) -> std::io::Result<Vec<TcpListener>> {
         proxy::bind(&self.config.litestream.proxy_listen).await
@@ -216,6 +238,10 @@ impl App {
         proxy_listeners: Vec<TcpListener>,
         shutdown: CancellationToken,
     ) -> Result<(), Error> {
+        let tls = match self.tls.clone() {
+            Some(tls) => tls,
+            None => tls::Tls::load(&self.config).map_err(Error::Tls)?,
+        };
         let tracker = TaskTracker::new();
         let litestream = &self.config.litestream;
         let scraper = litestream::Scraper::new(
@@ -245,6 +271,7 @@ impl App {
             tracker.spawn(
                 server::serve_http(
                     listener,
+                    None,
                     proxy.clone(),
                     proxy_limits.clone(),
                     shutdown.clone(),
@@ -331,6 +358,7 @@ impl App {
             relay: RelayContext {
                 settings: Arc::new(relay::Settings {
                     upstream: self.config.upstream.clone(),
+                    upstream_tls: tls.upstream.clone(),
                     relay: self.config.relay.clone(),
                     ping_interval: self.config.server.ping_interval,
                     peer_timeout: self.config.server.peer_timeout,
@@ -347,7 +375,7 @@ impl App {
             tracker: tracker.clone(),
         });
         let addr = listener.local_addr().map_err(Error::Listener)?;
-        info!(%addr, "listening");
+        info!(%addr, tls = tls.server.is_some(), "listening");
         context.readiness.set_listening(true);
         notify::ready("listening");
         {
@@ -362,6 +390,7 @@ impl App {
         }
         server::serve_http(
             listener,
+            tls.server.as_ref().map(|server| server.acceptor()),
             context.clone(),
             server::Limits::from_config(&self.config.server, admission),
             shutdown.clone(),
@@ -384,5 +413,18 @@ impl App {
         db_shutdown.cancel();
         info!("stopped");
         Ok(())
+    }
+}
+
+/// Re-reads the TLS files of a running [`App`] (SIGHUP), counting each outcome in its metrics.
+#[derive(Clone)]
+pub struct Reloader {
+    tls: tls::Tls,
+    instruments: metrics::Instruments,
+}
+
+impl Reloader {
+    pub fn reload(&self) {
+        self.tls.reload(&self.instruments);
     }
 }

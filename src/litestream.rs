@@ -650,6 +650,21 @@ pub struct Scraper {
     timeout: Duration,
     /// Largest body accepted, in bytes.
     max_bytes: usize,
+    /// Set for `status` toward a daemon whose listener speaks TLS; litestream is always plain HTTP.
+    tls: Option<ScrapeTls>,
+}
+
+/// TLS for a [`Scraper`]: the connector and the name sent as SNI.
+#[derive(Clone)]
+struct ScrapeTls(
+    tokio_rustls::TlsConnector,
+    rustls::pki_types::ServerName<'static>,
+);
+
+impl std::fmt::Debug for ScrapeTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ScrapeTls").field(&self.1).finish()
+    }
 }
 
 impl Scraper {
@@ -694,7 +709,18 @@ impl Scraper {
             host_header,
             timeout,
             max_bytes,
+            tls: None,
         })
+    }
+
+    /// Speaks TLS through `connector` after connecting; the URL keeps its `http://` scheme, as the request does.
+    pub fn with_tls(mut self, connector: tokio_rustls::TlsConnector) -> Self {
+        let name = rustls::pki_types::ServerName::try_from(self.connect_host.clone())
+            .unwrap_or_else(|_| {
+                rustls::pki_types::ServerName::try_from("localhost").expect("a DNS name")
+            });
+        self.tls = Some(ScrapeTls(connector, name));
+        self
     }
 
     /// The page's raw bytes, for the proxy to forward untouched. Any 2xx counts; the body is read whole.
@@ -721,6 +747,23 @@ impl Scraper {
         let stream = TcpStream::connect((self.connect_host.as_str(), self.port))
             .await
             .map_err(|source| self.io_error(source))?;
+        match &self.tls {
+            None => self.exchange(stream).await,
+            Some(ScrapeTls(connector, name)) => {
+                let stream = connector
+                    .connect(name.clone(), stream)
+                    .await
+                    .map_err(|source| self.io_error(source))?;
+                self.exchange(stream).await
+            }
+        }
+    }
+
+    /// The request and its answer over an open connection, plain or TLS.
+    async fn exchange<S>(&self, stream: S) -> Result<Bytes, ScrapeError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|err| self.hyper_error(&err))?;

@@ -1,4 +1,5 @@
-//! Process wiring only: arguments, config, logging, signals and exit codes.
+//! Process wiring only: arguments, config, logging, signals (SIGTERM and SIGINT stop, SIGHUP re-reads the TLS
+//! files) and exit codes.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use litestream_sidecar::config::{self, LogFormat};
 use litestream_sidecar::App;
+use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
@@ -43,10 +45,12 @@ enum Command {
     /// Ask the running daemon for its state (GET /status) and print it as tables
     #[command(
         after_help = "Exit codes: 0 printed, 1 the daemon did not answer or answered something else,\n\
-                      78 invalid config (without --addr)."
+                      78 invalid config (read without --addr, or named by --config), or its TLS certificate\n\
+                      unreadable."
     )]
     Status {
-        /// The daemon's host:port [default: server.listen from the config, a wildcard address as loopback]
+        /// The daemon's host:port [default: server.listen from the config, a wildcard address as loopback]. TLS
+        /// when the config sets server.tls_cert_file (with --addr, only a config named by --config is read)
         #[arg(long, value_name = "HOST:PORT")]
         addr: Option<String>,
 
@@ -71,10 +75,18 @@ fn main() -> ExitCode {
         return status(args.config.as_deref(), addr.as_deref(), *json, *timeout);
     }
     let path = config::resolve_path(args.config.as_deref());
-    let loaded =
-        config::load(path.as_deref()).and_then(|raw| raw.validate().map(|config| (raw, config)));
+    let loaded = config::load(path.as_deref())
+        .and_then(|raw| raw.validate().map(|config| (raw, config)))
+        .map_err(CheckError::Config);
 
     if args.check_config {
+        // The files the config names are read too: a certificate that cannot be loaded stops the daemon as surely
+        // as a bad key. Their errors come after the keys', which may explain them.
+        let loaded = loaded.and_then(|(raw, config)| {
+            litestream_sidecar::tls::Tls::load(&config)
+                .map(|_| (raw, config))
+                .map_err(CheckError::Tls)
+        });
         return match loaded {
             Ok((raw, _)) => {
                 match &path {
@@ -144,6 +156,17 @@ fn raise_open_files(max_connections: usize) {
 
 /// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came. Only the address is read from
 /// the config, so `--addr` works without one.
+/// What `--check-config` reports: the keys, or the files they name.
+#[derive(Debug, thiserror::Error)]
+enum CheckError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Tls(litestream_sidecar::tls::Error),
+}
+
+/// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came. Only the address and the TLS
+/// certificate are read from the config, so `--addr` works without one.
 fn status(
     config_path: Option<&std::path::Path>,
     addr: Option<&str>,
@@ -151,20 +174,36 @@ fn status(
     timeout: std::time::Duration,
 ) -> ExitCode {
     use litestream_sidecar::status;
-    let addr = match addr {
-        Some(addr) => addr.to_string(),
-        None => {
-            let path = config::resolve_path(config_path);
-            match config::load(path.as_deref()).and_then(|raw| raw.validate()) {
-                Ok(config) => status::local_address(config.server.listen),
-                Err(err) => {
-                    eprintln!(
-                        "litestream-sidecar status: {err}\n(--addr HOST:PORT needs no config)"
-                    );
-                    return ExitCode::from(EXIT_CONFIG);
-                }
+    // With --addr, a config is read only when --config names one, and only for its TLS settings.
+    let config = if addr.is_none() || config_path.is_some() {
+        let path = config::resolve_path(config_path);
+        match config::load(path.as_deref()).and_then(|raw| raw.validate()) {
+            Ok(config) => Some(config),
+            Err(err) => {
+                eprintln!("litestream-sidecar status: {err}\n(--addr HOST:PORT needs no config)");
+                return ExitCode::from(EXIT_CONFIG);
             }
         }
+    } else {
+        None
+    };
+    let addr = match (addr, &config) {
+        (Some(addr), _) => addr.to_string(),
+        (None, Some(config)) => status::local_address(config.server.listen),
+        (None, None) => unreachable!("a config is read without --addr"),
+    };
+    let tls = match config
+        .as_ref()
+        .and_then(|config| config.server.tls.as_ref())
+    {
+        None => None,
+        Some(files) => match litestream_sidecar::tls::status_connector(files) {
+            Ok(connector) => Some(connector),
+            Err(err) => {
+                eprintln!("litestream-sidecar status: {err}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        },
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -176,7 +215,7 @@ fn status(
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(status::fetch(&addr, timeout)) {
+    match runtime.block_on(status::fetch(&addr, tls, timeout)) {
         Ok((raw, _)) if json => {
             print!("{raw}");
             ExitCode::SUCCESS
@@ -198,14 +237,32 @@ fn status(
 }
 
 async fn async_main(config: litestream_sidecar::Config) -> ExitCode {
-    let listener = match tokio::net::TcpListener::bind(config.server.listen).await {
+    let listen = config.server.listen;
+    let mut app = App::new(config);
+    let reloader = match app.reloader() {
+        Ok(reloader) => reloader,
+        Err(err) => {
+            error!(error = %err, "cannot load the TLS files");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    // Installed before the listener opens: SIGHUP's default action would end the process.
+    let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            info!(signal = "SIGHUP", "reloading");
+            let reloader = reloader.clone();
+            // Parsing keys is CPU work: off the runtime's worker threads.
+            let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+        }
+    });
+    let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => listener,
         Err(err) => {
-            error!(addr = %config.server.listen, error = %err, "cannot listen");
+            error!(addr = %listen, error = %err, "cannot listen");
             return ExitCode::FAILURE;
         }
     };
-    let app = App::new(config);
     let proxy = match app.bind_proxy().await {
         Ok(listeners) => listeners,
         Err(err) => {
@@ -240,15 +297,14 @@ async fn async_main(config: litestream_sidecar::Config) -> ExitCode {
 /// A failure once running is a runtime failure (1), whatever its cause: config errors (78) are found before.
 fn exit_code(err: &litestream_sidecar::Error) -> ExitCode {
     match err {
-        litestream_sidecar::Error::MetricsUrl(_) | litestream_sidecar::Error::Listener(_) => {
-            ExitCode::FAILURE
-        }
+        litestream_sidecar::Error::MetricsUrl(_)
+        | litestream_sidecar::Error::Listener(_)
+        | litestream_sidecar::Error::Tls(_) => ExitCode::FAILURE,
     }
 }
 
 /// Resolves on SIGTERM (systemd, Kubernetes) or SIGINT (a terminal).
 async fn wait_for_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
     tokio::select! {

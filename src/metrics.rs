@@ -53,6 +53,11 @@ struct KindLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ClassLabel {
     class: &'static str,
 }
@@ -71,6 +76,8 @@ pub struct Instruments {
     pub upstream: crate::shared::Cell<UpstreamHealth>,
     /// Connections and requests turned away, by [`crate::admission::Refusal`].
     pub connections_refused: Family<crate::admission::RefusalLabel, Counter>,
+    /// SIGHUP re-reads of TLS files, by outcome: a failed one leaves the sidecar on certificates that may expire.
+    pub tls_reloads: Family<ResultLabel, Counter>,
 }
 
 impl Default for Instruments {
@@ -83,6 +90,7 @@ impl Default for Instruments {
             relay_write_stalls: Counter::default(),
             upstream: crate::shared::Cell::default(),
             connections_refused: Family::default(),
+            tls_reloads: Family::default(),
         }
     }
 }
@@ -95,6 +103,14 @@ impl Instruments {
         };
         self.relay_frames.get_or_create(&label).inc_by(frames);
         self.relay_bytes.get_or_create(&label).inc_by(bytes);
+    }
+
+    /// Counts one re-read of TLS files (the listener's pair, or the upstream's CAs).
+    pub fn tls_reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.tls_reloads
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 }
 
@@ -315,6 +331,11 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "Subscriptions ended because the subscriber stopped reading: bytes waited relay.write_stall_timeout",
         instruments.relay_write_stalls.clone(),
     );
+    registry.register(
+        "tls_reloads",
+        "Re-reads of TLS certificates, keys and CAs on SIGHUP, by result; a failed one keeps the previous ones",
+        instruments.tls_reloads.clone(),
+    );
     let backup = Family::<Vec<(&'static str, String)>, Gauge>::default();
     if let Some((watermark, _)) = &snapshot.newest_backup {
         backup
@@ -516,6 +537,9 @@ mod tests {
             .connections_refused
             .get_or_create(&crate::admission::Refusal::NotAllowed.label())
             .inc_by(3);
+        instruments.tls_reloaded(true);
+        instruments.tls_reloaded(false);
+        instruments.tls_reloaded(false);
         let snapshot = Snapshot {
             reservations_open: 2,
             subscribers: 3,
@@ -600,6 +624,14 @@ mod tests {
             ),
             3.0
         );
+        let reloads = |result| {
+            value(
+                &scrape,
+                "litestream_sidecar_tls_reloads_total",
+                Some(("result", result)),
+            )
+        };
+        assert_eq!((reloads("ok"), reloads("error")), (1.0, 2.0));
         assert_eq!(
             value(
                 &scrape,

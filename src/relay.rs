@@ -31,6 +31,7 @@ use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HOST, UPGRADE};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +44,7 @@ use crate::inspect::{inspect, Downstream};
 use crate::protocol::{self, close, SubscriberContext, Version};
 use crate::reservations::{Registry, Ticket};
 use crate::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
+use crate::tls::UpstreamTls;
 use crate::ws::{
     self, Assembler, CloseWith, Inbox, Io, Liveness, Outbox, PeerClose, Reads, WriteStall,
 };
@@ -65,6 +67,8 @@ pub struct RelayContext {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub upstream: UpstreamConfig,
+    /// `upstream.tls`, loaded: the relay connects with `wss://`.
+    pub upstream_tls: Option<Arc<crate::tls::UpstreamTls>>,
     pub relay: RelayConfig,
     /// How often the subscriber is pinged (`server.ping_interval`); its write progress is checked as often.
     pub ping_interval: Duration,
@@ -79,6 +83,11 @@ pub struct Settings {
 enum RelayError {
     #[error("upstream {addr} unreachable: {source}")]
     Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("upstream {addr} TLS handshake failed: {source}")]
+    Tls {
         addr: String,
         source: std::io::Error,
     },
@@ -122,9 +131,13 @@ pub async fn serve(
         settings.relay.suppress_upstream_cleanup,
     );
     let span = info_span!("relay", %peer, upstream = %settings.upstream.address);
-    let upstream = match connect(&settings.upstream, &target)
-        .instrument(span.clone())
-        .await
+    let upstream = match connect(
+        &settings.upstream,
+        settings.upstream_tls.as_deref(),
+        &target,
+    )
+    .instrument(span.clone())
+    .await
     {
         Ok(upstream) => {
             ctx.subscribers.upstream_reached(Instant::now());
@@ -165,10 +178,15 @@ fn upstream_target(path: &str, query: Option<&str>, suppress_upstream_cleanup: b
     }
 }
 
-/// Opens the upstream WebSocket for `target` (path and query), under `upstream.connect_timeout`.
-async fn connect(upstream: &UpstreamConfig, target: &str) -> Result<Io, RelayError> {
+/// Opens the upstream WebSocket for `target` (path and query), under `upstream.connect_timeout`, which covers
+/// the TLS handshake too.
+async fn connect(
+    upstream: &UpstreamConfig,
+    tls: Option<&UpstreamTls>,
+    target: &str,
+) -> Result<Io, RelayError> {
     let addr = &upstream.address;
-    tokio::time::timeout(upstream.connect_timeout, handshake(addr, target))
+    tokio::time::timeout(upstream.connect_timeout, handshake(addr, tls, target))
         .await
         .unwrap_or_else(|_| {
             Err(RelayError::Timeout {
@@ -178,11 +196,7 @@ async fn connect(upstream: &UpstreamConfig, target: &str) -> Result<Io, RelayErr
         })
 }
 
-async fn handshake(addr: &str, target: &str) -> Result<Io, RelayError> {
-    let failed = |reason: String| RelayError::Handshake {
-        addr: addr.to_string(),
-        reason,
-    };
+async fn handshake(addr: &str, tls: Option<&UpstreamTls>, target: &str) -> Result<Io, RelayError> {
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|source| RelayError::Connect {
@@ -190,6 +204,30 @@ async fn handshake(addr: &str, target: &str) -> Result<Io, RelayError> {
             source,
         })?;
     let _ = stream.set_nodelay(true);
+    match tls {
+        None => upgrade(addr, stream, target).await,
+        Some(tls) => {
+            let stream = tls
+                .connect(stream)
+                .await
+                .map_err(|source| RelayError::Tls {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            upgrade(addr, stream, target).await
+        }
+    }
+}
+
+/// The WebSocket upgrade over an open connection, plain or TLS; either way the socket comes back as an [`Io`].
+async fn upgrade<S>(addr: &str, stream: S, target: &str) -> Result<Io, RelayError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let failed = |reason: String| RelayError::Handshake {
+        addr: addr.to_string(),
+        reason,
+    };
     let request = Request::get(target)
         .header(HOST, addr)
         .header(UPGRADE, "websocket")
@@ -1051,6 +1089,7 @@ mod tests {
         RelayContext {
             settings: Arc::new(Settings {
                 upstream: config.upstream,
+                upstream_tls: None,
                 relay,
                 ping_interval: Duration::from_secs(1),
                 peer_timeout: Duration::from_secs(4),

@@ -25,13 +25,14 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, warn, Instrument};
 
-use crate::admission::{read_head, Admission, Admitted, Head, Refusal, Rewind};
+use crate::admission::{read_head, Admission, Head, Refusal, Rewind};
 use crate::http::plain;
 use crate::protocol::{self, Route};
 use crate::relay::{self, RelayContext};
@@ -72,10 +73,11 @@ impl Limits {
 }
 
 /// Accepts connections on `listener` until `shutdown` is cancelled and serves each on its own task in `tracker`,
-/// with `handler`, within `limits`. Open connections are then shut down gracefully; upgraded WebSockets live on
-/// as their own tasks, which end themselves on `shutdown`.
+/// with `handler`, within `limits`, over TLS when given an acceptor. Open connections are then shut down
+/// gracefully; upgraded WebSockets live on as their own tasks, which end themselves on `shutdown`.
 pub async fn serve_http<H: Handler>(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     handler: Arc<H>,
     limits: Limits,
     shutdown: CancellationToken,
@@ -98,16 +100,22 @@ pub async fn serve_http<H: Handler>(
             continue;
         };
         let span = debug_span!("conn", %peer);
-        tracker.spawn(
-            serve_connection(
-                stream,
-                peer,
-                handler.clone(),
-                limits.clone(),
-                shutdown.clone(),
-            )
-            .instrument(span),
-        );
+        let (handler, limits, shutdown) = (handler.clone(), limits.clone(), shutdown.clone());
+        match tls.clone() {
+            None => tracker
+                .spawn(serve_connection(stream, peer, handler, limits, shutdown).instrument(span)),
+            // The handshake runs on the connection's task, bounded like a request head.
+            Some(tls) => tracker.spawn(
+                async move {
+                    let within = limits.header_read_timeout;
+                    let accepted = crate::tls::accept(&tls, stream, within, &shutdown).await;
+                    if let Some(stream) = accepted {
+                        serve_connection(stream, peer, handler, limits, shutdown).await;
+                    }
+                }
+                .instrument(span),
+            ),
+        };
     }
 }
 
@@ -115,13 +123,15 @@ pub async fn serve_http<H: Handler>(
 /// arrive, and only a connection that sent one whole gets hyper's state (two 8 KiB buffers and a connection
 /// machine, boxed). A slow-loris client, which never finishes its head, so costs little more than its socket
 /// until `header_read_timeout` drops it.
-async fn serve_connection<H: Handler>(
-    mut stream: Admitted,
+async fn serve_connection<H: Handler, IO>(
+    mut stream: IO,
     peer: SocketAddr,
     handler: Arc<H>,
     limits: Limits,
     shutdown: CancellationToken,
-) {
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let head = tokio::select! {
         head = tokio::time::timeout(
             limits.header_read_timeout,
@@ -172,14 +182,16 @@ async fn serve_connection<H: Handler>(
 /// The answer to a first request head over `server.max_header_bytes` (hyper answers later ones alike).
 const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
-async fn serve_admitted<H: Handler>(
-    stream: Rewind<Admitted>,
+async fn serve_admitted<H: Handler, IO>(
+    stream: Rewind<IO>,
     peer: SocketAddr,
     handler: Arc<H>,
     builder: hyper::server::conn::http1::Builder,
     admission: Admission,
     shutdown: CancellationToken,
-) {
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |req| {
         let response = handler.clone().handle(req, peer);
         async move { Ok::<_, Infallible>(response.await) }

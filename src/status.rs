@@ -462,8 +462,13 @@ pub enum FetchError {
     },
 }
 
-/// Asks the daemon at `addr` (`host:port`) for `/status`; returns the raw JSON and the parsed report.
-pub async fn fetch(addr: &str, timeout: Duration) -> Result<(String, Report), FetchError> {
+/// Asks the daemon at `addr` (`host:port`) for `/status`, over TLS through `tls` when its listener speaks it;
+/// returns the raw JSON and the parsed report.
+pub async fn fetch(
+    addr: &str,
+    tls: Option<tokio_rustls::TlsConnector>,
+    timeout: Duration,
+) -> Result<(String, Report), FetchError> {
     use crate::litestream::ScrapeError;
     // The scraper's messages name the URL and call it a scrape; here the address is said once, up front.
     let unreachable = |err: ScrapeError| FetchError::Unreachable {
@@ -484,6 +489,10 @@ pub async fn fetch(addr: &str, timeout: Duration) -> Result<(String, Report), Fe
         })
     })?;
     let scraper = crate::litestream::Scraper::new(url, timeout, 16 << 20).map_err(unreachable)?;
+    let scraper = match tls {
+        Some(connector) => scraper.with_tls(connector),
+        None => scraper,
+    };
     let body = scraper.fetch().await.map_err(unreachable)?;
     read_report(&body).map_err(|source| FetchError::NotAReport {
         addr: addr.to_string(),
