@@ -1132,10 +1132,20 @@ impl RawConfig {
         }))
     }
 
-    /// The effective configuration as TOML, with any password in `change_db.url` replaced.
+    /// The effective configuration as TOML, with any password in `change_db.url` replaced and any credentials
+    /// in the other URLs.
     pub fn to_redacted_toml(&self) -> String {
         let mut shown = self.clone();
         shown.change_db.url = redact_db_url(&shown.change_db.url);
+        for url in [
+            &mut shown.litestream.backup_url,
+            &mut shown.litestream.metrics_url,
+            &mut shown.backup.endpoint,
+            &mut shown.discovery.advertise_address,
+            &mut shown.upstream.advertised_address,
+        ] {
+            *url = without_userinfo(url);
+        }
         toml::to_string(&shown).expect("config serializes")
     }
 }
@@ -1222,13 +1232,15 @@ fn not_the_proxy(url: &hyper::Uri, proxy_host: &str, proxy_port: u16) -> Result<
 
 /// An `http://host:port/path` URL; litestream serves plain HTTP on loopback.
 fn parse_http_url(text: &str) -> Result<hyper::Uri, String> {
+    // Errors show the URL without any `user:password@`.
+    let shown = without_userinfo(text.trim());
     let uri: hyper::Uri = text
         .trim()
         .parse()
-        .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+        .map_err(|e| format!("{shown:?} is not a URL: {e}"))?;
     if uri.scheme_str() != Some("http") || uri.host().is_none() {
         return Err(format!(
-            "{text:?} must be an http:// URL with a host, e.g. http://127.0.0.1:4860/metrics"
+            "{shown:?} must be an http:// URL with a host, e.g. http://127.0.0.1:4860/metrics"
         ));
     }
     // The scraper is the judge of what it can scrape: whatever it would refuse once running is refused here.
@@ -1239,6 +1251,14 @@ fn parse_http_url(text: &str) -> Result<hyper::Uri, String> {
 /// An `https://host[:port]` endpoint; `http://` only with `allow_http`, since request signatures and listings
 /// would cross the network in clear.
 fn parse_endpoint(text: &str, allow_http: bool) -> Result<String, String> {
+    if without_userinfo(text) != text {
+        // Shown without them: whatever is there may be a secret.
+        return Err(format!(
+            "{:?}: credentials in the endpoint are not used; they come from the environment \
+             (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...)",
+            without_userinfo(text)
+        ));
+    }
     let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
     if url.host_str().is_none() || !matches!(url.path(), "" | "/") || url.query().is_some() {
         return Err(format!(
@@ -1256,6 +1276,20 @@ fn parse_endpoint(text: &str, allow_http: bool) -> Result<String, String> {
         other => return Err(format!("{text:?}: scheme {other:?} is neither https nor http")),
     }
     Ok(text.trim_end_matches('/').to_string())
+}
+
+/// `text` with any `user:password@` before its host replaced by `***@`, for anything that shows a configured
+/// URL: the scheme, if any, is kept, and the userinfo is whatever precedes the last `@` of the authority.
+pub fn without_userinfo(text: &str) -> String {
+    let (scheme, rest) = match text.find("://") {
+        Some(i) => text.split_at(i + 3),
+        None => ("", text),
+    };
+    let authority = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority].rfind('@') {
+        Some(at) => format!("{scheme}***@{}", &rest[at + 1..]),
+        None => text.to_string(),
+    }
 }
 
 /// Hides the password of a `postgres://` URL or a `password=` pair of a key-value connection string.
@@ -1547,6 +1581,24 @@ mod tests {
             allow.contains("did you mean 10.0.0.0/8?") && allow.contains("\"example.com\""),
             "{allow}"
         );
+    }
+
+    #[test]
+    fn userinfo_is_hidden_wherever_it_sits() {
+        for (text, shown) in [
+            ("http://u:p@host:1/x", "http://***@host:1/x"),
+            ("https://a@b@host/", "https://***@host/"),
+            (
+                "s3://KEY:SECRET@bucket/path/x@y",
+                "s3://***@bucket/path/x@y",
+            ),
+            ("minio:secret@127.0.0.1", "***@127.0.0.1"),
+            ("http://host/p?u=a@b", "http://host/p?u=a@b"),
+            ("s3://bucket/replica", "s3://bucket/replica"),
+            ("", ""),
+        ] {
+            assert_eq!(without_userinfo(text), shown, "{text}");
+        }
     }
 
     #[test]

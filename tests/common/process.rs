@@ -51,12 +51,18 @@ impl Process {
     /// Starts the binary with `config` (a TOML file; `[log] format = "json"` is expected) and an empty environment,
     /// and waits until it listens.
     pub async fn spawn(config: &Path) -> Process {
+        Self::spawn_with_env(config, &[]).await
+    }
+
+    /// [`Process::spawn`] with these environment variables (and no others).
+    pub async fn spawn_with_env(config: &Path, env: &[(&str, &str)]) -> Process {
         let spawned = Instant::now();
         let mut child = Reaped(
             Command::new(BIN)
                 .arg("--config")
                 .arg(config)
                 .env_clear()
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
