@@ -37,9 +37,10 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
-# The purge benchmark runs on every major in $(PG), side by side.
+# The purge benchmark runs on every major in $(PG), side by side; the relay is compared with nginx (Debian's, from
+# scripts/nginx.sh) as a WebSocket proxy.
 bench:
-	scripts/with-postgres.sh --pg "$(PG)" $(CARGO) run --locked --release --example bench
+	NGINX="$$(scripts/nginx.sh)" scripts/with-postgres.sh --pg "$(PG)" $(CARGO) run --locked --release --example bench
 
 # Every fuzz target of tests/fuzz.rs (the parsers of outside bytes) for FUZZ_CASES cases each, in a release build;
 # each prints its count, time and seed (FUZZ_SEED=... replays one). `make test` runs the same targets briefly.

@@ -32,14 +32,19 @@ status=0
 echo "=== alerting rules ===" >&2
 scripts/test-alerts.sh 2>&1 | tee "$logs/alerts.log" || status=1
 
+# The Zero 0.20 interop suite runs on the first major only: the change DB's SQL is the same for both Zero
+# generations, Zero 1.9's suite covers it on every major, and `make test` must stay well inside 30 minutes on two
+# cores. `scripts/with-postgres.sh --pg 17 scripts/interop.sh` runs it on another.
+first=${majors[0]}
 for major in "${majors[@]}"; do
   echo "=== PostgreSQL $major ===" >&2
   log=$logs/$major.log
   # shellcheck disable=SC2016 # expanded by the inner shell
-  scripts/with-postgres.sh --pg "$major" bash -c '
+  INTEROP_020=$([[ $major == "$first" ]] && echo 1 || echo 0) \
+    scripts/with-postgres.sh --pg "$major" bash -c '
     status=0
     $CARGO test --locked --lib --bins --tests || status=$?
-    scripts/interop.sh || status=$?
+    if [[ $INTEROP_020 == 1 ]]; then scripts/interop.sh || status=$?; fi
     scripts/interop-1.9.sh || status=$?
     exit $status' 2>&1 | tee "$log" || status=1
 done

@@ -19,10 +19,33 @@ use tokio::sync::{mpsc, Barrier};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::util::{mib, ms, percentile, Daemon, Report};
+use crate::util::{cpu_time_of, mib, ms, percentile, Daemon, Report};
 
 /// Messages per stream, the status included.
 const FRAMES: usize = 100_000;
+/// Live trickle: transactions written one at a time, each once the subscriber acked the previous one.
+const TRICKLE_TRANSACTIONS: usize = 2_000;
+const TRICKLE_ROWS: usize = 3;
+/// Messages of 1 MiB written at once.
+const BIG_MESSAGES: usize = 50;
+
+/// Zero's traffic shapes.
+#[derive(Debug, Clone, Copy)]
+enum Workload {
+    CatchUp,
+    Trickle,
+    Big,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::CatchUp => "catch-up",
+            Workload::Trickle => "live trickle",
+            Workload::Big => "1 MiB messages",
+        }
+    }
+}
 const RUNS: usize = 5;
 const LATENCY_SAMPLES: usize = 2_000;
 const SUBSCRIBERS_FOR_MEMORY: usize = 1_000;
@@ -32,6 +55,7 @@ pub async fn run(report: &mut Report) {
     println!("changes relay");
     let stream = Arc::new(encode_stream(FRAMES));
     let frame_bytes = stream.len() as f64 / FRAMES as f64;
+    println!("  catch-up: {FRAMES} messages of ~{frame_bytes:.0} B written at once; trickle: {TRICKLE_TRANSACTIONS} transactions of {TRICKLE_ROWS} rows, each written once the previous one's acks arrived; 1 MiB: {BIG_MESSAGES} messages of 1 MiB");
     let (upstream_addr, mut upstream) = fake_upstream().await;
     let plain_relay = PlainRelay::start(upstream_addr);
     let plain = plain_relay.addr;
@@ -41,52 +65,106 @@ pub async fn run(report: &mut Report) {
     ));
     let sidecar: SocketAddr = daemon.addr.parse().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    for subscribers in [1, 10] {
-        let mut plain_rates = Vec::new();
-        let mut sidecar_rates = Vec::new();
-        let mut sidecar_cpu = Duration::ZERO;
-        // Interleaved, so that a noisy neighbour on the machine slows both alike.
-        for _ in 0..RUNS {
-            plain_rates.push(throughput(plain, &mut upstream, &stream, subscribers).await);
-            let cpu = daemon.cpu_time();
-            sidecar_rates.push(throughput(sidecar, &mut upstream, &stream, subscribers).await);
-            sidecar_cpu += daemon.cpu_time() - cpu;
+    let nginx = Nginx::start(upstream_addr);
+    if nginx.is_none() {
+        println!("  (no nginx: set NGINX to its binary, as `make bench` does, to compare with it)");
+    }
+    let big = Arc::new(encode_big(BIG_MESSAGES));
+    for (workload, subscriber_counts) in [
+        (Workload::CatchUp, &[1usize, 10][..]),
+        (Workload::Trickle, &[1, 10][..]),
+        (Workload::Big, &[1][..]),
+    ] {
+        for &subscribers in subscriber_counts {
+            // One entry per relay: messages per second of each run, and CPU time over all runs.
+            let mut relays: Vec<(&str, SocketAddr, u32, Vec<f64>, Duration)> = vec![
+                (
+                    "plain TCP relay",
+                    plain,
+                    plain_relay.child.id(),
+                    Vec::new(),
+                    Duration::ZERO,
+                ),
+                (
+                    "sidecar",
+                    sidecar,
+                    daemon.child.id(),
+                    Vec::new(),
+                    Duration::ZERO,
+                ),
+            ];
+            if let Some(nginx) = &nginx {
+                relays.insert(
+                    1,
+                    (
+                        "nginx",
+                        nginx.addr,
+                        nginx.child.id(),
+                        Vec::new(),
+                        Duration::ZERO,
+                    ),
+                );
+            }
+            let mut messages = 0;
+            // Interleaved, so that a noisy neighbour on the machine slows all alike.
+            for _ in 0..RUNS {
+                for (_, addr, pid, rates, cpu) in relays.iter_mut() {
+                    let before = cpu_time_of(*pid);
+                    let started = Instant::now();
+                    let count = match workload {
+                        Workload::CatchUp => {
+                            throughput(*addr, &mut upstream, &stream, FRAMES, subscribers).await
+                        }
+                        Workload::Trickle => trickle(*addr, &mut upstream, subscribers).await,
+                        Workload::Big => {
+                            throughput(*addr, &mut upstream, &big, BIG_MESSAGES + 1, subscribers)
+                                .await
+                        }
+                    };
+                    rates.push(count as f64 / started.elapsed().as_secs_f64());
+                    *cpu += cpu_time_of(*pid) - before;
+                    messages = count;
+                }
+            }
+            let name_of = workload.name();
+            let mut medians = std::collections::HashMap::new();
+            let mut cpu_per_message = std::collections::HashMap::new();
+            for (name, _, _, rates, cpu) in relays.iter_mut() {
+                let rate = median(rates);
+                let per = cpu.as_secs_f64() * 1e6 / (messages * RUNS) as f64;
+                report.add(
+                    format!("{name_of}, {subscribers} sub: {name}"),
+                    format!("{:.1}k msg/s, {per:.2} us CPU/msg", rate / 1e3),
+                    "",
+                    None,
+                );
+                medians.insert(*name, rate);
+                cpu_per_message.insert(*name, per);
+            }
+            let ratio = medians["sidecar"] / medians["plain TCP relay"];
+            let target = if subscribers == 1 { 0.9 } else { 0.95 };
+            report.add(
+                format!("  sidecar / plain TCP relay, msg/s (median of {RUNS})"),
+                format!("{ratio:.2}"),
+                format!(">= {target}"),
+                Some(ratio >= target),
+            );
+            if nginx.is_some() {
+                report.add(
+                    "  nginx / plain TCP relay, msg/s",
+                    format!("{:.2}", medians["nginx"] / medians["plain TCP relay"]),
+                    "",
+                    None,
+                );
+                let cpu = cpu_per_message["sidecar"] / cpu_per_message["nginx"];
+                report.add(
+                    "  sidecar / nginx, CPU per message",
+                    format!("{cpu:.2}"),
+                    "<= 0.8",
+                    Some(cpu <= 0.8),
+                );
+            }
         }
-        let plain_rate = median(&mut plain_rates);
-        let sidecar_rate = median(&mut sidecar_rates);
-        let show = |rate: f64| {
-            format!(
-                "{:.0} MB/s, {:.0}k msg/s",
-                rate / 1e6,
-                rate / frame_bytes / 1e3
-            )
-        };
-        report.add(
-            format!("throughput, {subscribers} subscriber(s) x {FRAMES} msgs of ~{frame_bytes:.0} B: plain TCP relay"),
-            show(plain_rate),
-            "",
-            None,
-        );
-        report.add(
-            format!("throughput, {subscribers} subscriber(s): sidecar"),
-            show(sidecar_rate),
-            "",
-            None,
-        );
-        let ratio = sidecar_rate / plain_rate;
-        report.add(
-            format!("  sidecar / plain TCP relay, {subscribers} subscriber(s) (median of {RUNS})"),
-            format!("{ratio:.2}"),
-            ">= 0.9",
-            Some(ratio >= 0.9),
-        );
-        let messages = (FRAMES * subscribers * RUNS) as f64;
-        report.add(
-            "  sidecar CPU per relayed message (and its ack)",
-            format!("{:.2} us", sidecar_cpu.as_secs_f64() * 1e6 / messages),
-            "",
-            None,
-        );
     }
 
     let direct = latencies(upstream_addr, &mut upstream).await;
@@ -101,6 +179,27 @@ pub async fn run(report: &mut Report) {
         "",
         None,
     );
+    if let Some(nginx) = &nginx {
+        let proxied = latencies(nginx.addr, &mut upstream).await;
+        report.add(
+            "one small message, p50 / p99 through nginx",
+            format!(
+                "{} / {}",
+                ms(percentile(&proxied, 0.5)),
+                ms(percentile(&proxied, 0.99))
+            ),
+            "",
+            None,
+        );
+        let sidecar = percentile(&relayed, 0.99);
+        let nginx = percentile(&proxied, 0.99);
+        report.add(
+            "  sidecar p99 / nginx p99",
+            format!("{} / {}", ms(sidecar), ms(nginx)),
+            "sidecar <= nginx",
+            Some(sidecar <= nginx),
+        );
+    }
     let added = percentile(&relayed, 0.99).saturating_sub(percentile(&direct, 0.99));
     report.add(
         format!(
@@ -122,8 +221,9 @@ async fn throughput(
     relay: SocketAddr,
     upstream: &mut mpsc::UnboundedReceiver<TcpStream>,
     stream: &Arc<Vec<u8>>,
+    count: usize,
     subscribers: usize,
-) -> f64 {
+) -> usize {
     let barrier = Arc::new(Barrier::new(subscribers + 1));
     let mut clients = Vec::new();
     for i in 0..subscribers {
@@ -142,15 +242,85 @@ async fn throughput(
             let _ = write.write_all(&stream).await;
             let _ = acks.await;
         });
-        clients.push(tokio::spawn(read_all(client, FRAMES)));
+        clients.push(tokio::spawn(read_all(client, count)));
     }
     barrier.wait().await;
-    let started = Instant::now();
     for client in clients {
         client.await.expect("subscriber");
     }
-    let elapsed = started.elapsed();
-    (stream.len() * subscribers) as f64 / elapsed.as_secs_f64()
+    count * subscribers
+}
+
+/// Live trickle: on each subscription the upstream writes the status, then one transaction at a time (begin,
+/// rows, commit), each once the acks of everything before it came back through the relay. Messages relayed.
+async fn trickle(
+    relay: SocketAddr,
+    upstream: &mut mpsc::UnboundedReceiver<TcpStream>,
+    subscribers: usize,
+) -> usize {
+    let per_subscriber = 1 + TRICKLE_TRANSACTIONS * (TRICKLE_ROWS + 2);
+    let mut clients = Vec::new();
+    let mut feeders = Vec::new();
+    for i in 0..subscribers {
+        let client = subscribe(relay, &format!("trickle-{i}")).await;
+        let mut conn = upstream.recv().await.expect("upstream connection");
+        feeders.push(tokio::spawn(async move {
+            conn.write_all(&encode_frame(
+                r#"{"msg":["status",{"tag":"status"}],"id":1}"#,
+            ))
+            .await
+            .unwrap();
+            let mut acks = AckCounter::default();
+            acks.wait_for(&mut conn, 1).await;
+            let mut id = 2u64;
+            for tx in 0..TRICKLE_TRANSACTIONS as u64 {
+                let frames = transaction(&mut id, tx, TRICKLE_ROWS);
+                conn.write_all(&frames).await.unwrap();
+                acks.wait_for(&mut conn, id - 1).await;
+            }
+            conn
+        }));
+        clients.push(tokio::spawn(read_all(client, per_subscriber)));
+    }
+    for client in clients {
+        client.await.expect("subscriber");
+    }
+    for feeder in feeders {
+        drop(feeder.await.expect("upstream side"));
+    }
+    per_subscriber * subscribers
+}
+
+/// Counts the ack frames (masked, short) a subscriber's acks arrive in on the upstream's socket.
+#[derive(Default)]
+struct AckCounter {
+    buffer: Vec<u8>,
+    seen: u64,
+}
+
+impl AckCounter {
+    async fn wait_for(&mut self, conn: &mut TcpStream, acks: u64) {
+        let mut chunk = [0u8; 4096];
+        while self.seen < acks {
+            let n = conn.read(&mut chunk).await.expect("acks");
+            assert!(n > 0, "the relay closed the upstream connection");
+            self.buffer.extend_from_slice(&chunk[..n]);
+            let mut at = 0;
+            while self.buffer.len() >= at + 2 {
+                let len = (self.buffer[at + 1] & 0x7f) as usize;
+                assert!(len < 126, "an ack is short");
+                let frame = 2 + 4 + len;
+                if self.buffer.len() < at + frame {
+                    break;
+                }
+                if self.buffer[at] & 0x0f == 0x1 {
+                    self.seen += 1;
+                }
+                at += frame;
+            }
+            self.buffer.drain(..at);
+        }
+    }
 }
 
 type Client = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
@@ -340,6 +510,71 @@ async fn accept_upgrade(stream: &mut TcpStream) -> std::io::Result<()> {
     stream.write_all(response.as_bytes()).await
 }
 
+/// nginx as a WebSocket proxy in front of the same upstream, as an operator without the sidecar would run it:
+/// Debian's binary (`$NGINX`), one worker process and no master (so its CPU time is one process's), its config
+/// and temp files in a temp dir. Stopped when dropped.
+struct Nginx {
+    child: std::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    fn start(upstream: SocketAddr) -> Option<Nginx> {
+        let binary = std::env::var("NGINX").ok().filter(|b| !b.is_empty())?;
+        let dir = tempfile::tempdir().unwrap();
+        let addr = crate::util::free_addr();
+        let d = dir.path().display();
+        let config = format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+               fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+               map $http_upgrade $connection_upgrade {{ default upgrade; \"\" close; }}\n\
+               server {{\n    listen {addr};\n    location / {{\n      proxy_pass http://{upstream};\n\
+                 proxy_http_version 1.1;\n      proxy_set_header Upgrade $http_upgrade;\n\
+                 proxy_set_header Connection $connection_upgrade;\n      proxy_read_timeout 3600s;\n\
+                 proxy_send_timeout 3600s;\n      proxy_buffering off;\n      tcp_nodelay on;\n    }}\n  }}\n}}\n"
+        );
+        let path = dir.path().join("nginx.conf");
+        std::fs::write(&path, config).unwrap();
+        let mut child = std::process::Command::new(&binary)
+            .args([
+                "-p",
+                &d.to_string(),
+                "-c",
+                path.to_str().unwrap(),
+                "-e",
+                "stderr",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|err| println!("  (nginx {binary} did not start: {err})"))
+            .ok()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            if child.try_wait().ok().flatten().is_some() || Instant::now() > deadline {
+                let _ = child.kill();
+                println!("  (nginx did not start listening)");
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(Nginx {
+            child,
+            addr: addr.parse().unwrap(),
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The plain byte relay as a process of its own, like the sidecar, on the same kind of runtime: this bench
 /// binary run again with `plain-relay <upstream>`. Killed when dropped.
 struct PlainRelay {
@@ -419,6 +654,41 @@ fn encode_stream(frames: usize) -> Vec<u8> {
             ),
         };
         out.extend(encode_frame(&format!(r#"{{"msg":{msg},"id":{id}}}"#)));
+    }
+    out
+}
+
+/// One transaction as Zero 0.20 frames it: begin, `rows` inserts, commit; `id` is the next message id.
+fn transaction(id: &mut u64, tx: u64, rows: usize) -> Vec<u8> {
+    let watermark = format!("7{tx:010}");
+    let mut out = Vec::new();
+    let mut push = |msg: String| {
+        out.extend(encode_frame(&format!(r#"{{"msg":{msg},"id":{id}}}"#)));
+        *id += 1;
+    };
+    push(format!(
+        r#"["begin",{{"tag":"begin","commitLsn":"16/B374D9A0","commitTime":1746600001234567,"xid":{tx},"json":"s"}},{{"commitWatermark":"{watermark}"}}]"#
+    ));
+    for n in 0..rows {
+        push(format!(
+            r#"["data",{{"tag":"insert","relation":{{"schema":"public","name":"issue","keyColumns":["id"],"replicaIdentity":"default"}},"new":{{"id":"i{tx}-{n}","big":9007199254740993,"title":"{}"}}}}]"#,
+            "x".repeat(120)
+        ));
+    }
+    push(format!(
+        r#"["commit",{{"tag":"commit","flags":0,"commitLsn":"16/B374D9A0","commitEndLsn":"16/B374D9D0","commitTime":1746600001234567}},{{"watermark":"{watermark}"}}]"#
+    ));
+    out
+}
+
+/// The status, then `messages` data messages of 1 MiB each.
+fn encode_big(messages: usize) -> Vec<u8> {
+    let mut out = encode_frame(r#"{"msg":["status",{"tag":"status"}],"id":1}"#);
+    let filler = "y".repeat(1 << 20);
+    for id in 2..=messages as u64 + 1 {
+        out.extend(encode_frame(&format!(
+            r#"{{"msg":["data",{{"tag":"insert","new":{{"s":"{filler}"}}}}],"id":{id}}}"#
+        )));
     }
     out
 }
