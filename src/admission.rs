@@ -5,7 +5,6 @@
 
 use std::io::IoSlice;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -224,10 +223,8 @@ pub async fn read_head<S: AsyncRead + Unpin>(
     let mut buf = bytes::BytesMut::new();
     loop {
         if buf.capacity() == buf.len() {
-            let grow = buf
-                .len()
-                .clamp(256, limit.saturating_sub(buf.len()).max(256));
-            buf.reserve(grow);
+            // Doubling: what is reserved never exceeds what arrived (plus the first 256 bytes).
+            buf.reserve(buf.len().max(256));
         }
         let scanned_to = buf.len().saturating_sub(3);
         if stream.read_buf(&mut buf).await? == 0 {
@@ -326,8 +323,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
 #[derive(Debug)]
 struct Throttle {
     interval: Duration,
-    last: Mutex<std::collections::HashMap<Refusal, Instant>>,
-    suppressed: AtomicU64,
+    /// Per reason: when its last line was logged, and how many refusals went unlogged since.
+    last: Mutex<std::collections::HashMap<Refusal, (Instant, u64)>>,
 }
 
 impl Throttle {
@@ -335,22 +332,25 @@ impl Throttle {
         Self {
             interval,
             last: Mutex::default(),
-            suppressed: AtomicU64::new(0),
         }
     }
 
-    /// `Some(refusals not logged since the last line)` when this one should be logged.
+    /// `Some(refusals of this reason not logged since its last line)` when this one should be logged.
     fn allow(&self, refusal: Refusal) -> Option<u64> {
         let now = Instant::now();
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        match last.get(&refusal) {
-            Some(at) if now.duration_since(*at) < self.interval => {
-                self.suppressed.fetch_add(1, Ordering::Relaxed);
+        match last.get_mut(&refusal) {
+            Some((at, suppressed)) if now.duration_since(*at) < self.interval => {
+                *suppressed += 1;
                 None
             }
-            _ => {
-                last.insert(refusal, now);
-                Some(self.suppressed.swap(0, Ordering::Relaxed))
+            Some((at, suppressed)) => {
+                *at = now;
+                Some(std::mem::take(suppressed))
+            }
+            None => {
+                last.insert(refusal, (now, 0));
+                Some(0)
             }
         }
     }
@@ -430,10 +430,19 @@ mod tests {
         assert_eq!(throttle.allow(Refusal::NotAllowed), Some(0));
         assert_eq!(throttle.allow(Refusal::NotAllowed), None);
         assert_eq!(throttle.allow(Refusal::NotAllowed), None);
-        assert_eq!(throttle.allow(Refusal::MaxConnections), Some(2));
+        // Another reason has its own line, and the count it reports is its own.
+        assert_eq!(throttle.allow(Refusal::MaxConnections), Some(0));
+        assert_eq!(throttle.allow(Refusal::MaxConnections), None);
         let quick = Throttle::new(Duration::ZERO);
         assert_eq!(quick.allow(Refusal::NotAllowed), Some(0));
         assert_eq!(quick.allow(Refusal::NotAllowed), Some(0));
+        // Once the interval has passed, the line says how many went unlogged.
+        let short = Throttle::new(Duration::from_millis(30));
+        assert_eq!(short.allow(Refusal::HeaderTimeout), Some(0));
+        assert_eq!(short.allow(Refusal::HeaderTimeout), None);
+        assert_eq!(short.allow(Refusal::HeaderTimeout), None);
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(short.allow(Refusal::HeaderTimeout), Some(2));
     }
 
     #[tokio::test]

@@ -326,8 +326,7 @@ fn client_connector(config: &UpstreamTlsConfig) -> Result<(TlsConnector, usize),
             }
         }
         None => {
-            let loaded = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(loaded.certs);
+            roots = crate::change_db::tls::system_roots().0;
             if roots.is_empty() {
                 return Err(Error::NoRoots);
             }

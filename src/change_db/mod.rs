@@ -26,7 +26,7 @@
 
 mod sql;
 mod supervisor;
-mod tls;
+pub(crate) mod tls;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
