@@ -72,6 +72,7 @@ pub struct RawServer {
     pub max_header_bytes: u64,
     pub tls_cert_file: String,
     pub tls_key_file: String,
+    pub worker_threads: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -153,6 +154,7 @@ pub struct RawRelay {
     pub max_buffered_bytes: u64,
     pub max_pending_commits: u64,
     pub write_stall_timeout: String,
+    pub ack_batch_window: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -231,6 +233,7 @@ impl Default for RawServer {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
+            worker_threads: 1,
         }
     }
 }
@@ -328,6 +331,7 @@ impl Default for RawRelay {
             max_buffered_bytes: 64 << 10,
             max_pending_commits: 4096,
             write_stall_timeout: "60s".into(),
+            ack_batch_window: "1ms".into(),
         }
     }
 }
@@ -378,6 +382,10 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Largest request line plus headers; a longer head gets a 431 and the connection is closed.
     pub max_header_bytes: usize,
+    /// Threads that run the sidecar's work. One (the default) runs everything on one thread with no hand-offs
+    /// between threads, which relays cheapest beside Zero on a small machine; more spread many busy subscribers
+    /// over cores.
+    pub worker_threads: usize,
     /// When set, the listener speaks TLS only: view-syncers are given one URL, so it is either `ws://` or `wss://`.
     pub tls: Option<ServerTlsFiles>,
 }
@@ -536,7 +544,13 @@ pub struct RelayConfig {
     /// A subscriber toward which bytes have been queued this long without one being written has stopped reading:
     /// its subscription is ended rather than left to TCP's retransmission timeouts.
     pub write_stall_timeout: Duration,
+    /// How long a subscriber's acks may wait to travel upstream together while later messages are still being
+    /// consumed (zero: each read's acks leave at once). An ack that leaves nothing in flight is never held.
+    pub ack_batch_window: Duration,
 }
+
+/// Longest `relay.ack_batch_window`: Zero 1.x paces replication on acks, so a longer hold would slow it.
+pub const MAX_ACK_BATCH_WINDOW: Duration = Duration::from_millis(20);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -747,6 +761,13 @@ impl RawConfig {
                     self.server.max_connections
                 )),
                 Ok(n) => Ok(n),
+            },
+        );
+        let worker_threads = problems.field(
+            "server.worker_threads",
+            match self.server.worker_threads {
+                n @ 1..=256 => Ok(n as usize),
+                n => Err(format!("{n} is not a number of threads from 1 to 256")),
             },
         );
         let header_read_timeout = problems.field(
@@ -1000,6 +1021,19 @@ impl RawConfig {
             "relay.write_stall_timeout",
             parse_positive_duration(&self.relay.write_stall_timeout),
         );
+        let ack_batch_window = problems.field(
+            "relay.ack_batch_window",
+            parse_duration(&self.relay.ack_batch_window).and_then(|d| {
+                if d > MAX_ACK_BATCH_WINDOW {
+                    Err(format!(
+                        "{:?} is longer than {MAX_ACK_BATCH_WINDOW:?}: Zero paces replication on acks",
+                        self.relay.ack_batch_window
+                    ))
+                } else {
+                    Ok(d)
+                }
+            }),
+        );
 
         let format = problems.field(
             "log.format",
@@ -1026,6 +1060,7 @@ impl RawConfig {
                     max_connections: max_connections?,
                     header_read_timeout: header_read_timeout?,
                     max_header_bytes: max_header_bytes?,
+                    worker_threads: worker_threads?,
                     tls: server_tls?,
                 },
                 litestream: LitestreamConfig {
@@ -1089,6 +1124,7 @@ impl RawConfig {
                     max_buffered_bytes: max_buffered_bytes?,
                     max_pending_commits: max_pending_commits?,
                     write_stall_timeout: write_stall_timeout?,
+                    ack_batch_window: ack_batch_window?,
                 },
                 log: LogConfig {
                     format: format?,
@@ -1445,6 +1481,7 @@ mod tests {
             [relay]
             max_buffered_bytes = 100
             max_pending_commits = 1
+            ack_batch_window = "1s"
             [log]
             format = "xml"
             "#,
@@ -1466,6 +1503,7 @@ mod tests {
                 "upstream.silence_timeout",
                 "relay.max_buffered_bytes",
                 "relay.max_pending_commits",
+                "relay.ack_batch_window",
                 "log.format",
             ]
         );
@@ -1729,6 +1767,36 @@ mod tests {
         assert!(!config.relay.suppress_upstream_cleanup);
         assert_eq!(config.relay.max_buffered_bytes, 128 << 10);
         assert_eq!(config.upstream.address, "zero-rm:4849");
+    }
+
+    #[test]
+    fn one_thread_and_a_millisecond_of_ack_batching_by_default() {
+        let config = from_toml_str(MINIMAL, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(config.server.worker_threads, 1);
+        assert_eq!(config.relay.ack_batch_window, Duration::from_millis(1));
+
+        let config = from_toml_str(
+            &format!("{MINIMAL}[server]\nworker_threads = 4\n[relay]\nack_batch_window = \"0s\"\n"),
+            Some(Default::default()),
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(config.server.worker_threads, 4);
+        assert_eq!(config.relay.ack_batch_window, Duration::ZERO);
+
+        let errors = errors_of(&format!(
+            "{MINIMAL}[server]\nworker_threads = 0\n[relay]\nack_batch_window = \"21ms\"\n"
+        ));
+        assert_eq!(
+            keys(&errors),
+            ["server.worker_threads", "relay.ack_batch_window"]
+        );
+        let errors = errors_of(&format!("{MINIMAL}[server]\nworker_threads = 257\n"));
+        assert_eq!(keys(&errors), ["server.worker_threads"]);
     }
 
     #[test]

@@ -123,10 +123,17 @@ fn main() -> ExitCode {
 
     raise_open_files(config.server.max_connections);
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // One thread by default: the relay's wake-ups then never hand a task to another thread (a futex wake and a
+    // cross-core cache miss each), which is most of what a busy relay costs beyond its reads and writes.
+    let mut builder = match config.server.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        threads => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(threads);
+            builder
+        }
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             error!(error = %err, "cannot start the async runtime");

@@ -95,14 +95,32 @@ impl Default for Instruments {
     }
 }
 
-impl Instruments {
+/// One direction's relay counters, looked up once per connection: a lookup in their families takes a lock and
+/// hashes the label, which the relay would otherwise pay on every read.
+#[derive(Debug, Clone)]
+pub struct RelayCounters {
+    frames: Counter,
+    bytes: Counter,
+}
+
+impl RelayCounters {
     /// Counts `frames` relayed frames carrying `bytes` payload bytes (the relay counts once per read).
-    pub fn relayed(&self, direction: Direction, frames: u64, bytes: u64) {
+    pub fn relayed(&self, frames: u64, bytes: u64) {
+        self.frames.inc_by(frames);
+        self.bytes.inc_by(bytes);
+    }
+}
+
+impl Instruments {
+    /// The counters of frames and bytes relayed in `direction`.
+    pub fn relay_counters(&self, direction: Direction) -> RelayCounters {
         let label = DirectionLabel {
             direction: direction.as_str(),
         };
-        self.relay_frames.get_or_create(&label).inc_by(frames);
-        self.relay_bytes.get_or_create(&label).inc_by(bytes);
+        RelayCounters {
+            frames: self.relay_frames.get_or_create(&label).clone(),
+            bytes: self.relay_bytes.get_or_create(&label).clone(),
+        }
     }
 
     /// Counts one re-read of TLS files (the listener's pair, or the upstream's CAs).
@@ -527,9 +545,15 @@ mod tests {
         let instruments = Instruments::default();
         instruments.reservation_seconds.observe(3.0);
         instruments.reservation_seconds.observe(100.0);
-        instruments.relayed(Direction::Downstream, 1, 300);
-        instruments.relayed(Direction::Downstream, 1, 200);
-        instruments.relayed(Direction::Upstream, 1, 9);
+        instruments
+            .relay_counters(Direction::Downstream)
+            .relayed(1, 300);
+        instruments
+            .relay_counters(Direction::Downstream)
+            .relayed(1, 200);
+        instruments
+            .relay_counters(Direction::Upstream)
+            .relayed(1, 9);
         instruments.upstream_connect_errors.inc();
         instruments.relay_write_stalls.inc();
         instruments.relay_write_stalls.inc();

@@ -52,6 +52,9 @@ use crate::ws::{
 /// Client messages longer than this are not acks; they are relayed without being read.
 const ACK_INSPECT_LIMIT: usize = 256;
 
+/// Acks queued toward the upstream beyond this many bytes leave without waiting for the rest of their batch.
+const ACK_BATCH_BYTES: usize = 4 << 10;
+
 /// Everything a relayed connection needs besides its sockets.
 #[derive(Clone)]
 pub struct RelayContext {
@@ -426,7 +429,20 @@ struct Relay<'a> {
     client_messages: Assembler,
     /// Where a client frame is unmasked to be read.
     scratch: Vec<u8>,
+    /// Data messages passed to the subscriber. Zero numbers a connection's messages 1, 2, 3…, so this is the id of
+    /// the newest one, and an ack below it is sure to be followed by more.
+    messages_relayed: u64,
+    /// Until when the acks queued toward the upstream wait for the ones sure to follow, to leave in one write
+    /// (see [`Relay::batch_acks`]).
+    ack_hold: Option<Instant>,
+    counted: Counted,
     outcome: Option<SubscriptionEnd>,
+}
+
+/// The relay counters of both directions.
+struct Counted {
+    downstream: crate::metrics::RelayCounters,
+    upstream: crate::metrics::RelayCounters,
 }
 
 impl<'a> Relay<'a> {
@@ -442,6 +458,16 @@ impl<'a> Relay<'a> {
             downstream_messages: Assembler::new(ctx.settings.max_message_bytes),
             client_messages: Assembler::new(ACK_INSPECT_LIMIT),
             scratch: Vec::new(),
+            messages_relayed: 0,
+            ack_hold: None,
+            counted: Counted {
+                downstream: ctx
+                    .instruments
+                    .relay_counters(crate::metrics::Direction::Downstream),
+                upstream: ctx
+                    .instruments
+                    .relay_counters(crate::metrics::Direction::Upstream),
+            },
             outcome: None,
         }
     }
@@ -492,10 +518,48 @@ impl<'a> Relay<'a> {
         readable
     }
 
-    /// Whether frames are queued toward `side` and can be written.
+    /// Whether frames are queued toward `side` and can be written: not acks waiting for their batch, unless the
+    /// connection is closing.
     fn wants_write(&self, side: Side) -> bool {
         let peer = self.peer_ref(side);
-        !peer.outbox.is_empty() && !peer.gone
+        let held = side == Side::Upstream && self.ack_hold.is_some() && !self.is_closing();
+        !peer.outbox.is_empty() && !peer.gone && !held
+    }
+
+    /// Until when acks wait toward the upstream, if they do.
+    fn ack_hold(&self) -> Option<Instant> {
+        self.ack_hold
+    }
+
+    /// The acks' batch window has ended: they leave as they are.
+    fn on_ack_window_end(&mut self) {
+        self.ack_hold = None;
+    }
+
+    /// Decides, after a read from the subscriber, whether the acks queued toward the upstream leave now or wait
+    /// for the ones sure to follow. Zero's client acks each message in its own write as it finishes it, so a
+    /// transaction of five messages brings five acks, one read each; a generic proxy writes each upstream. The
+    /// relay knows which messages are still unacknowledged, so while the newest ack is below the newest message
+    /// relayed it holds them, and writes them together once the subscriber has acked everything relayed, within
+    /// `relay.ack_batch_window` at most, or once they fill [`ACK_BATCH_BYTES`]. An ack that leaves nothing in flight
+    /// is never held: it is the one an upstream pacing on acks waits for. Anything else from the subscriber (any
+    /// other frame, a close) ends the wait, and so does an upstream ping, so no answer is ever delayed.
+    ///
+    /// `only_acks`: the read brought whole acks and nothing else, the newest `newest_ack`; `was_idle`: nothing
+    /// waited toward the upstream before the read, beyond held acks.
+    fn batch_acks(&mut self, only_acks: bool, newest_ack: Option<u64>, was_idle: bool) {
+        let window = self.ctx.settings.relay.ack_batch_window;
+        let more_coming = newest_ack.is_some_and(|id| id < self.messages_relayed);
+        if only_acks
+            && more_coming
+            && was_idle
+            && !window.is_zero()
+            && self.upstream.outbox.len() < ACK_BATCH_BYTES
+        {
+            self.ack_hold.get_or_insert_with(|| Instant::now() + window);
+        } else {
+            self.ack_hold = None;
+        }
     }
 
     /// The sidecar is shutting down: both sides are closed with 1001.
@@ -614,6 +678,9 @@ impl<'a> Relay<'a> {
         // Bytes at the front of the inbox that are whole data frames, relayed together.
         let mut frames = 0;
         let (mut data_frames, mut data_bytes) = (0u64, 0u64);
+        // For the subscriber's acks: whether the read brought only acks, and the newest.
+        let was_idle = self.ack_hold.is_some() || self.upstream.outbox.is_empty();
+        let (mut only_acks, mut newest_ack) = (true, None);
         while self.peer(source).reading() {
             let header = match inbox.header_at(frames) {
                 Ok(Some(header)) => header,
@@ -633,25 +700,29 @@ impl<'a> Relay<'a> {
                 break;
             }
             if header.is_control() {
+                only_acks = false;
                 self.relay(source, inbox, &mut frames);
                 let frame = inbox.take_frame(&header);
                 self.control(source, frame.opcode, frame.payload);
                 continue;
             }
-            self.data(source, &header, &inbox.buffered()[frames + header.len..end]);
+            match self.data(source, &header, &inbox.buffered()[frames + header.len..end]) {
+                Some(id) => newest_ack = Some(id),
+                None => only_acks = false,
+            }
             data_frames += 1;
             data_bytes += (end - frames - header.len) as u64;
             frames = end;
         }
         self.relay(source, inbox, &mut frames);
+        if source == Side::Client {
+            self.batch_acks(only_acks, newest_ack, was_idle);
+        }
         if data_frames > 0 {
-            let direction = match source {
-                Side::Upstream => crate::metrics::Direction::Downstream,
-                Side::Client => crate::metrics::Direction::Upstream,
-            };
-            self.ctx
-                .instruments
-                .relayed(direction, data_frames, data_bytes);
+            match source {
+                Side::Upstream => self.counted.downstream.relayed(data_frames, data_bytes),
+                Side::Client => self.counted.upstream.relayed(data_frames, data_bytes),
+            }
         }
         if !self.peer(source).reading() {
             // Nothing after a close or a broken frame is read.
@@ -667,10 +738,14 @@ impl<'a> Relay<'a> {
         }
     }
 
-    /// Reads what ack tracking needs from a data frame: commits going down, acks coming up.
-    fn data(&mut self, source: Side, header: &ws::Header, payload: &[u8]) {
+    /// Reads what ack tracking and batching need from a data frame: messages and commits going down, acks coming
+    /// up. Returns the ack a subscriber's frame completed, if it did.
+    fn data(&mut self, source: Side, header: &ws::Header, payload: &[u8]) -> Option<u64> {
         match source {
             Side::Upstream => {
+                if header.fin {
+                    self.messages_relayed += 1;
+                }
                 if !self.subscribed {
                     // The upstream answers only once it has registered the subscriber (§5.3 4a).
                     self.subscribed = true;
@@ -691,11 +766,9 @@ impl<'a> Relay<'a> {
                         },
                     );
                 }
+                None
             }
             Side::Client => {
-                let Some(acks) = &mut self.acks else {
-                    return;
-                };
                 // Frames too long to be part of an ack are not unmasked: only their length matters.
                 let payload = match header.mask {
                     Some(key) if payload.len() <= ACK_INSPECT_LIMIT => {
@@ -704,17 +777,36 @@ impl<'a> Relay<'a> {
                         fastwebsockets::unmask(&mut self.scratch, key);
                         &self.scratch[..]
                     }
-                    _ => payload,
+                    Some(_) => payload,
+                    None => return None,
                 };
-                self.client_messages
-                    .push(header.fin, header.opcode, payload, |opcode, message| {
-                        if opcode != OpCode::Text {
-                            return;
-                        }
-                        if let Ok(id) = protocol::decode_ack(message) {
-                            acks.acked(id);
-                        }
-                    });
+                let mut ack = None;
+                match &mut self.acks {
+                    Some(acks) => {
+                        self.client_messages.push(
+                            header.fin,
+                            header.opcode,
+                            payload,
+                            |opcode, message| {
+                                if opcode != OpCode::Text {
+                                    return;
+                                }
+                                if let Ok(id) = protocol::decode_ack(message) {
+                                    acks.acked(id);
+                                    ack = Some(id);
+                                }
+                            },
+                        );
+                    }
+                    None if header.fin
+                        && header.opcode == OpCode::Text
+                        && payload.len() <= ACK_INSPECT_LIMIT =>
+                    {
+                        ack = protocol::decode_ack(payload).ok();
+                    }
+                    None => {}
+                }
+                ack
             }
         }
     }
@@ -722,7 +814,11 @@ impl<'a> Relay<'a> {
     /// Each hop keeps its own liveness: pings are answered here and never passed on; closes are passed on.
     fn control(&mut self, source: Side, opcode: OpCode, payload: BytesMut) {
         match opcode {
-            OpCode::Ping => self.peer(source).control(OpCode::Pong, &payload),
+            OpCode::Ping => {
+                // The answer does not wait behind held acks.
+                self.ack_hold = None;
+                self.peer(source).control(OpCode::Pong, &payload);
+            }
             OpCode::Close => {
                 self.peer(source).stopped_reading = true;
                 match ws::read_close(payload) {
@@ -763,9 +859,12 @@ async fn handle_changes(
     let mut from_client = Inbox::new(true, settings.max_message_bytes, Reads::Bulk);
     let mut from_upstream = Inbox::new(false, settings.max_message_bytes, Reads::Bulk);
     let linger = tokio::time::sleep(Duration::ZERO);
+    // The end of the held acks' batch window, armed only when a new hold starts.
+    let ack_window = tokio::time::sleep(Duration::ZERO);
+    let mut ack_window_at = None;
     // One shutdown future for the whole connection: creating one per loop turn would cost a lock each time.
     let shutdown = ctx.shutdown.cancelled();
-    tokio::pin!(linger, shutdown);
+    tokio::pin!(linger, ack_window, shutdown);
     let mut lingering = false;
     let mut shutting_down = false;
     let mut client_liveness = Liveness::new(settings.ping_interval, settings.peer_timeout);
@@ -780,6 +879,12 @@ async fn handle_changes(
         if !lingering && relay.is_closing() {
             lingering = true;
             linger.as_mut().reset(Instant::now() + ws::CLOSE_LINGER);
+        }
+        if relay.ack_hold() != ack_window_at {
+            ack_window_at = relay.ack_hold();
+            if let Some(until) = ack_window_at {
+                ack_window.as_mut().reset(until);
+            }
         }
         let upstream_readable = relay.wants_read(Side::Upstream);
         let client_readable = relay.wants_read(Side::Client);
@@ -827,7 +932,11 @@ async fn handle_changes(
                     relay.on_lost(Side::Upstream);
                 }
             }
+            _ = &mut ack_window, if ack_window_at.is_some() => relay.on_ack_window_end(),
             at = client_liveness.tick(), if relay.is_reading(Side::Client) => {
+                // At each ping an empty read buffer is given back: a quiet subscription keeps none.
+                from_client.release_if_idle();
+                from_upstream.release_if_idle();
                 let outbox = &relay.client.outbox;
                 if client_writes.check(at, outbox.len(), outbox.written()) {
                     relay.on_write_stalled();
@@ -1058,6 +1167,10 @@ mod tests {
         Unstall(Side),
         /// Whether the loop reads the side now.
         Readable(Side, bool),
+        /// The held acks' batch window ends.
+        AckWindowEnds,
+        /// Whether acks are held toward the upstream now.
+        Holding(bool),
     }
     use Side::{Client, Upstream};
     use Step::*;
@@ -1116,7 +1229,108 @@ mod tests {
         let refused = |code, reason: &str| CloseWith::new(code, reason);
         let split = s(true, CONTINUATION, b":1}");
         let commits = [STATUS.to_vec(), commit(2, "0b"), commit(3, "0c")];
+        let ack = |id: u64| c(true, TEXT, format!(r#"{{"ack":{id}}}"#).as_bytes());
+        let acked = |id: u64| whole(TEXT, format!(r#"{{"ack":{id}}}"#).as_bytes());
+        let three = [
+            s(true, TEXT, b"m1"),
+            s(true, TEXT, b"m2"),
+            s(true, TEXT, b"m3"),
+        ]
+        .concat();
         vec![
+            Row {
+                name: "acks below the newest message relayed wait, and leave together with the one that catches up",
+                query: "",
+                steps: vec![
+                    Read(Upstream, three.clone()),
+                    Read(Client, ack(1)),
+                    Holding(true),
+                    Read(Client, ack(2)),
+                    Holding(true),
+                    Read(Client, ack(3)),
+                    Holding(false),
+                ],
+                to_client: vec![whole(TEXT, b"m1"), whole(TEXT, b"m2"), whole(TEXT, b"m3")],
+                to_upstream: vec![acked(1), acked(2), acked(3)],
+                outcome: None,
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "held acks leave when their window ends, and an ack with nothing after it is never held",
+                query: "",
+                steps: vec![
+                    Read(Upstream, three.clone()),
+                    Read(Client, [ack(1), ack(2)].concat()),
+                    AckWindowEnds,
+                    Holding(false),
+                    Read(Client, ack(3)),
+                    Holding(false),
+                    Read(Upstream, s(true, TEXT, b"m4")),
+                    Read(Client, ack(4)),
+                    Holding(false),
+                ],
+                to_client: vec![
+                    whole(TEXT, b"m1"),
+                    whole(TEXT, b"m2"),
+                    whole(TEXT, b"m3"),
+                    whole(TEXT, b"m4"),
+                ],
+                to_upstream: vec![acked(1), acked(2), acked(3), acked(4)],
+                outcome: None,
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "anything but an ack, an upstream ping or a close sends the held acks at once, in order",
+                query: "",
+                steps: vec![
+                    Read(Upstream, three.clone()),
+                    Read(Client, ack(1)),
+                    Holding(true),
+                    Read(Client, c(true, TEXT, b"not an ack")),
+                    Holding(false),
+                    Read(Client, ack(2)),
+                    Holding(true),
+                    Read(Upstream, s(true, PING, b"p")),
+                    Holding(false),
+                    Read(Client, [c(false, TEXT, br#"{"ack""#), c(true, CONTINUATION, b":3}")].concat()),
+                    Holding(false),
+                    Read(Upstream, s(true, TEXT, b"m4")),
+                    Read(Client, ack(4)),
+                    Holding(false),
+                    Read(Upstream, s(true, TEXT, b"m5")),
+                    Read(Upstream, s(true, TEXT, b"m6")),
+                    Read(Client, ack(5)),
+                    Holding(true),
+                    Read(Client, c(true, CLOSE, &close_payload(1000, "done"))),
+                ],
+                to_client: vec![
+                    whole(TEXT, b"m1"),
+                    whole(TEXT, b"m2"),
+                    whole(TEXT, b"m3"),
+                    whole(TEXT, b"m4"),
+                    whole(TEXT, b"m5"),
+                    whole(TEXT, b"m6"),
+                ],
+                to_upstream: vec![
+                    acked(1),
+                    whole(TEXT, b"not an ack"),
+                    acked(2),
+                    whole(PONG, b"p"),
+                    (false, TEXT, br#"{"ack""#.to_vec()),
+                    whole(CONTINUATION, b":3}"),
+                    acked(4),
+                    acked(5),
+                    closing(1000, "done"),
+                ],
+                outcome: Some(SubscriptionEnd::ClientClosed { code: Some(1000) }),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
             Row {
                 name: "data passes both ways as received; each hop answers its own pings",
                 query: "id=s1",
@@ -1432,6 +1646,10 @@ mod tests {
                             "{name}: {side:?} readable"
                         )
                     }
+                    AckWindowEnds => relay.on_ack_window_end(),
+                    Holding(expected) => {
+                        assert_eq!(relay.ack_hold().is_some(), expected, "{name}: holding")
+                    }
                 }
                 if relay.wants_write(Client) && !client_stalled {
                     relay.client.outbox.flush(&mut to_client).await.unwrap();
@@ -1535,6 +1753,29 @@ mod tests {
             pending.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
             [2, 4]
         );
+    }
+
+    #[tokio::test]
+    async fn with_no_ack_batch_window_each_reads_acks_leave_at_once() {
+        let mut ctx = context();
+        let mut settings = (*ctx.settings).clone();
+        settings.relay.ack_batch_window = Duration::ZERO;
+        ctx.settings = Arc::new(settings);
+        let mut relay = Relay::new(
+            &ctx,
+            protocol::parse_subscriber_context(None),
+            ctx.registry.ticket(),
+        );
+        let mut from_client = Inbox::new(true, MAX_MESSAGE, Reads::Bulk);
+        let mut from_upstream = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
+        let messages = [s(true, TEXT, b"m1"), s(true, TEXT, b"m2")].concat();
+        from_upstream.fill(&mut &messages[..]).await.unwrap();
+        relay.on_read(Upstream, &mut from_upstream);
+        let ack = c(true, TEXT, br#"{"ack":1}"#);
+        from_client.fill(&mut &ack[..]).await.unwrap();
+        relay.on_read(Client, &mut from_client);
+        assert_eq!(relay.ack_hold(), None);
+        assert!(relay.wants_write(Upstream));
     }
 
     #[test]

@@ -375,6 +375,8 @@ pub struct Inbox {
     /// Largest payload accepted in one frame; a larger one is refused (1009) from its header alone.
     max_payload: usize,
     reads: Reads,
+    /// The buffer was grown for a frame larger than a read's room: it is given back as soon as it empties.
+    grown: bool,
 }
 
 impl Inbox {
@@ -384,6 +386,7 @@ impl Inbox {
             from_client,
             max_payload,
             reads,
+            grown: false,
         }
     }
 
@@ -415,6 +418,7 @@ impl Inbox {
         let missing = header.frame_len().saturating_sub(self.buf.len());
         let (_, room) = self.reads.room();
         self.buf.reserve(missing.min(self.buf.len().max(room)));
+        self.grown |= header.frame_len() > room;
     }
 
     /// Takes out the first `len` bytes, whole frames, exactly as received (headers and masks included).
@@ -448,12 +452,24 @@ impl Inbox {
     /// Drops everything buffered: nothing after a close or a broken frame is read.
     pub fn discard(&mut self) {
         self.buf = BytesMut::new();
+        self.grown = false;
     }
 
-    /// Gives the allocation back: most sockets read a few frames, then wait.
+    /// Gives the allocation back once everything read has been taken, when the socket is one that mostly waits
+    /// ([`Reads::Small`]) or the buffer was grown for a large frame. A stream's usual buffer ([`Reads::Bulk`]) is
+    /// kept for the next reads, which then fill the rest of it, or all of it again once what was taken from it has
+    /// been written and dropped, with no allocation per read; [`Inbox::release_if_idle`] gives it back when the
+    /// stream goes quiet.
     fn release_if_empty(&mut self) {
+        if self.buf.is_empty() && (self.reads == Reads::Small || self.grown) {
+            self.discard();
+        }
+    }
+
+    /// Gives the allocation back if nothing is buffered: for a stream that has gone quiet.
+    pub fn release_if_idle(&mut self) {
         if self.buf.is_empty() {
-            self.buf = BytesMut::new();
+            self.discard();
         }
     }
 
@@ -613,7 +629,13 @@ impl Outbox {
                 slices[count] = IoSlice::new(&self.tail);
                 count += 1;
             }
-            let written = ready!(Pin::new(&mut *writer).poll_write_vectored(cx, &slices[..count]))?;
+            // One buffer (what a relay's read brings, most of the time) goes out with a plain send: a vectored
+            // write costs the kernel an iovec import for nothing.
+            let written = if count == 1 {
+                ready!(Pin::new(&mut *writer).poll_write(cx, &slices[0]))?
+            } else {
+                ready!(Pin::new(&mut *writer).poll_write_vectored(cx, &slices[..count]))?
+            };
             if written == 0 {
                 return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
             }
@@ -872,6 +894,33 @@ mod tests {
         // A partial header: more bytes are needed.
         assert_eq!(inbox.header_at(0), Ok(None));
         inbox.discard();
+        assert_eq!(inbox.buf.capacity(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_keeps_its_read_buffer_a_waiting_socket_or_a_grown_buffer_does_not() {
+        let frame = client_frame(true, 0x1, b"ack");
+        for (reads, kept) in [(Reads::Bulk, true), (Reads::Small, false)] {
+            let mut inbox = Inbox::new(true, 1 << 20, reads);
+            inbox.fill(&mut &frame[..]).await.unwrap();
+            inbox.take_frames(frame.len());
+            assert_eq!(inbox.buf.capacity() > 0, kept, "{reads:?}");
+            inbox.release_if_idle();
+            assert_eq!(inbox.buf.capacity(), 0, "{reads:?}");
+        }
+        // A frame larger than a read's room grows the buffer, which goes once the frame is taken.
+        let big = client_frame(true, 0x2, &vec![7u8; 100 << 10]);
+        let mut inbox = Inbox::new(true, 1 << 20, Reads::Bulk);
+        let mut reader = &big[..];
+        loop {
+            inbox.fill(&mut reader).await.unwrap();
+            let header = inbox.header_at(0).unwrap().unwrap();
+            if inbox.buffered().len() >= header.frame_len() {
+                inbox.take_frames(header.frame_len());
+                break;
+            }
+            inbox.wait_for(&header);
+        }
         assert_eq!(inbox.buf.capacity(), 0);
     }
 
