@@ -136,18 +136,38 @@ impl Daemon {
 
     /// Resident memory in KiB (VmRSS).
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap()
+        rss_kib_of(self.child.id())
     }
 }
 
-/// CPU time process `pid` has used so far, user and system (Linux clock ticks of 10 ms).
+/// Resident memory of process `pid` in KiB (VmRSS).
+pub fn rss_kib_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// CPU time process `pid` has used so far, user and system: the scheduler's nanosecond run time of each of its
+/// threads, or, where the kernel does not keep it, the clock ticks of 10 ms (too coarse for short runs).
 pub fn cpu_time_of(pid: u32) -> Duration {
+    let run_time = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .map(|stat| {
+            stat.split_whitespace()
+                .next()
+                .and_then(|ns| ns.parse::<u64>().ok())
+        })
+        .sum::<Option<u64>>();
+    if let Some(ns) = run_time.filter(|ns| *ns > 0) {
+        return Duration::from_nanos(ns);
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // Fields after the command name, which is in parentheses and may contain spaces.
     let fields: Vec<&str> = stat
