@@ -331,7 +331,7 @@ impl Default for RawRelay {
             max_buffered_bytes: 64 << 10,
             max_pending_commits: 4096,
             write_stall_timeout: "60s".into(),
-            ack_batch_window: "1ms".into(),
+            ack_batch_window: "0s".into(),
         }
     }
 }
@@ -545,7 +545,8 @@ pub struct RelayConfig {
     /// its subscription is ended rather than left to TCP's retransmission timeouts.
     pub write_stall_timeout: Duration,
     /// How long a subscriber's acks may wait to travel upstream together while later messages are still being
-    /// consumed (zero: each read's acks leave at once). An ack that leaves nothing in flight is never held.
+    /// consumed; zero (the default) sends each read's acks at once. An ack that leaves nothing in flight is never
+    /// held.
     pub ack_batch_window: Duration,
 }
 
@@ -1770,23 +1771,25 @@ mod tests {
     }
 
     #[test]
-    fn one_thread_and_a_millisecond_of_ack_batching_by_default() {
+    fn one_thread_and_no_ack_batching_by_default() {
         let config = from_toml_str(MINIMAL, Some(Default::default()))
             .unwrap()
             .validate()
             .unwrap();
         assert_eq!(config.server.worker_threads, 1);
-        assert_eq!(config.relay.ack_batch_window, Duration::from_millis(1));
+        assert_eq!(config.relay.ack_batch_window, Duration::ZERO);
 
         let config = from_toml_str(
-            &format!("{MINIMAL}[server]\nworker_threads = 4\n[relay]\nack_batch_window = \"0s\"\n"),
+            &format!(
+                "{MINIMAL}[server]\nworker_threads = 4\n[relay]\nack_batch_window = \"2ms\"\n"
+            ),
             Some(Default::default()),
         )
         .unwrap()
         .validate()
         .unwrap();
         assert_eq!(config.server.worker_threads, 4);
-        assert_eq!(config.relay.ack_batch_window, Duration::ZERO);
+        assert_eq!(config.relay.ack_batch_window, Duration::from_millis(2));
 
         let errors = errors_of(&format!(
             "{MINIMAL}[server]\nworker_threads = 0\n[relay]\nack_batch_window = \"21ms\"\n"

@@ -14,8 +14,9 @@
 //! One task serves both directions of a connection: two [`Inbox`]es read, two [`Outbox`]es flushed as `select!`
 //! branches, and the pings, all cancel-safe. What happens on each socket event is decided by the connection's state
 //! machine (`Relay`, no I/O, tested as a table). Frames are not decoded and re-encoded: their headers are read in
-//! place, data frames are passed on as received (a read's worth at a time, without a copy), and only control
-//! frames and what ack tracking needs (through an [`Assembler`]) are looked at. A source is read only while the
+//! place, data frames are passed on as received (a read's worth at a time, copied only when it is a few hundred
+//! bytes, so that a read of acks does not pin the read buffer), and only control frames and what ack tracking needs
+//! (through an [`Assembler`]) are looked at. A source is read only while the
 //! outbox toward the other side holds less than `relay.max_buffered_bytes`, so a subscriber that reads slowly
 //! stops the reads from its upstream and TCP does the rest; nothing else is buffered beyond the frame being read.
 
@@ -1199,6 +1200,7 @@ mod tests {
         .unwrap();
         let mut relay = config.relay;
         relay.max_buffered_bytes = 64;
+        relay.ack_batch_window = Duration::from_millis(1);
         RelayContext {
             settings: Arc::new(Settings {
                 upstream: config.upstream,

@@ -394,7 +394,14 @@ impl Inbox {
     /// connection. Cancel-safe.
     pub async fn fill<R: AsyncRead + Unpin>(&mut self, reader: &mut R) -> std::io::Result<usize> {
         let (min_room, room) = self.reads.room();
-        if self.buf.capacity() - self.buf.len() < min_room {
+        // A stream keeps its buffer, so it asks for a whole read's room each time (reclaimed in place once what was
+        // taken from the buffer has been written): a read into whatever is left after the last frames were taken
+        // would be a fraction of one, and cost as many more reads.
+        let wanted = match self.reads {
+            Reads::Small => min_room,
+            Reads::Bulk => room,
+        };
+        if self.buf.capacity() - self.buf.len() < wanted {
             self.buf.reserve(room);
         }
         reader.read_buf(&mut self.buf).await
@@ -496,6 +503,8 @@ impl Inbox {
 /// Payloads up to this size are copied next to their header so that many small frames leave in one write; larger
 /// ones are queued as they are and written with `writev`, never copied.
 const COPY_MAX: usize = 4096;
+/// Relayed frames up to this many bytes are copied into an outbox rather than referenced.
+const SMALL_FRAMES_COPIED: usize = 512;
 /// Slices handed to one `writev` call.
 const MAX_SLICES: usize = 64;
 
@@ -581,12 +590,18 @@ impl Outbox {
     }
 
     /// Queues frames exactly as they were received, headers included (a relay passing a peer's frames on).
-    /// Ignored after a close.
+    /// A few small frames (a read of acks) are copied after what is queued, so that they do not keep the reader's
+    /// buffer from being reused while they wait, and a run of them leaves in one contiguous write. Ignored after
+    /// a close.
     pub fn push_framed(&mut self, frames: Bytes) {
         if self.closed || frames.is_empty() {
             return;
         }
         self.len += frames.len();
+        if frames.len() <= SMALL_FRAMES_COPIED {
+            self.tail.extend_from_slice(&frames);
+            return;
+        }
         if !self.tail.is_empty() {
             self.chunks.push_back(self.tail.split().freeze());
         }

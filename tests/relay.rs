@@ -279,6 +279,30 @@ async fn acknowledged_commits_reach_the_subscriber_registry() {
 }
 
 #[tokio::test]
+async fn batched_acks_reach_the_upstream_in_order_even_when_no_more_come() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("[relay]\nack_batch_window = \"20ms\"\n")).await;
+    let path = changes_path(3, "t1", "serving-replicator-1", "0a", false);
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    conn.send_msg(2, &begin("0b")).await;
+    conn.send_msg(3, DATA).await;
+    conn.send_msg(4, &commit("0b")).await;
+    for _ in 2..=4 {
+        next_text(&mut client).await;
+    }
+    // Acks 1 and 2 leave messages in flight, so they are held; nothing follows them, and the window sends them.
+    send_text(&mut client, r#"{"ack":1}"#).await;
+    send_text(&mut client, r#"{"ack":2}"#).await;
+    assert_eq!(conn.next_ack().await, 1);
+    assert_eq!(conn.next_ack().await, 2);
+    send_text(&mut client, r#"{"ack":3}"#).await;
+    send_text(&mut client, r#"{"ack":4}"#).await;
+    assert_eq!(conn.next_ack().await, 3);
+    assert_eq!(conn.next_ack().await, 4);
+    sidecar.stop().await;
+}
+
+#[tokio::test]
 async fn fragments_pass_as_fragments_and_a_fragmented_commit_still_counts() {
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
     use tokio_tungstenite::tungstenite::protocol::frame::Frame;
