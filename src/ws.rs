@@ -1214,6 +1214,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn relayed_reads_keep_their_order_and_small_ones_do_not_pin_the_readers_buffer() {
+        let small = Bytes::from_static(b"\x81\x03ack");
+        let big = Bytes::from(vec![0x82u8; 2000]);
+        let mut reader_buffer = BytesMut::with_capacity(64);
+        let allocation = reader_buffer.as_ptr();
+        reader_buffer.extend_from_slice(b"\x81\x02hi");
+        let from_reader = reader_buffer.split().freeze();
+        let mut outbox = Outbox::new(Role::Server);
+        outbox.push_framed(from_reader);
+        outbox.push_framed(big.clone());
+        outbox.push_framed(small.clone());
+        // The small read was copied: the reader's buffer is its own again and is reused in place.
+        reader_buffer.reserve(64);
+        assert_eq!(reader_buffer.as_ptr(), allocation);
+        let mut out = Vec::new();
+        outbox.flush(&mut out).await.unwrap();
+        assert_eq!(out, [&b"\x81\x02hi"[..], &big, &small].concat());
+    }
+
+    #[tokio::test]
+    async fn a_stream_inbox_offers_every_read_a_whole_reads_room() {
+        let frame = client_frame(true, 0x1, &[b'a'; 100]);
+        let mut inbox = Inbox::new(true, 1 << 20, Reads::Bulk);
+        for _ in 0..3 {
+            inbox.fill(&mut &frame[..]).await.unwrap();
+            let header = inbox.header_at(0).unwrap().unwrap();
+            assert_eq!(header.frame_len(), frame.len());
+            assert!(inbox.buf.capacity() - inbox.buf.len() >= (32 << 10) - frame.len());
+            drop(inbox.take_frames(frame.len()));
+        }
+    }
+
+    #[tokio::test]
     async fn a_client_outbox_masks_every_frame() {
         let big = vec![b'x'; 5000];
         let mut outbox = Outbox::new(Role::Client);
