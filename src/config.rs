@@ -155,6 +155,8 @@ pub struct RawRelay {
     pub max_pending_commits: u64,
     pub write_stall_timeout: String,
     pub ack_batch_window: String,
+    pub ack_wakeup_bytes: u64,
+    pub ack_wakeup_wait: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -332,6 +334,8 @@ impl Default for RawRelay {
             max_pending_commits: 4096,
             write_stall_timeout: "60s".into(),
             ack_batch_window: "0s".into(),
+            ack_wakeup_bytes: DEFAULT_ACK_WAKEUP_BYTES,
+            ack_wakeup_wait: "20ms".into(),
         }
     }
 }
@@ -548,7 +552,23 @@ pub struct RelayConfig {
     /// consumed; zero (the default) sends each read's acks at once. An ack that leaves nothing in flight is never
     /// held.
     pub ack_batch_window: Duration,
+    /// Most bytes of a subscriber's acks the relay asks the kernel to gather before waking it (`SO_RCVLOWAT`,
+    /// [`crate::ack_wakeup`]); 0 wakes it for each. It waits only for acks that are sure to come.
+    pub ack_wakeup_bytes: u64,
+    /// Longest a subscriber's acks wait in the kernel for the rest of theirs: past it the relay reads what came,
+    /// so a subscriber that stalls mid-transaction, or closes, is heard anyway.
+    pub ack_wakeup_wait: Duration,
 }
+
+/// Longest `relay.ack_wakeup_wait`.
+pub const MAX_ACK_WAKEUP_WAIT: Duration = Duration::from_secs(1);
+
+/// `relay.ack_wakeup_bytes` by default: about 60 of Zero's acks.
+pub const DEFAULT_ACK_WAKEUP_BYTES: u64 = 1024;
+
+/// Largest `relay.ack_wakeup_bytes`: far below a TCP receive buffer (Linux's default is 128 KiB), so that the kernel
+/// never grows the buffer or clamps the window to honour it, and a few hundred acks at most wait together.
+pub const MAX_ACK_WAKEUP_BYTES: u64 = 16 << 10;
 
 /// Longest `relay.ack_batch_window`: Zero 1.x paces replication on acks, so a longer hold would slow it.
 pub const MAX_ACK_BATCH_WINDOW: Duration = Duration::from_millis(20);
@@ -1036,6 +1056,31 @@ impl RawConfig {
             }),
         );
 
+        let ack_wakeup_bytes = problems.field(
+            "relay.ack_wakeup_bytes",
+            if self.relay.ack_wakeup_bytes > MAX_ACK_WAKEUP_BYTES {
+                Err(format!(
+                    "{} is above {MAX_ACK_WAKEUP_BYTES}",
+                    self.relay.ack_wakeup_bytes
+                ))
+            } else {
+                Ok(self.relay.ack_wakeup_bytes)
+            },
+        );
+        let ack_wakeup_wait = problems.field(
+            "relay.ack_wakeup_wait",
+            parse_positive_duration(&self.relay.ack_wakeup_wait).and_then(|d| {
+                if d > MAX_ACK_WAKEUP_WAIT {
+                    Err(format!(
+                        "{:?} is longer than {MAX_ACK_WAKEUP_WAIT:?}",
+                        self.relay.ack_wakeup_wait
+                    ))
+                } else {
+                    Ok(d)
+                }
+            }),
+        );
+
         let format = problems.field(
             "log.format",
             match self.log.format.as_str() {
@@ -1126,6 +1171,8 @@ impl RawConfig {
                     max_pending_commits: max_pending_commits?,
                     write_stall_timeout: write_stall_timeout?,
                     ack_batch_window: ack_batch_window?,
+                    ack_wakeup_bytes: ack_wakeup_bytes?,
+                    ack_wakeup_wait: ack_wakeup_wait?,
                 },
                 log: LogConfig {
                     format: format?,
@@ -1483,6 +1530,8 @@ mod tests {
             max_buffered_bytes = 100
             max_pending_commits = 1
             ack_batch_window = "1s"
+            ack_wakeup_bytes = 16385
+            ack_wakeup_wait = "2s"
             [log]
             format = "xml"
             "#,
@@ -1505,6 +1554,8 @@ mod tests {
                 "relay.max_buffered_bytes",
                 "relay.max_pending_commits",
                 "relay.ack_batch_window",
+                "relay.ack_wakeup_bytes",
+                "relay.ack_wakeup_wait",
                 "log.format",
             ]
         );
@@ -1778,10 +1829,12 @@ mod tests {
             .unwrap();
         assert_eq!(config.server.worker_threads, 1);
         assert_eq!(config.relay.ack_batch_window, Duration::ZERO);
+        assert_eq!(config.relay.ack_wakeup_bytes, 1024);
+        assert_eq!(config.relay.ack_wakeup_wait, Duration::from_millis(20));
 
         let config = from_toml_str(
             &format!(
-                "{MINIMAL}[server]\nworker_threads = 4\n[relay]\nack_batch_window = \"2ms\"\n"
+                "{MINIMAL}[server]\nworker_threads = 4\n[relay]\nack_batch_window = \"2ms\"\nack_wakeup_bytes = 0\n"
             ),
             Some(Default::default()),
         )
@@ -1790,6 +1843,7 @@ mod tests {
         .unwrap();
         assert_eq!(config.server.worker_threads, 4);
         assert_eq!(config.relay.ack_batch_window, Duration::from_millis(2));
+        assert_eq!(config.relay.ack_wakeup_bytes, 0);
 
         let errors = errors_of(&format!(
             "{MINIMAL}[server]\nworker_threads = 0\n[relay]\nack_batch_window = \"21ms\"\n"

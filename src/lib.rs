@@ -12,6 +12,8 @@
 //! - [`server`]: the HTTP accept loop for every listener, routing and the plain endpoints.
 //! - `http`: the answers the router and the handlers write themselves: plain text, and WebSocket upgrades.
 //! - [`relay`]: the `/changes` relay to Zero's change-streamer, from the subscriber's upgrade on.
+//! - [`ack_wakeup`]: how many bytes of a subscriber's acks are worth waking the relay for, without I/O.
+//! - `sockopt`: the socket option that threshold is set with; the crate's only `unsafe`.
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.
@@ -26,8 +28,10 @@
 //! - [`state`]: the learned cleanup delay and the last purge, kept in a file across restarts.
 //! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
 
-#![forbid(unsafe_code)]
+// Denied rather than forbidden so that `sockopt` alone can allow it.
+#![deny(unsafe_code)]
 
+pub mod ack_wakeup;
 pub mod address;
 pub mod admission;
 pub mod allow;
@@ -48,6 +52,7 @@ pub mod relay;
 pub mod reservations;
 pub mod server;
 pub mod shared;
+mod sockopt;
 pub mod state;
 pub mod status;
 pub mod subscribers;

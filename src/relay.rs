@@ -19,9 +19,12 @@
 //! (through an [`Assembler`]) are looked at. A source is read only while the
 //! outbox toward the other side holds less than `relay.max_buffered_bytes`, so a subscriber that reads slowly
 //! stops the reads from its upstream and TCP does the rest; nothing else is buffered beyond the frame being read.
+//! The subscriber's socket is woken only once the acks sure to come are there ([`crate::ack_wakeup`]), so a
+//! transaction's acks are read and forwarded in one go.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, info_span, warn, Instrument};
 
+use crate::ack_wakeup::AckWakeups;
 use crate::config::{RelayConfig, UpstreamConfig};
 use crate::http::{accept_upgrade, plain, spawn_upgraded};
 use crate::inspect::{inspect, Downstream};
@@ -134,6 +138,10 @@ pub async fn serve(
         query,
         settings.relay.suppress_upstream_cleanup,
     );
+    let socket = req
+        .extensions()
+        .get::<crate::server::ClientSocket>()
+        .map(|socket| socket.0);
     let span = info_span!("relay", %peer, upstream = %settings.upstream.address);
     let upstream = match connect(
         &settings.upstream,
@@ -165,7 +173,7 @@ pub async fn serve(
     let ctx = ctx.clone();
     // A failed upgrade drops the upstream socket with the task: Zero sees the subscriber leave.
     spawn_upgraded(tracker, upgrade, span, move |ws| async move {
-        handle_changes(ctx, subscription, requested, ws, upstream).await;
+        handle_changes(ctx, subscription, requested, ws, upstream, socket).await;
     });
     response
 }
@@ -433,6 +441,8 @@ struct Relay<'a> {
     /// Data messages passed to the subscriber. Zero numbers a connection's messages 1, 2, 3…, so this is the id of
     /// the newest one, and an ack below it is sure to be followed by more.
     messages_relayed: u64,
+    /// How many bytes of the subscriber's acks are worth waking up for.
+    wakeups: AckWakeups,
     /// Until when the acks queued toward the upstream wait for the ones sure to follow, to leave in one write
     /// (see [`Relay::batch_acks`]).
     ack_hold: Option<Instant>,
@@ -460,6 +470,7 @@ impl<'a> Relay<'a> {
             client_messages: Assembler::new(ACK_INSPECT_LIMIT),
             scratch: Vec::new(),
             messages_relayed: 0,
+            wakeups: AckWakeups::new(ctx.settings.relay.ack_wakeup_bytes),
             ack_hold: None,
             counted: Counted {
                 downstream: ctx
@@ -525,6 +536,21 @@ impl<'a> Relay<'a> {
         let peer = self.peer_ref(side);
         let held = side == Side::Upstream && self.ack_hold.is_some() && !self.is_closing();
         !peer.outbox.is_empty() && !peer.gone && !held
+    }
+
+    /// The subscriber's socket's receive low-water mark to set now: the bytes of the acks sure to come, or 1
+    /// (wake for anything) once either side is closing or the subscriber is no longer read.
+    fn ack_wakeup_threshold(&self) -> u64 {
+        if self.is_closing() || !self.client.reading() {
+            1
+        } else {
+            self.wakeups.threshold()
+        }
+    }
+
+    /// The subscriber's acks waited `relay.ack_wakeup_wait` for the rest of theirs: read what came.
+    fn on_ack_wakeup_wait_end(&mut self) {
+        self.wakeups.waited_too_long();
     }
 
     /// Until when acks wait toward the upstream, if they do.
@@ -601,6 +627,7 @@ impl<'a> Relay<'a> {
                 // A subscriber still reading what is queued gets its ping once it has caught up.
                 if self.client.outbox.is_empty() {
                     self.client.control(OpCode::Ping, b"");
+                    self.wakeups.pinged();
                 }
             }
             (Side::Client, true) => {
@@ -682,6 +709,9 @@ impl<'a> Relay<'a> {
         // For the subscriber's acks: whether the read brought only acks, and the newest.
         let was_idle = self.ack_hold.is_some() || self.upstream.outbox.is_empty();
         let (mut only_acks, mut newest_ack) = (true, None);
+        if source == Side::Client {
+            self.wakeups.read();
+        }
         while self.peer(source).reading() {
             let header = match inbox.header_at(frames) {
                 Ok(Some(header)) => header,
@@ -746,6 +776,8 @@ impl<'a> Relay<'a> {
             Side::Upstream => {
                 if header.fin {
                     self.messages_relayed += 1;
+                    self.wakeups
+                        .relayed((header.opcode == OpCode::Text).then_some(payload));
                 }
                 if !self.subscribed {
                     // The upstream answers only once it has registered the subscriber (§5.3 4a).
@@ -807,6 +839,10 @@ impl<'a> Relay<'a> {
                     }
                     None => {}
                 }
+                match ack {
+                    Some(id) => self.wakeups.acked(id),
+                    None => self.wakeups.not_an_ack(),
+                }
                 ack
             }
         }
@@ -820,6 +856,7 @@ impl<'a> Relay<'a> {
                 self.ack_hold = None;
                 self.peer(source).control(OpCode::Pong, &payload);
             }
+            OpCode::Pong if source == Side::Client => self.wakeups.ponged(),
             OpCode::Close => {
                 self.peer(source).stopped_reading = true;
                 match ws::read_close(payload) {
@@ -853,6 +890,7 @@ async fn handle_changes(
     requested: Ticket,
     client: WebSocket<Io>,
     upstream: Io,
+    client_socket: Option<RawFd>,
 ) -> SubscriptionEnd {
     let settings = ctx.settings.clone();
     let (mut client_reader, mut client_writer) = tokio::io::split(client.into_inner());
@@ -863,9 +901,13 @@ async fn handle_changes(
     // The end of the held acks' batch window, armed only when a new hold starts.
     let ack_window = tokio::time::sleep(Duration::ZERO);
     let mut ack_window_at = None;
+    // The subscriber's socket's low-water mark as set, and the limit on how long acks wait under it.
+    let mut low_water = 1;
+    let ack_wakeup_wait = tokio::time::sleep(Duration::ZERO);
+    let mut ack_wakeup_waiting = false;
     // One shutdown future for the whole connection: creating one per loop turn would cost a lock each time.
     let shutdown = ctx.shutdown.cancelled();
-    tokio::pin!(linger, ack_window, shutdown);
+    tokio::pin!(linger, ack_window, ack_wakeup_wait, shutdown);
     let mut lingering = false;
     let mut shutting_down = false;
     let mut client_liveness = Liveness::new(settings.ping_interval, settings.peer_timeout);
@@ -885,6 +927,28 @@ async fn handle_changes(
             ack_window_at = relay.ack_hold();
             if let Some(until) = ack_window_at {
                 ack_window.as_mut().reset(until);
+            }
+        }
+        if let Some(fd) = client_socket {
+            let wanted = relay.ack_wakeup_threshold();
+            if wanted != low_water {
+                match crate::sockopt::set_receive_low_water(
+                    fd,
+                    wanted.try_into().unwrap_or(u32::MAX),
+                ) {
+                    Ok(()) => low_water = wanted,
+                    Err(err) => {
+                        debug!(error = %err, "cannot set the subscriber socket's low-water mark");
+                        relay.wakeups = AckWakeups::new(0);
+                    }
+                }
+            }
+            // Armed when a wait starts, not moved while it lasts: it fires at most once per limit.
+            if low_water > 1 && !ack_wakeup_waiting {
+                ack_wakeup_waiting = true;
+                ack_wakeup_wait
+                    .as_mut()
+                    .reset(Instant::now() + settings.relay.ack_wakeup_wait);
             }
         }
         let upstream_readable = relay.wants_read(Side::Upstream);
@@ -934,6 +998,12 @@ async fn handle_changes(
                 }
             }
             _ = &mut ack_window, if ack_window_at.is_some() => relay.on_ack_window_end(),
+            _ = &mut ack_wakeup_wait, if ack_wakeup_waiting => {
+                ack_wakeup_waiting = false;
+                if low_water > 1 {
+                    relay.on_ack_wakeup_wait_end();
+                }
+            }
             at = client_liveness.tick(), if relay.is_reading(Side::Client) => {
                 // At each ping an empty read buffer is given back: a quiet subscription keeps none.
                 from_client.release_if_idle();

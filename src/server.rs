@@ -96,21 +96,23 @@ pub async fn serve_http<H: Handler>(
                 }
             },
         };
+        let socket = ClientSocket(std::os::fd::AsRawFd::as_raw_fd(&stream));
         let Some(stream) = limits.admission.admit(stream) else {
             continue;
         };
         let span = debug_span!("conn", %peer);
         let (handler, limits, shutdown) = (handler.clone(), limits.clone(), shutdown.clone());
         match tls.clone() {
-            None => tracker
-                .spawn(serve_connection(stream, peer, handler, limits, shutdown).instrument(span)),
+            None => tracker.spawn(
+                serve_connection(stream, peer, socket, handler, limits, shutdown).instrument(span),
+            ),
             // The handshake runs on the connection's task, bounded like a request head.
             Some(tls) => tracker.spawn(
                 async move {
                     let within = limits.header_read_timeout;
                     let accepted = crate::tls::accept(&tls, stream, within, &shutdown).await;
                     if let Some(stream) = accepted {
-                        serve_connection(stream, peer, handler, limits, shutdown).await;
+                        serve_connection(stream, peer, socket, handler, limits, shutdown).await;
                     }
                 }
                 .instrument(span),
@@ -126,6 +128,7 @@ pub async fn serve_http<H: Handler>(
 async fn serve_connection<H: Handler, IO>(
     mut stream: IO,
     peer: SocketAddr,
+    socket: ClientSocket,
     handler: Arc<H>,
     limits: Limits,
     shutdown: CancellationToken,
@@ -171,6 +174,7 @@ async fn serve_connection<H: Handler, IO>(
     Box::pin(serve_admitted(
         stream,
         peer,
+        socket,
         handler,
         builder,
         limits.admission,
@@ -179,12 +183,18 @@ async fn serve_connection<H: Handler, IO>(
     .await
 }
 
+/// The TCP socket a request came in on (under TLS too), in the request's extensions: the relay tunes how it is
+/// woken for it ([`crate::ack_wakeup`]). Valid while the connection is, which an upgraded request's handler owns.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientSocket(pub std::os::fd::RawFd);
+
 /// The answer to a first request head over `server.max_header_bytes` (hyper answers later ones alike).
 const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
 async fn serve_admitted<H: Handler, IO>(
     stream: Rewind<IO>,
     peer: SocketAddr,
+    socket: ClientSocket,
     handler: Arc<H>,
     builder: hyper::server::conn::http1::Builder,
     admission: Admission,
@@ -192,7 +202,8 @@ async fn serve_admitted<H: Handler, IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = hyper::service::service_fn(move |req| {
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(socket);
         let response = handler.clone().handle(req, peer);
         async move { Ok::<_, Infallible>(response.await) }
     });

@@ -302,6 +302,91 @@ async fn batched_acks_reach_the_upstream_in_order_even_when_no_more_come() {
     sidecar.stop().await;
 }
 
+/// The relay asks the kernel not to wake it for a subscriber's acks until all those sure to come are there
+/// (`relay.ack_wakeup_bytes`, SO_RCVLOWAT); they then leave together, in order.
+#[tokio::test]
+async fn acks_wait_in_the_kernel_for_the_rest_of_theirs_then_leave_in_order() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("[relay]\nack_wakeup_wait = \"1s\"\n")).await;
+    let path = changes_path(3, "t1", "serving-replicator-1", "0a", false);
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    // Ack 1 shows one ack per message; it leaves nothing in flight and goes at once.
+    send_text(&mut client, r#"{"ack":1}"#).await;
+    assert_eq!(conn.next_ack().await, 1);
+    conn.send_msg(2, &begin("0b")).await;
+    conn.send_msg(3, DATA).await;
+    conn.send_msg(4, &commit("0b")).await;
+    for _ in 2..=4 {
+        next_text(&mut client).await;
+    }
+    send_text(&mut client, r#"{"ack":2}"#).await;
+    send_text(&mut client, r#"{"ack":3}"#).await;
+    let early = tokio::time::timeout(Duration::from_millis(300), conn.next_ack()).await;
+    assert!(
+        early.is_err(),
+        "ack {early:?} left before the last one came"
+    );
+    send_text(&mut client, r#"{"ack":4}"#).await;
+    for ack in 2..=4 {
+        assert_eq!(conn.next_ack().await, ack);
+    }
+    sidecar.stop().await;
+}
+
+/// A subscriber that pauses mid-transaction has the acks it sent forwarded after `relay.ack_wakeup_wait`, and its
+/// close is heard as soon, though the acks the relay waited for never come.
+#[tokio::test]
+async fn acks_and_a_close_from_a_subscriber_that_pauses_mid_transaction_are_heard_after_the_wait() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("[relay]\nack_wakeup_wait = \"50ms\"\n")).await;
+    let path = changes_path(3, "t1", "serving-replicator-1", "0a", false);
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    send_text(&mut client, r#"{"ack":1}"#).await;
+    assert_eq!(conn.next_ack().await, 1);
+    conn.send_msg(2, &begin("0b")).await;
+    conn.send_msg(3, DATA).await;
+    conn.send_msg(4, &commit("0b")).await;
+    for _ in 2..=4 {
+        next_text(&mut client).await;
+    }
+    // Well before the first ping (server.ping_interval, 10 s), which would also let them through.
+    let within = Duration::from_secs(5);
+    send_text(&mut client, r#"{"ack":2}"#).await;
+    let ack = tokio::time::timeout(within, conn.next_ack()).await;
+    assert_eq!(ack.ok(), Some(2));
+    client
+        .send(Message::Close(Some(CloseFrame {
+            code: 1000.into(),
+            reason: "".into(),
+        })))
+        .await
+        .unwrap();
+    let close = tokio::time::timeout(within, conn.expect_close()).await;
+    assert_eq!(close.ok(), Some(Some((1000, String::new()))));
+    sidecar.stop().await;
+}
+
+/// With `relay.ack_wakeup_bytes = 0` each ack leaves as it comes.
+#[tokio::test]
+async fn with_ack_wakeups_off_each_ack_leaves_as_it_comes() {
+    let mut upstream = Upstream::start().await;
+    let sidecar =
+        start(upstream.config("[relay]\nack_wakeup_bytes = 0\nack_wakeup_wait = \"1s\"\n")).await;
+    let path = changes_path(3, "t1", "serving-replicator-1", "0a", false);
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    send_text(&mut client, r#"{"ack":1}"#).await;
+    assert_eq!(conn.next_ack().await, 1);
+    conn.send_msg(2, &begin("0b")).await;
+    conn.send_msg(3, &commit("0b")).await;
+    for _ in 2..=3 {
+        next_text(&mut client).await;
+    }
+    send_text(&mut client, r#"{"ack":2}"#).await;
+    let ack = tokio::time::timeout(Duration::from_secs(1), conn.next_ack()).await;
+    assert_eq!(ack.ok(), Some(2));
+    sidecar.stop().await;
+}
+
 #[tokio::test]
 async fn fragments_pass_as_fragments_and_a_fragmented_commit_still_counts() {
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
