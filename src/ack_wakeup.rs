@@ -128,17 +128,18 @@ impl AckWakeups {
         self.woken_by_limit = true;
     }
 
-    /// The threshold to set now, in bytes: 1 wakes for anything.
-    pub fn threshold(&self) -> u64 {
-        if self.off
-            || !self.confirmed
-            || self.awaiting_pong
-            || self.woken_by_limit
-            || self.acked >= self.relayed
-        {
-            return 1;
+    /// The threshold to set now, in bytes (1 wakes for anything), or `None` to leave it as it is: with nothing
+    /// in flight no ack is awaited, but the next transaction's acks are likely as long as the last one's, and
+    /// leaving the mark spares setting it twice per transaction. Whatever else the subscriber sends meanwhile (a
+    /// close) is read after the wait limit at most; a pong it owes is not kept waiting at all.
+    pub fn threshold(&self) -> Option<u64> {
+        if self.off || !self.confirmed || self.awaiting_pong || self.woken_by_limit {
+            return Some(1);
         }
-        ack_bytes(self.acked + 1, self.relayed).clamp(1, self.cap)
+        if self.acked >= self.relayed {
+            return None;
+        }
+        Some(ack_bytes(self.acked + 1, self.relayed).clamp(1, self.cap))
     }
 }
 
@@ -194,32 +195,32 @@ mod tests {
     #[test]
     fn waits_for_the_acks_of_everything_in_flight() {
         let mut w = confirmed(1024);
-        assert_eq!(w.threshold(), 1, "nothing in flight");
+        assert_eq!(w.threshold(), None, "nothing in flight");
         relay(&mut w, 5);
-        assert_eq!(w.threshold(), ack_bytes(2, 6));
+        assert_eq!(w.threshold(), Some(ack_bytes(2, 6)));
         w.acked(2);
         w.acked(3);
-        assert_eq!(w.threshold(), ack_bytes(4, 6));
+        assert_eq!(w.threshold(), Some(ack_bytes(4, 6)));
         for id in 4..=6 {
             w.acked(id);
         }
-        assert_eq!(w.threshold(), 1, "all acked");
+        assert_eq!(w.threshold(), None, "all acked");
     }
 
     #[test]
     fn the_threshold_is_capped() {
         let mut w = confirmed(100);
         relay(&mut w, 1_000);
-        assert_eq!(w.threshold(), 100);
+        assert_eq!(w.threshold(), Some(100));
     }
 
     #[test]
     fn nothing_is_awaited_until_the_first_ack_shows_one_ack_per_message() {
         let mut w = AckWakeups::new(1024);
         relay(&mut w, 5);
-        assert_eq!(w.threshold(), 1);
+        assert_eq!(w.threshold(), Some(1));
         w.acked(1);
-        assert_eq!(w.threshold(), ack_bytes(2, 5));
+        assert_eq!(w.threshold(), Some(ack_bytes(2, 5)));
     }
 
     #[test]
@@ -227,7 +228,7 @@ mod tests {
         let mut w = AckWakeups::new(0);
         relay(&mut w, 5);
         w.acked(1);
-        assert_eq!(w.threshold(), 1);
+        assert_eq!(w.threshold(), Some(1));
     }
 
     #[test]
@@ -242,7 +243,7 @@ mod tests {
             for id in acks.last().unwrap() + 1..=5 {
                 w.acked(id);
             }
-            assert_eq!(w.threshold(), 1, "{acks:?}");
+            assert_eq!(w.threshold(), Some(1), "{acks:?}");
         }
     }
 
@@ -251,7 +252,7 @@ mod tests {
         let mut w = confirmed(1024);
         w.acked(2);
         relay(&mut w, 5);
-        assert_eq!(w.threshold(), 1);
+        assert_eq!(w.threshold(), Some(1));
     }
 
     #[test]
@@ -259,7 +260,7 @@ mod tests {
         let mut w = confirmed(1024);
         w.not_an_ack();
         relay(&mut w, 5);
-        assert_eq!(w.threshold(), 1);
+        assert_eq!(w.threshold(), Some(1));
 
         let mut w = AckWakeups::new(1024);
         w.relayed(Some(
@@ -268,12 +269,12 @@ mod tests {
         w.relayed(Some(br#"{"id":1,"msg":["status"]}"#));
         w.acked(1);
         relay(&mut w, 5);
-        assert_eq!(w.threshold(), 1);
+        assert_eq!(w.threshold(), Some(1));
 
         let mut w = confirmed(1024);
         w.relayed(None);
         relay(&mut w, 5);
-        assert_eq!(w.threshold(), 1);
+        assert_eq!(w.threshold(), Some(1));
     }
 
     #[test]
@@ -281,16 +282,24 @@ mod tests {
         let mut w = confirmed(1024);
         relay(&mut w, 5);
         let raised = w.threshold();
-        assert!(raised > 1);
+        assert!(raised > Some(1));
 
         w.pinged();
-        assert_eq!(w.threshold(), 1);
+        assert_eq!(w.threshold(), Some(1));
         w.ponged();
         assert_eq!(w.threshold(), raised);
 
         w.waited_too_long();
-        assert_eq!(w.threshold(), 1);
+        assert_eq!(w.threshold(), Some(1));
         w.read();
         assert_eq!(w.threshold(), raised);
+
+        // A pong owed is awaited with nothing in flight too.
+        for id in 2..=6 {
+            w.acked(id);
+        }
+        assert_eq!(w.threshold(), None);
+        w.pinged();
+        assert_eq!(w.threshold(), Some(1));
     }
 }

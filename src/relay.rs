@@ -538,11 +538,11 @@ impl<'a> Relay<'a> {
         !peer.outbox.is_empty() && !peer.gone && !held
     }
 
-    /// The subscriber's socket's receive low-water mark to set now: the bytes of the acks sure to come, or 1
-    /// (wake for anything) once either side is closing or the subscriber is no longer read.
-    fn ack_wakeup_threshold(&self) -> u64 {
+    /// The subscriber's socket's receive low-water mark to set now: the bytes of the acks sure to come, 1 (wake
+    /// for anything) once either side is closing or the subscriber is no longer read, `None` to leave it.
+    fn ack_wakeup_threshold(&self) -> Option<u64> {
         if self.is_closing() || !self.client.reading() {
-            1
+            Some(1)
         } else {
             self.wakeups.threshold()
         }
@@ -890,7 +890,7 @@ async fn handle_changes(
     requested: Ticket,
     client: WebSocket<Io>,
     upstream: Io,
-    client_socket: Option<RawFd>,
+    mut client_socket: Option<RawFd>,
 ) -> SubscriptionEnd {
     let settings = ctx.settings.clone();
     let (mut client_reader, mut client_writer) = tokio::io::split(client.into_inner());
@@ -930,16 +930,15 @@ async fn handle_changes(
             }
         }
         if let Some(fd) = client_socket {
-            let wanted = relay.ack_wakeup_threshold();
-            if wanted != low_water {
-                match crate::sockopt::set_receive_low_water(
-                    fd,
-                    wanted.try_into().unwrap_or(u32::MAX),
-                ) {
+            if let Some(wanted) = relay.ack_wakeup_threshold().filter(|w| *w != low_water) {
+                let bytes = wanted.try_into().unwrap_or(u32::MAX);
+                match crate::sockopt::set_receive_low_water(fd, bytes) {
                     Ok(()) => low_water = wanted,
                     Err(err) => {
-                        debug!(error = %err, "cannot set the subscriber socket's low-water mark");
-                        relay.wakeups = AckWakeups::new(0);
+                        // Not expected of a TCP socket; the relay then wakes as the kernel decides.
+                        warn!(error = %err, "cannot set the subscriber socket's low-water mark");
+                        client_socket = None;
+                        continue;
                     }
                 }
             }
