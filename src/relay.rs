@@ -1241,6 +1241,10 @@ mod tests {
         AckWindowEnds,
         /// Whether acks are held toward the upstream now.
         Holding(bool),
+        /// The subscriber socket's low-water mark the relay asks for now (`None`: left as it is).
+        LowWater(Option<u64>),
+        /// The subscriber's acks waited `relay.ack_wakeup_wait`.
+        AckWakeupWaitEnds,
     }
     use Side::{Client, Upstream};
     use Step::*;
@@ -1308,7 +1312,75 @@ mod tests {
             s(true, TEXT, b"m3"),
         ]
         .concat();
+        let zero_three = [
+            s(true, TEXT, br#"{"id":2,"msg":["begin"]}"#),
+            s(true, TEXT, br#"{"id":3,"msg":["data"]}"#),
+            s(true, TEXT, br#"{"msg":["commit"],"id":4}"#),
+        ]
+        .concat();
+        let awaited = |first, last| Some(crate::ack_wakeup::ack_bytes(first, last));
         vec![
+            Row {
+                name: "the subscriber's socket waits for the acks in flight; a ping, the wait limit and a close lower it",
+                query: "",
+                steps: vec![
+                    Read(Upstream, s(true, TEXT, STATUS)),
+                    LowWater(Some(1)),
+                    Read(Client, ack(1)),
+                    LowWater(None),
+                    Read(Upstream, zero_three.clone()),
+                    LowWater(awaited(2, 4)),
+                    Read(Client, ack(2)),
+                    LowWater(awaited(3, 4)),
+                    Liveness(Client, true),
+                    LowWater(Some(1)),
+                    Read(Client, c(true, PONG, b"")),
+                    LowWater(awaited(3, 4)),
+                    AckWakeupWaitEnds,
+                    LowWater(Some(1)),
+                    Read(Client, ack(3)),
+                    LowWater(awaited(4, 4)),
+                    Read(Client, c(true, CLOSE, &close_payload(1000, "done"))),
+                    LowWater(Some(1)),
+                ],
+                to_client: vec![
+                    whole(TEXT, STATUS),
+                    whole(TEXT, br#"{"id":2,"msg":["begin"]}"#),
+                    whole(TEXT, br#"{"id":3,"msg":["data"]}"#),
+                    whole(TEXT, br#"{"msg":["commit"],"id":4}"#),
+                    whole(PING, b""),
+                ],
+                to_upstream: vec![acked(1), acked(2), acked(3), closing(1000, "done")],
+                outcome: Some(SubscriptionEnd::ClientClosed { code: Some(1000) }),
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
+            Row {
+                name: "a subscriber that acks otherwise than one message at a time is woken for every byte",
+                query: "",
+                steps: vec![
+                    Read(Upstream, s(true, TEXT, STATUS)),
+                    Read(Client, ack(1)),
+                    Read(Upstream, zero_three.clone()),
+                    LowWater(awaited(2, 4)),
+                    Read(Client, ack(3)),
+                    LowWater(Some(1)),
+                    Read(Client, ack(4)),
+                    LowWater(Some(1)),
+                ],
+                to_client: vec![
+                    whole(TEXT, STATUS),
+                    whole(TEXT, br#"{"id":2,"msg":["begin"]}"#),
+                    whole(TEXT, br#"{"id":3,"msg":["data"]}"#),
+                    whole(TEXT, br#"{"msg":["commit"],"id":4}"#),
+                ],
+                to_upstream: vec![acked(1), acked(3), acked(4)],
+                outcome: None,
+                done: false,
+                acked: &[],
+                reservation_held: true,
+            },
             Row {
                 name: "acks below the newest message relayed wait, and leave together with the one that catches up",
                 query: "",
@@ -1721,6 +1793,10 @@ mod tests {
                     Holding(expected) => {
                         assert_eq!(relay.ack_hold().is_some(), expected, "{name}: holding")
                     }
+                    LowWater(expected) => {
+                        assert_eq!(relay.ack_wakeup_threshold(), expected, "{name}: low water")
+                    }
+                    AckWakeupWaitEnds => relay.on_ack_wakeup_wait_end(),
                 }
                 if relay.wants_write(Client) && !client_stalled {
                     relay.client.outbox.flush(&mut to_client).await.unwrap();
