@@ -13,7 +13,7 @@
 //! - `http`: the answers the router and the handlers write themselves: plain text, and WebSocket upgrades.
 //! - [`relay`]: the `/changes` relay to Zero's change-streamer, from the subscriber's upgrade on.
 //! - [`ack_wakeup`]: how many bytes of a subscriber's acks are worth waking the relay for, without I/O.
-//! - `sockopt`: the socket option that threshold is set with; the crate's only `unsafe`.
+//! - `sockopt`: the socket a request came in on, and the option the threshold is set with (the only `unsafe`).
 //! - [`subscribers`]: relayed subscribers and their acknowledged watermarks.
 //! - [`litestream`]: scraping litestream's metrics for backed-up watermarks; the proxy's page filter.
 //! - [`cleanup`]: the pure decision when the change log may be purged.

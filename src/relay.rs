@@ -140,7 +140,7 @@ pub async fn serve(
     );
     let socket = req
         .extensions()
-        .get::<crate::server::ClientSocket>()
+        .get::<crate::sockopt::ClientSocket>()
         .map(|socket| socket.0);
     let span = info_span!("relay", %peer, upstream = %settings.upstream.address);
     let upstream = match connect(

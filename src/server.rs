@@ -37,6 +37,7 @@ use crate::http::plain;
 use crate::protocol::{self, Route};
 use crate::relay::{self, RelayContext};
 use crate::reservations::{self, SnapshotContext};
+use crate::sockopt::ClientSocket;
 
 /// Back-off after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -182,11 +183,6 @@ async fn serve_connection<H: Handler, IO>(
     ))
     .await
 }
-
-/// The TCP socket a request came in on (under TLS too), in the request's extensions: the relay tunes how it is
-/// woken for it ([`crate::ack_wakeup`]). Valid while the connection is, which an upgraded request's handler owns.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientSocket(pub std::os::fd::RawFd);
 
 /// The answer to a first request head over `server.max_header_bytes` (hyper answers later ones alike).
 const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";

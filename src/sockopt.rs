@@ -1,5 +1,5 @@
-//! The one socket option no safe crate sets: `SO_RCVLOWAT`, the receive low-water mark. The only `unsafe` in the
-//! sidecar is the `setsockopt` call here.
+//! The socket a request came in on, and the one option set on it that no safe crate sets: `SO_RCVLOWAT`, the
+//! receive low-water mark. The only `unsafe` in the sidecar is the `setsockopt` call here.
 //!
 //! On Linux (4.18 and later) a TCP socket whose low-water mark is N neither reports readable nor wakes its
 //! `epoll` waiter until N bytes are queued, or the peer closed, or an error is pending, or the receive window is
@@ -8,6 +8,12 @@
 #![allow(unsafe_code)]
 
 use std::os::fd::RawFd;
+
+/// The TCP socket a request came in on (under TLS too), put in the request's extensions by the accept loop: the
+/// relay tunes how it is woken for it ([`crate::ack_wakeup`]). Valid while the connection is, which an upgraded
+/// request's handler owns.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientSocket(pub RawFd);
 
 /// Sets `fd`'s receive low-water mark to `bytes` (at least 1).
 pub fn set_receive_low_water(fd: RawFd, bytes: u32) -> std::io::Result<()> {
