@@ -97,7 +97,11 @@ pub async fn serve_http<H: Handler>(
                 }
             },
         };
-        let socket = ClientSocket(std::os::fd::AsRawFd::as_raw_fd(&stream));
+        // Only a plain connection's: under TLS a record split across reads can leave fewer bytes to come than the
+        // low-water mark the relay would set, and its last ack would wait for `relay.ack_wakeup_wait`.
+        let socket = tls
+            .is_none()
+            .then(|| ClientSocket(std::os::fd::AsRawFd::as_raw_fd(&stream)));
         let Some(stream) = limits.admission.admit(stream) else {
             continue;
         };
@@ -129,7 +133,7 @@ pub async fn serve_http<H: Handler>(
 async fn serve_connection<H: Handler, IO>(
     mut stream: IO,
     peer: SocketAddr,
-    socket: ClientSocket,
+    socket: Option<ClientSocket>,
     handler: Arc<H>,
     limits: Limits,
     shutdown: CancellationToken,
@@ -190,7 +194,7 @@ const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\n
 async fn serve_admitted<H: Handler, IO>(
     stream: Rewind<IO>,
     peer: SocketAddr,
-    socket: ClientSocket,
+    socket: Option<ClientSocket>,
     handler: Arc<H>,
     builder: hyper::server::conn::http1::Builder,
     admission: Admission,
@@ -199,7 +203,9 @@ async fn serve_admitted<H: Handler, IO>(
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(socket);
+        if let Some(socket) = socket {
+            req.extensions_mut().insert(socket);
+        }
         let response = handler.clone().handle(req, peer);
         async move { Ok::<_, Infallible>(response.await) }
     });

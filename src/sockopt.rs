@@ -9,7 +9,7 @@
 
 use std::os::fd::RawFd;
 
-/// The TCP socket a request came in on (under TLS too), put in the request's extensions by the accept loop: the
+/// The TCP socket a plain (not TLS) request came in on, put in the request's extensions by the accept loop: the
 /// relay tunes how it is woken for it ([`crate::ack_wakeup`]). Valid while the connection is, which an upgraded
 /// request's handler owns.
 #[derive(Debug, Clone, Copy)]

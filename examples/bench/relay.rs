@@ -6,8 +6,9 @@
 //! encoded once (Zero 0.20's msg-first form) and written in large chunks, so that it is never the bottleneck. The
 //! subscribers are tokio-tungstenite clients that read every message and ack it in a write of its own, as Zero's
 //! client does. The plain relay copies bytes between the same kinds of sockets (`tokio::io::copy_bidirectional`
-//! on tokio's multi-thread runtime) in a process of its own; the sidecar is the release binary with its defaults.
-//! All three run interleaved, so that a noisy neighbour on the machine slows all alike.
+//! on tokio's multi-thread runtime) in a process of its own; the sidecar is the release binary with its defaults,
+//! and again with `relay.ack_wakeup_bytes = 0` (woken for every ack), to show what gathering acks saves. All run
+//! interleaved, so that a noisy neighbour on the machine slows all alike.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,6 +49,8 @@ impl Workload {
     }
 }
 const RUNS: usize = 8;
+/// The sidecar with `relay.ack_wakeup_bytes = 0`.
+const EVERY_ACK: &str = "sidecar, woken for every ack";
 const LATENCY_SAMPLES: usize = 2_000;
 const SUBSCRIBERS_FOR_MEMORY: usize = 1_000;
 const CONCURRENCY: usize = 64;
@@ -60,11 +63,14 @@ pub async fn run(report: &mut Report) {
     let (upstream_addr, mut upstream) = fake_upstream().await;
     let plain_relay = PlainRelay::start(upstream_addr);
     let plain = plain_relay.addr;
-    let daemon = Daemon::start(&format!(
+    let config = format!(
         "[server]\nlisten = \"{{addr}}\"\n[litestream]\nbackup_url = \"s3://bench/replica\"\n\
          proxy_listen = \"127.0.0.1:0\"\n[discovery]\nmode = \"off\"\n[upstream]\naddress = \"{upstream_addr}\"\n"
-    ));
+    );
+    let daemon = Daemon::start(&config);
     let sidecar: SocketAddr = daemon.addr.parse().unwrap();
+    // The same build woken for every ack, to show what gathering them in the kernel saves.
+    let every_ack = Daemon::start(&format!("{config}[relay]\nack_wakeup_bytes = 0\n"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let nginx = Nginx::start(upstream_addr);
     if nginx.is_none() {
@@ -90,6 +96,13 @@ pub async fn run(report: &mut Report) {
                     "sidecar",
                     sidecar,
                     daemon.child.id(),
+                    Vec::new(),
+                    Duration::ZERO,
+                ),
+                (
+                    EVERY_ACK,
+                    every_ack.addr.parse().unwrap(),
+                    every_ack.child.id(),
                     Vec::new(),
                     Duration::ZERO,
                 ),
@@ -142,6 +155,15 @@ pub async fn run(report: &mut Report) {
                 medians.insert(*name, rate);
                 cpu_per_message.insert(*name, per);
             }
+            report.add(
+                "  sidecar / the same woken for every ack, CPU per message",
+                format!(
+                    "{:.2}",
+                    cpu_per_message["sidecar"] / cpu_per_message[EVERY_ACK]
+                ),
+                "",
+                None,
+            );
             let ratio = medians["sidecar"] / medians["plain TCP relay"];
             let target = if subscribers == 1 { 0.9 } else { 0.95 };
             report.add(
