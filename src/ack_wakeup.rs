@@ -93,6 +93,11 @@ impl AckWakeups {
         }
     }
 
+    /// Whole messages passed down so far: the id of the newest, as Zero numbers them.
+    pub fn messages_relayed(&self) -> u64 {
+        self.relayed
+    }
+
     /// The subscriber acked message `id`.
     pub fn acked(&mut self, id: u64) {
         if id != self.acked + 1 || id > self.relayed {

@@ -438,10 +438,7 @@ struct Relay<'a> {
     client_messages: Assembler,
     /// Where a client frame is unmasked to be read.
     scratch: Vec<u8>,
-    /// Data messages passed to the subscriber. Zero numbers a connection's messages 1, 2, 3…, so this is the id of
-    /// the newest one, and an ack below it is sure to be followed by more.
-    messages_relayed: u64,
-    /// How many bytes of the subscriber's acks are worth waking up for.
+    /// How many bytes of the subscriber's acks are worth waking up for; it also counts the messages passed down.
     wakeups: AckWakeups,
     /// Until when the acks queued toward the upstream wait for the ones sure to follow, to leave in one write
     /// (see [`Relay::batch_acks`]).
@@ -469,7 +466,6 @@ impl<'a> Relay<'a> {
             downstream_messages: Assembler::new(ctx.settings.max_message_bytes),
             client_messages: Assembler::new(ACK_INSPECT_LIMIT),
             scratch: Vec::new(),
-            messages_relayed: 0,
             wakeups: AckWakeups::new(ctx.settings.relay.ack_wakeup_bytes),
             ack_hold: None,
             counted: Counted {
@@ -576,7 +572,8 @@ impl<'a> Relay<'a> {
     /// waited toward the upstream before the read, beyond held acks.
     fn batch_acks(&mut self, only_acks: bool, newest_ack: Option<u64>, was_idle: bool) {
         let window = self.ctx.settings.relay.ack_batch_window;
-        let more_coming = newest_ack.is_some_and(|id| id < self.messages_relayed);
+        // Zero numbers a connection's messages 1, 2, 3…: an ack below the newest relayed is sure to have followers.
+        let more_coming = newest_ack.is_some_and(|id| id < self.wakeups.messages_relayed());
         if only_acks
             && more_coming
             && was_idle
@@ -775,7 +772,6 @@ impl<'a> Relay<'a> {
         match source {
             Side::Upstream => {
                 if header.fin {
-                    self.messages_relayed += 1;
                     self.wakeups
                         .relayed((header.opcode == OpCode::Text).then_some(payload));
                 }
@@ -1312,12 +1308,19 @@ mod tests {
             s(true, TEXT, b"m3"),
         ]
         .concat();
-        let zero_three = [
-            s(true, TEXT, br#"{"id":2,"msg":["begin"]}"#),
-            s(true, TEXT, br#"{"id":3,"msg":["data"]}"#),
-            s(true, TEXT, br#"{"msg":["commit"],"id":4}"#),
-        ]
-        .concat();
+        let zero_three_messages: [&[u8]; 3] = [
+            br#"{"id":2,"msg":["begin"]}"#,
+            br#"{"id":3,"msg":["data"]}"#,
+            br#"{"msg":["commit"],"id":4}"#,
+        ];
+        let zero_three = zero_three_messages.map(|m| s(true, TEXT, m)).concat();
+        // The status and those three, as the subscriber receives them.
+        let zero_three_down = || {
+            std::iter::once(STATUS)
+                .chain(zero_three_messages)
+                .map(|m| whole(TEXT, m))
+                .collect::<Vec<_>>()
+        };
         let awaited = |first, last| Some(crate::ack_wakeup::ack_bytes(first, last));
         vec![
             Row {
@@ -1343,13 +1346,7 @@ mod tests {
                     Read(Client, c(true, CLOSE, &close_payload(1000, "done"))),
                     LowWater(Some(1)),
                 ],
-                to_client: vec![
-                    whole(TEXT, STATUS),
-                    whole(TEXT, br#"{"id":2,"msg":["begin"]}"#),
-                    whole(TEXT, br#"{"id":3,"msg":["data"]}"#),
-                    whole(TEXT, br#"{"msg":["commit"],"id":4}"#),
-                    whole(PING, b""),
-                ],
+                to_client: [zero_three_down(), vec![whole(PING, b"")]].concat(),
                 to_upstream: vec![acked(1), acked(2), acked(3), closing(1000, "done")],
                 outcome: Some(SubscriptionEnd::ClientClosed { code: Some(1000) }),
                 done: false,
@@ -1369,12 +1366,7 @@ mod tests {
                     Read(Client, ack(4)),
                     LowWater(Some(1)),
                 ],
-                to_client: vec![
-                    whole(TEXT, STATUS),
-                    whole(TEXT, br#"{"id":2,"msg":["begin"]}"#),
-                    whole(TEXT, br#"{"id":3,"msg":["data"]}"#),
-                    whole(TEXT, br#"{"msg":["commit"],"id":4}"#),
-                ],
+                to_client: zero_three_down(),
                 to_upstream: vec![acked(1), acked(3), acked(4)],
                 outcome: None,
                 done: false,
