@@ -206,18 +206,13 @@ impl SubscriberHandle {
     /// Records that a commit at `watermark` was relayed to the subscriber at `at`.
     pub fn sent(&self, watermark: &str, at: Instant) {
         let mut inner = self.subscribers.lock();
-        if inner
-            .newest_commit
-            .as_ref()
-            .is_none_or(|(newest, _)| watermark > newest.as_str())
-        {
-            match &mut inner.newest_commit {
-                Some((newest, since)) => {
-                    overwrite(newest, watermark);
-                    *since = at;
-                }
-                none => *none = Some((watermark.to_string(), at)),
+        match &mut inner.newest_commit {
+            Some((newest, since)) if watermark > newest.as_str() => {
+                overwrite(newest, watermark);
+                *since = at;
             }
+            Some(_) => {}
+            none => *none = Some((watermark.to_string(), at)),
         }
         if let Some(entry) = inner.entries.get_mut(&self.id) {
             if watermark > entry.acked.as_str() && entry.unacked_since.is_none() {
@@ -355,12 +350,15 @@ mod tests {
             None,
             "caught up with the newest relayed"
         );
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let newest = subscribers.newest_commit();
         a.sent("2b1", Instant::now());
         assert_eq!(
             behind(&subscribers),
             None,
             "an older commit than acked is not behind"
         );
+        assert_eq!(subscribers.newest_commit(), newest, "nor the newest");
         a.sent("2b11", Instant::now());
         assert_eq!(behind(&subscribers), Some(Instant::now()));
         a.ack("2b11");
