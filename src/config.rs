@@ -1045,14 +1045,8 @@ impl RawConfig {
         let ack_batch_window = problems.field(
             "relay.ack_batch_window",
             parse_duration(&self.relay.ack_batch_window).and_then(|d| {
-                if d > MAX_ACK_BATCH_WINDOW {
-                    Err(format!(
-                        "{:?} is longer than {MAX_ACK_BATCH_WINDOW:?}: Zero paces replication on acks",
-                        self.relay.ack_batch_window
-                    ))
-                } else {
-                    Ok(d)
-                }
+                at_most(&self.relay.ack_batch_window, d, MAX_ACK_BATCH_WINDOW)
+                    .map_err(|e| format!("{e}: Zero paces replication on acks"))
             }),
         );
 
@@ -1069,16 +1063,8 @@ impl RawConfig {
         );
         let ack_wakeup_wait = problems.field(
             "relay.ack_wakeup_wait",
-            parse_positive_duration(&self.relay.ack_wakeup_wait).and_then(|d| {
-                if d > MAX_ACK_WAKEUP_WAIT {
-                    Err(format!(
-                        "{:?} is longer than {MAX_ACK_WAKEUP_WAIT:?}",
-                        self.relay.ack_wakeup_wait
-                    ))
-                } else {
-                    Ok(d)
-                }
-            }),
+            parse_positive_duration(&self.relay.ack_wakeup_wait)
+                .and_then(|d| at_most(&self.relay.ack_wakeup_wait, d, MAX_ACK_WAKEUP_WAIT)),
         );
 
         let format = problems.field(
@@ -1287,6 +1273,15 @@ fn parse_positive_duration(text: &str) -> Result<Duration, String> {
             Ok(d)
         }
     })
+}
+
+/// `d`, parsed from `text`, unless it is longer than `max`.
+fn at_most(text: &str, d: Duration, max: Duration) -> Result<Duration, String> {
+    if d > max {
+        Err(format!("{text:?} is longer than {max:?}"))
+    } else {
+        Ok(d)
+    }
 }
 
 fn parse_addr(text: &str) -> Result<SocketAddr, String> {
