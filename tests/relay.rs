@@ -49,6 +49,25 @@ async fn subscribe(
     (client, conn, status)
 }
 
+/// The upstream sends messages `first..`: a begin at `watermark`, `rows` data messages and the commit; the
+/// subscriber reads them all.
+async fn relay_transaction(
+    conn: &mut UpstreamConn,
+    client: &mut Client,
+    first: u64,
+    rows: u64,
+    watermark: &str,
+) {
+    conn.send_msg(first, &begin(watermark)).await;
+    for id in first + 1..=first + rows {
+        conn.send_msg(id, DATA).await;
+    }
+    conn.send_msg(first + rows + 1, &commit(watermark)).await;
+    for _ in first..=first + rows + 1 {
+        next_text(client).await;
+    }
+}
+
 #[tokio::test]
 async fn frames_are_relayed_byte_for_byte_both_ways() {
     let mut upstream = Upstream::start().await;
@@ -284,12 +303,7 @@ async fn batched_acks_reach_the_upstream_in_order_even_when_no_more_come() {
     let sidecar = start(upstream.config("[relay]\nack_batch_window = \"20ms\"\n")).await;
     let path = changes_path(3, "t1", "serving-replicator-1", "0a", false);
     let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
-    conn.send_msg(2, &begin("0b")).await;
-    conn.send_msg(3, DATA).await;
-    conn.send_msg(4, &commit("0b")).await;
-    for _ in 2..=4 {
-        next_text(&mut client).await;
-    }
+    relay_transaction(&mut conn, &mut client, 2, 1, "0b").await;
     // Acks 1 and 2 leave messages in flight, so they are held; nothing follows them, and the window sends them.
     send_text(&mut client, r#"{"ack":1}"#).await;
     send_text(&mut client, r#"{"ack":2}"#).await;
@@ -313,12 +327,7 @@ async fn acks_wait_in_the_kernel_for_the_rest_of_theirs_then_leave_in_order() {
     // Ack 1 shows one ack per message; it leaves nothing in flight and goes at once.
     send_text(&mut client, r#"{"ack":1}"#).await;
     assert_eq!(conn.next_ack().await, 1);
-    conn.send_msg(2, &begin("0b")).await;
-    conn.send_msg(3, DATA).await;
-    conn.send_msg(4, &commit("0b")).await;
-    for _ in 2..=4 {
-        next_text(&mut client).await;
-    }
+    relay_transaction(&mut conn, &mut client, 2, 1, "0b").await;
     send_text(&mut client, r#"{"ack":2}"#).await;
     send_text(&mut client, r#"{"ack":3}"#).await;
     let early = tokio::time::timeout(Duration::from_millis(300), conn.next_ack()).await;
@@ -343,12 +352,7 @@ async fn acks_and_a_close_from_a_subscriber_that_pauses_mid_transaction_are_hear
     let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
     send_text(&mut client, r#"{"ack":1}"#).await;
     assert_eq!(conn.next_ack().await, 1);
-    conn.send_msg(2, &begin("0b")).await;
-    conn.send_msg(3, DATA).await;
-    conn.send_msg(4, &commit("0b")).await;
-    for _ in 2..=4 {
-        next_text(&mut client).await;
-    }
+    relay_transaction(&mut conn, &mut client, 2, 1, "0b").await;
     // Well before the first ping (server.ping_interval, 10 s), which would also let them through.
     let within = Duration::from_secs(5);
     send_text(&mut client, r#"{"ack":2}"#).await;
@@ -376,11 +380,7 @@ async fn with_ack_wakeups_off_each_ack_leaves_as_it_comes() {
     let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
     send_text(&mut client, r#"{"ack":1}"#).await;
     assert_eq!(conn.next_ack().await, 1);
-    conn.send_msg(2, &begin("0b")).await;
-    conn.send_msg(3, &commit("0b")).await;
-    for _ in 2..=3 {
-        next_text(&mut client).await;
-    }
+    relay_transaction(&mut conn, &mut client, 2, 0, "0b").await;
     send_text(&mut client, r#"{"ack":2}"#).await;
     let ack = tokio::time::timeout(Duration::from_secs(1), conn.next_ack()).await;
     assert_eq!(ack.ok(), Some(2));
