@@ -239,6 +239,9 @@ pub struct Subscriber {
     pub replica_version: String,
     /// When it disconnected; `None` while connected.
     pub departed: Option<Instant>,
+    /// It departed before or with the upstream's loss, and the upstream is not back: its grace runs only from the
+    /// upstream's return, so until then it is tracked whatever the grace, `cleanup.reconnect_grace = "0s"` too.
+    pub awaits_upstream: bool,
 }
 
 impl Subscriber {
@@ -246,10 +249,12 @@ impl Subscriber {
         self.departed.is_none()
     }
 
-    /// Connected, or departed less than `grace` ago and so still expected to reconnect from `acked`.
+    /// Connected, departed less than `grace` ago and so still expected to reconnect from `acked`, or waiting for
+    /// the upstream's return before its grace can run.
     pub fn is_tracked(&self, now: Instant, grace: Duration) -> bool {
         match self.departed {
             None => true,
+            Some(_) if self.awaits_upstream => true,
             // A departure stamped after `now` counts as just now.
             Some(departed) => now.saturating_duration_since(departed) < grace,
         }
@@ -753,6 +758,7 @@ mod tests {
             acked: wm(acked),
             replica_version: wm(RV),
             departed: None,
+            awaits_upstream: false,
         }
     }
 
@@ -1830,6 +1836,7 @@ mod tests {
                         acked,
                         replica_version,
                         departed: None,
+                        awaits_upstream: false,
                     });
                 }
                 Event::Ack(s, p) if !self.subscribers.is_empty() => {
@@ -2098,6 +2105,7 @@ mod tests {
                 acked: lexi(head),
                 replica_version: lexi(start),
                 departed: None,
+                awaits_upstream: false,
             }];
             let d = decide(&Inputs {
                 now: at(now),

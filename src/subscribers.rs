@@ -142,6 +142,7 @@ impl Subscribers {
                 acked: e.acked.clone(),
                 replica_version: e.info.replica_version.clone(),
                 departed: e.departed.map(|at| if waiting { at.max(now) } else { at }),
+                awaits_upstream: waiting && e.departed.is_some(),
             })
             .collect()
     }
@@ -364,6 +365,30 @@ mod tests {
         a.ack("2b11");
         assert_eq!(a.acked(), "2b11");
         assert_eq!(behind(&subscribers), None);
+    }
+
+    /// With no reconnect grace, a subscriber the upstream cut off still holds cleanup until the upstream is back.
+    #[tokio::test(start_paused = true)]
+    async fn without_a_grace_subscribers_cut_off_with_the_upstream_hold_until_it_returns() {
+        let subscribers = Subscribers::default();
+        let none = Duration::ZERO;
+        let a = subscribers.connect(info("a", "0a"));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        subscribers.upstream_lost();
+        drop(a);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let now = Instant::now();
+        let view = subscribers.for_policy(now, none);
+        assert_eq!(view.len(), 1);
+        assert!(view[0].is_tracked(now, none), "{view:?}");
+
+        subscribers.upstream_reached(Instant::now());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let now = Instant::now();
+        assert!(subscribers
+            .for_policy(now, none)
+            .iter()
+            .all(|s| !s.is_tracked(now, none)));
     }
 
     #[tokio::test(start_paused = true)]
