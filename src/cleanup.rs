@@ -96,6 +96,17 @@ impl Backlog {
         added
     }
 
+    /// The backlog of a run that follows one which purged below `last_purged` with the gauge once at `highest`
+    /// (both from the state file): nothing at or below the last purge is tracked again, and a gauge that comes back
+    /// below the old highest is a regression, restart or not.
+    pub fn resumed(last_purged: Option<&str>, highest: Option<&str>) -> Self {
+        Self {
+            last_purged: last_purged.map(str::to_owned),
+            highest: highest.map(str::to_owned),
+            ..Self::default()
+        }
+    }
+
     /// After a successful purge below `before`: forget every backup below it. The one at `before` stays, so the
     /// policy reports "nothing new" rather than "no backup" until a newer backup arrives.
     pub fn purged(&mut self, before: &str) {
@@ -323,6 +334,46 @@ pub struct Inputs<'a> {
     pub current_backup: Option<&'a str>,
     /// What the backup destination holds: only claims it covers may be purged below.
     pub destination: Destination,
+    /// What the sidecar knows beyond the data above: its memory across restarts, litestream's position, the
+    /// purger lock, the replica's last reset, the clock.
+    pub guards: Guards,
+}
+
+/// The facts that keep cleanup safe at the edges of a run: a restart, a resync, a restarted litestream, a second
+/// sidecar, a stepped clock. The default is the quiet case: nothing to hold for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Guards {
+    /// Another sidecar holds the shard's purger lock, or it could not be taken: this one is standby.
+    pub standby: bool,
+    /// Whether what this run knows of restores in flight would survive a restart.
+    pub memory: Memory,
+    /// The run started without a state file, so a restore begun before it may be in flight unseen: cleanup holds
+    /// until this instant (`cleanup.hold_without_state` after the start).
+    pub restores_unknown_until: Option<Instant>,
+    /// The change DB's `replicaVersion` changed (a resync) at this wall-clock time: every claim from before it is
+    /// about another replica, and cleanup holds until a backup taken after it has aged.
+    pub reset_at: Option<SystemTime>,
+    /// Where litestream's backup stands is unknown: it restarted, its page lost its samples, or it could not be
+    /// read. Nothing is purged until a page shows the gauge again.
+    pub position_unknown: bool,
+    /// The wall clock as the monotonic clock has carried it since the sidecar started: a claim is aged only when
+    /// both this and [`Inputs::wall_now`] say so, so a forward step of the wall clock ages nothing. `None`: the
+    /// wall clock alone.
+    pub steady_now: Option<SystemTime>,
+}
+
+/// Whether the state file keeps what this run knows (open reservations, the learned delay) for the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Memory {
+    /// Written and current.
+    #[default]
+    Kept,
+    /// `cleanup.state_file = "none"`: the operator chose to keep nothing.
+    OptedOut,
+    /// The last write failed: a restart now would forget the restores in flight.
+    Unwritable,
+    /// The file the previous run left cannot be read: what it knew is unknown, and nothing is guessed.
+    Unreadable,
 }
 
 /// How far open reservations (and, through [`purge_ceiling`], tracked subscribers) let a purge that is already
@@ -431,13 +482,26 @@ pub enum HoldReason {
     /// Registered, but not yet for `reconnect_grace` plus the cleanup delay: subscribers that were connected to the
     /// change-streamer directly may not have come through the sidecar yet.
     RecentlyRegistered,
+    /// Another sidecar holds the shard's purger lock: this one is standby, and takes over when it frees.
+    Standby,
     /// The sidecar has been up for less than the cleanup delay: a restore that began before it started may still
     /// be running unseen.
     StartingUp,
+    /// The state file the previous run left cannot be read: which restores were in flight is unknown.
+    StateUnreadable,
+    /// The state file cannot be written: a restart would forget the restores in flight.
+    StateUnwritable,
+    /// Started without a state file: a restore begun before the start may still be in flight, for up to
+    /// `cleanup.hold_without_state`.
+    RestoresUnknown,
+    /// The replica was reset (a resync): no backup taken since has aged yet.
+    ReplicaReset,
     /// Mode `pause` and at least one reservation is open.
     ReservationsOpen,
     /// Mode `pin` and a reservation opened before any backup was known: it protects every row.
     ReservationWithoutFloor,
+    /// Where litestream's backup stands is unknown (it restarted, its page lost its samples, or it cannot be read).
+    BackupUnknown,
     /// Litestream's gauge reports a watermark below the highest it reported before (it restarted on an older
     /// generation, say): a restore started now gets less than the old high, so no backup above the gauge proves
     /// anything until the gauge reaches the old high again.
@@ -465,12 +529,18 @@ pub enum HoldReason {
 
 impl HoldReason {
     /// Every variant, in evaluation order (for pre-registering metric label values).
-    pub const ALL: [HoldReason; 14] = [
+    pub const ALL: [HoldReason; 20] = [
         HoldReason::NotRegistered,
         HoldReason::RecentlyRegistered,
+        HoldReason::Standby,
         HoldReason::StartingUp,
+        HoldReason::StateUnreadable,
+        HoldReason::StateUnwritable,
+        HoldReason::RestoresUnknown,
+        HoldReason::ReplicaReset,
         HoldReason::ReservationsOpen,
         HoldReason::ReservationWithoutFloor,
+        HoldReason::BackupUnknown,
         HoldReason::BackupRegressed,
         HoldReason::NoBackup,
         HoldReason::NoSubscribers,
@@ -487,9 +557,15 @@ impl HoldReason {
         match self {
             HoldReason::NotRegistered => "not_registered",
             HoldReason::RecentlyRegistered => "recently_registered",
+            HoldReason::Standby => "standby",
             HoldReason::StartingUp => "starting_up",
+            HoldReason::StateUnreadable => "state_unreadable",
+            HoldReason::StateUnwritable => "state_unwritable",
+            HoldReason::RestoresUnknown => "restores_unknown",
+            HoldReason::ReplicaReset => "replica_reset",
             HoldReason::ReservationsOpen => "reservations_open",
             HoldReason::ReservationWithoutFloor => "reservation_without_floor",
+            HoldReason::BackupUnknown => "backup_unknown",
             HoldReason::BackupRegressed => "backup_regressed",
             HoldReason::NoBackup => "no_backup",
             HoldReason::NoSubscribers => "no_subscribers",
@@ -508,9 +584,17 @@ impl fmt::Display for HoldReason {
         f.write_str(match self {
             HoldReason::NotRegistered => "not registered as the change-streamer address",
             HoldReason::RecentlyRegistered => "registered too recently",
+            HoldReason::Standby => "standby: another sidecar holds the shard's purger lock",
             HoldReason::StartingUp => "starting up",
+            HoldReason::StateUnreadable => "state file unreadable",
+            HoldReason::StateUnwritable => "state file cannot be written",
+            HoldReason::RestoresUnknown => {
+                "started without a state file: restores in flight unknown"
+            }
+            HoldReason::ReplicaReset => "replica reset: no backup of the new replica has aged",
             HoldReason::ReservationsOpen => "reservations open",
             HoldReason::ReservationWithoutFloor => "reservation opened before any backup",
+            HoldReason::BackupUnknown => "litestream's backed-up position unknown",
             HoldReason::BackupRegressed => {
                 "litestream's backup went back below a watermark it reported"
             }
@@ -543,20 +627,25 @@ impl fmt::Display for HoldReason {
 /// Otherwise it holds with the first reason that applies, checked in this fixed order (that of [`HoldReason::ALL`]):
 /// 1. `NotRegistered`: ownership is checked and `ownerAddress` does not name the sidecar.
 /// 2. `RecentlyRegistered`: it has named the sidecar for less than `reconnect_grace + cleanup_delay`.
-/// 3. `StartingUp`: uptime `< cleanup_delay`.
-/// 4. `ReservationsOpen`: mode `pause` and a reservation is open.
-/// 5. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
-/// 6. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
-///    tracked, and it is the news an operator needs.
-/// 7. `NoBackup`: no backup is tracked.
-/// 8. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
-///    [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or uptime `< reconnect_grace`.
-/// 9. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
-/// 10. `NothingNew`: no backup is newer than `last_purged`.
-/// 11. `BackupTooRecent`: none of those is old enough.
-/// 12. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
-/// 13. `ReservationFloor`: all of the covered ones are above some reservation's floor.
-/// 14. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+/// 3. `Standby`: another sidecar holds the shard's purger lock.
+/// 4. `StartingUp`: uptime `< cleanup_delay`.
+/// 5. `StateUnreadable`, 6. `StateUnwritable`: the state file cannot be read, or written ([`Memory`]).
+/// 7. `RestoresUnknown`: started without a state file, less than `cleanup.hold_without_state` ago.
+/// 8. `ReplicaReset`: the replica was reset and no backup taken after the reset has aged.
+/// 9. `ReservationsOpen`: mode `pause` and a reservation is open.
+/// 10. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
+/// 11. `BackupUnknown`: litestream's position is unknown (restarted, no samples, unreadable).
+/// 12. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
+///     tracked, and it is the news an operator needs.
+/// 13. `NoBackup`: no backup is tracked.
+/// 14. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
+///     [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or uptime `< reconnect_grace`.
+/// 15. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
+/// 16. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
+/// 17. `BackupTooRecent`: none of those is old enough.
+/// 18. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
+/// 19. `ReservationFloor`: all of the covered ones are above some reservation's floor.
+/// 20. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
 pub fn decide(inputs: &Inputs) -> Decision {
     match choose(inputs) {
         Ok((before, bound)) => Decision::Purge {
@@ -579,8 +668,29 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
             }
         }
     }
+    let guards = &inputs.guards;
+    if guards.standby {
+        return Err(HoldReason::Standby);
+    }
     if inputs.now.saturating_duration_since(inputs.started) < inputs.cleanup_delay {
         return Err(HoldReason::StartingUp);
+    }
+    match guards.memory {
+        Memory::Kept | Memory::OptedOut => {}
+        Memory::Unreadable => return Err(HoldReason::StateUnreadable),
+        Memory::Unwritable => return Err(HoldReason::StateUnwritable),
+    }
+    if guards
+        .restores_unknown_until
+        .is_some_and(|until| inputs.now < until)
+    {
+        return Err(HoldReason::RestoresUnknown);
+    }
+    if let Some(reset) = guards.reset_at {
+        let since_reset = |b: &Backup| b.backed_up_at >= reset && is_aged(b, inputs);
+        if !inputs.backups.iter().any(since_reset) {
+            return Err(HoldReason::ReplicaReset);
+        }
     }
 
     let mut lowest_floor: Option<&'a HeldReservation> = None;
@@ -601,6 +711,9 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
         }
     }
 
+    if guards.position_unknown {
+        return Err(HoldReason::BackupUnknown);
+    }
     if is_regressed(inputs.highest_backup, inputs.current_backup) {
         return Err(HoldReason::BackupRegressed);
     }
@@ -636,6 +749,7 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
         inputs
             .last_purged
             .is_none_or(|last| b.watermark.as_str() > last)
+            && guards.reset_at.is_none_or(|reset| b.backed_up_at >= reset)
     };
     if !inputs.backups.iter().any(|b| is_new(&b)) {
         return Err(HoldReason::NothingNew);
@@ -699,12 +813,15 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
         .ok_or(HoldReason::SubscriberBehind)
 }
 
-/// Backed up at least `cleanup_delay` ago by the wall clock (`checked_sub` fails only near `SystemTime`'s limits;
+/// Backed up at least `cleanup_delay` ago by the wall clock, and by the wall clock as the monotonic clock carried it
+/// since the start, so that a forward step ages nothing (`checked_sub` fails only near `SystemTime`'s limits;
 /// nothing is aged then).
 fn is_aged(backup: &Backup, inputs: &Inputs) -> bool {
-    inputs
-        .wall_now
-        .checked_sub(inputs.cleanup_delay)
+    let now = match inputs.guards.steady_now {
+        Some(steady) => inputs.wall_now.min(steady),
+        None => inputs.wall_now,
+    };
+    now.checked_sub(inputs.cleanup_delay)
         .is_some_and(|cutoff| backup.backed_up_at <= cutoff)
 }
 
@@ -786,6 +903,7 @@ mod tests {
         /// The gauge: `(highest, current)`; unset, it reports the newest backup.
         gauge: Option<(&'static str, &'static str)>,
         destination: Destination,
+        guards: Guards,
     }
 
     fn case() -> Case {
@@ -803,6 +921,7 @@ mod tests {
             last_purged: None,
             gauge: None,
             destination: Destination::Unchecked,
+            guards: Guards::default(),
         }
     }
 
@@ -828,8 +947,125 @@ mod tests {
                 highest_backup: highest,
                 current_backup: current,
                 destination: self.destination,
+                guards: self.guards,
             })
         }
+    }
+
+    /// A case that purges below 0c unless a guard holds it.
+    fn guarded() -> Case {
+        Case {
+            backups: vec![backup("0b", 600), backup("0c", 300)],
+            subscribers: vec![sub("0d")],
+            ..case()
+        }
+    }
+
+    #[test]
+    fn each_guard_holds_with_its_own_reason_and_the_quiet_case_purges() {
+        assert_eq!(guarded().decide(), purge("0c"));
+        let with = |guards: Guards| {
+            Case {
+                guards,
+                ..guarded()
+            }
+            .decide()
+        };
+        let held = Guards::default();
+        assert_eq!(
+            with(Guards {
+                standby: true,
+                ..held
+            }),
+            Decision::Hold(Standby)
+        );
+        assert_eq!(
+            with(Guards {
+                memory: Memory::Unreadable,
+                ..held
+            }),
+            Decision::Hold(StateUnreadable)
+        );
+        assert_eq!(
+            with(Guards {
+                memory: Memory::Unwritable,
+                ..held
+            }),
+            Decision::Hold(StateUnwritable)
+        );
+        // Opting out of the state file is the operator's call: no hold for it.
+        assert_eq!(
+            with(Guards {
+                memory: Memory::OptedOut,
+                ..held
+            }),
+            purge("0c")
+        );
+        assert_eq!(
+            with(Guards {
+                restores_unknown_until: Some(at(NOW + 1)),
+                ..held
+            }),
+            Decision::Hold(RestoresUnknown)
+        );
+        assert_eq!(
+            with(Guards {
+                restores_unknown_until: Some(at(NOW)),
+                ..held
+            }),
+            purge("0c")
+        );
+        assert_eq!(
+            with(Guards {
+                position_unknown: true,
+                ..held
+            }),
+            Decision::Hold(BackupUnknown)
+        );
+    }
+
+    #[test]
+    fn after_a_reset_only_backups_taken_since_count_once_they_have_aged() {
+        let reset = |secs_ago: u64| Guards {
+            reset_at: Some(wall(NOW - secs_ago)),
+            ..Guards::default()
+        };
+        // Reset 200 s ago: 0b and 0c are claims about the old replica; nothing of the new one yet.
+        let mut case = Case {
+            guards: reset(200),
+            ..guarded()
+        };
+        assert_eq!(case.decide(), Decision::Hold(ReplicaReset));
+        // A backup of the new replica, not yet aged (60 s delay).
+        case.backups.push(backup("05", 30));
+        assert_eq!(case.decide(), Decision::Hold(ReplicaReset));
+        // Aged: the purge goes below it, never below an old claim, though those are higher.
+        case.backups.push(backup("04", 100));
+        assert_eq!(case.decide(), purge("04"));
+    }
+
+    #[test]
+    fn a_forward_step_of_the_wall_clock_ages_no_claim() {
+        // The wall clock jumped an hour ahead; by the monotonic clock since the start it is still NOW - 3600.
+        let case = Case {
+            now: NOW,
+            backups: vec![backup("0b", 3630)],
+            subscribers: vec![sub("0d")],
+            guards: Guards {
+                steady_now: Some(wall(NOW - 3600)),
+                ..Guards::default()
+            },
+            ..case()
+        };
+        assert_eq!(case.decide(), Decision::Hold(BackupTooRecent));
+        let later = Case {
+            guards: Guards {
+                steady_now: Some(wall(NOW - 3500)),
+                ..Guards::default()
+            },
+            ..case
+        };
+        assert_eq!(later.decide(), purge("0b"));
     }
 
     /// A purge below the newest aged backup, which nothing lowered.
@@ -1657,10 +1893,11 @@ mod tests {
             );
         }
         assert_eq!(HoldReason::ALL[0], NotRegistered);
-        assert_eq!(HoldReason::ALL[2], StartingUp);
-        assert_eq!(HoldReason::ALL[5], BackupRegressed);
-        assert_eq!(HoldReason::ALL[11], BackupUnverified);
-        assert_eq!(HoldReason::ALL[13], SubscriberBehind);
+        assert_eq!(HoldReason::ALL[3], StartingUp);
+        assert_eq!(HoldReason::ALL[10], BackupUnknown);
+        assert_eq!(HoldReason::ALL[11], BackupRegressed);
+        assert_eq!(HoldReason::ALL[17], BackupUnverified);
+        assert_eq!(HoldReason::ALL[19], SubscriberBehind);
     }
 
     // Property tests: a model of the monitor's view over random event sequences.
@@ -1885,6 +2122,7 @@ mod tests {
                 highest_backup: self.backups.iter().map(|b| b.watermark.as_str()).max(),
                 current_backup: self.backups.iter().map(|b| b.watermark.as_str()).max(),
                 destination: self.destination,
+                guards: Guards::default(),
             }
         }
 
@@ -2123,6 +2361,7 @@ mod tests {
                 highest_backup: backups.last().map(|b| b.watermark.as_str()),
                 current_backup: backups.last().map(|b| b.watermark.as_str()),
                 destination: Destination::Unchecked,
+                guards: Guards::default(),
             });
             prop_assert_eq!(d, Decision::Purge { before: newest_aged, bound: Bound::Backup });
         }

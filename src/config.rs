@@ -125,6 +125,8 @@ pub struct RawCleanup {
     pub without_subscribers: WithoutSubscribers,
     pub batch_rows: i64,
     pub state_file: String,
+    pub restore_limit: String,
+    pub hold_without_state: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -298,6 +300,8 @@ impl Default for RawCleanup {
             without_subscribers: WithoutSubscribers::Hold,
             batch_rows: 10_000,
             state_file: String::new(),
+            restore_limit: "auto".into(),
+            hold_without_state: "auto".into(),
         }
     }
 }
@@ -495,9 +499,48 @@ pub struct CleanupConfig {
     pub without_subscribers: WithoutSubscribers,
     /// Rows per DELETE statement, so no statement holds locks or writes WAL without bound.
     pub batch_rows: i64,
-    /// Where the learned cleanup delay and the last purge survive a restart (see [`crate::state`]); `None`: they
-    /// do not.
+    /// Where open reservations, the learned cleanup delay, the last purge and litestream's highest watermark
+    /// survive a restart (see [`crate::state`]); `None`: the operator chose to keep nothing (`"none"`).
     pub state_file: Option<std::path::PathBuf>,
+    /// How long a restore may take: a reservation kept across a restart is honoured this long after it opened.
+    pub restore_limit: RestoreLimit,
+    /// How long a start without a state file holds cleanup: a restore begun before it may be in flight.
+    pub hold_without_state: RestoreLimit,
+}
+
+/// The longest a restore is taken to last: a fixed duration, or scaled to the backup's size as Zero scales its own
+/// wait for a first backup (an hour per 50 GiB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreLimit {
+    /// [`RestoreLimit::AUTO_PER`] per [`RestoreLimit::AUTO_UNIT`] of the largest database on litestream's page,
+    /// never less than one hour; one hour while the size is unknown.
+    Auto,
+    Fixed(Duration),
+}
+
+impl RestoreLimit {
+    pub const AUTO_PER: Duration = Duration::from_secs(3600);
+    pub const AUTO_UNIT: u64 = 50 << 30;
+
+    /// The limit for a backup of `db_bytes` (`None`: not known).
+    pub fn for_size(self, db_bytes: Option<u64>) -> Duration {
+        match self {
+            RestoreLimit::Fixed(limit) => limit,
+            RestoreLimit::Auto => {
+                let units = db_bytes.unwrap_or(0).div_ceil(Self::AUTO_UNIT).max(1);
+                Self::AUTO_PER.saturating_mul(u32::try_from(units).unwrap_or(u32::MAX))
+            }
+        }
+    }
+}
+
+fn parse_restore_limit(text: &str) -> Result<RestoreLimit, String> {
+    match text.trim() {
+        "auto" => Ok(RestoreLimit::Auto),
+        other => parse_duration(other)
+            .map(RestoreLimit::Fixed)
+            .map_err(|e| format!("{e}; or \"auto\"")),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -950,6 +993,14 @@ impl RawConfig {
             "cleanup.reconnect_grace",
             parse_duration(&self.cleanup.reconnect_grace),
         );
+        let restore_limit = problems.field(
+            "cleanup.restore_limit",
+            parse_restore_limit(&self.cleanup.restore_limit),
+        );
+        let hold_without_state = problems.field(
+            "cleanup.hold_without_state",
+            parse_restore_limit(&self.cleanup.hold_without_state),
+        );
         let batch_rows = problems.field(
             "cleanup.batch_rows",
             if (1..=1_000_000).contains(&self.cleanup.batch_rows) {
@@ -1135,9 +1186,14 @@ impl RawConfig {
                     without_subscribers: self.cleanup.without_subscribers,
                     batch_rows: batch_rows?,
                     state_file: match self.cleanup.state_file.trim() {
-                        "" => default_state_file(std::env::var("STATE_DIRECTORY").ok().as_deref()),
+                        "" => Some(default_state_file(
+                            std::env::var("STATE_DIRECTORY").ok().as_deref(),
+                        )),
+                        "none" => None,
                         path => Some(path.into()),
                     },
+                    restore_limit: restore_limit?,
+                    hold_without_state: hold_without_state?,
                 },
                 discovery: DiscoveryConfig {
                     mode: self.discovery.mode,
@@ -1402,12 +1458,19 @@ pub fn redact_db_url(text: &str) -> String {
         .join(" ")
 }
 
-/// Where the state lives when `cleanup.state_file` is not set: systemd's `StateDirectory=` (passed as
-/// `$STATE_DIRECTORY`, possibly several paths separated by `:`), else nowhere.
-fn default_state_file(state_directory: Option<&str>) -> Option<std::path::PathBuf> {
-    let dir = state_directory?.split(':').next()?.trim();
-    (!dir.is_empty()).then(|| std::path::Path::new(dir).join("state.json"))
+/// Where the state lives when a config names none: systemd's `StateDirectory=` (passed as `$STATE_DIRECTORY`,
+/// possibly several paths separated by `:`), else [`DEFAULT_STATE_DIR`].
+fn default_state_file(state_directory: Option<&str>) -> std::path::PathBuf {
+    let dir = state_directory
+        .and_then(|dirs| dirs.split(':').next())
+        .map(str::trim)
+        .filter(|dir| !dir.is_empty())
+        .unwrap_or(DEFAULT_STATE_DIR);
+    std::path::Path::new(dir).join("state.json")
 }
+
+/// The state's directory outside systemd: the same path systemd's `StateDirectory=litestream-sidecar` gives.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/litestream-sidecar";
 
 #[cfg(test)]
 mod tests {
@@ -1956,19 +2019,68 @@ mod tests {
     }
 
     #[test]
-    fn the_default_path_is_systemds_state_directory() {
-        assert_eq!(default_state_file(None), None);
-        assert_eq!(default_state_file(Some("")), None);
+    fn the_state_is_kept_by_default_in_systemds_state_directory_or_var_lib() {
+        let path = std::path::PathBuf::from;
         assert_eq!(
-            default_state_file(Some("/var/lib/litestream-sidecar")),
-            Some(std::path::PathBuf::from(
-                "/var/lib/litestream-sidecar/state.json"
-            ))
+            default_state_file(None),
+            path("/var/lib/litestream-sidecar/state.json")
+        );
+        assert_eq!(
+            default_state_file(Some("")),
+            path("/var/lib/litestream-sidecar/state.json")
+        );
+        assert_eq!(
+            default_state_file(Some("/run/state/sidecar")),
+            path("/run/state/sidecar/state.json")
         );
         assert_eq!(
             default_state_file(Some("/var/lib/a:/var/lib/b")),
-            Some(std::path::PathBuf::from("/var/lib/a/state.json"))
+            path("/var/lib/a/state.json")
         );
+        let cleanup = |text: &str| {
+            from_toml_str(
+                &format!("{MINIMAL}[cleanup]\n{text}"),
+                Some(Default::default()),
+            )
+            .unwrap()
+            .validate()
+            .map(|c| c.cleanup)
+        };
+        // Opting out is explicit.
+        assert_eq!(cleanup("state_file = \"none\"\n").unwrap().state_file, None);
+        assert_eq!(
+            cleanup("state_file = \"/srv/s.json\"\n")
+                .unwrap()
+                .state_file,
+            Some(path("/srv/s.json"))
+        );
+        let defaults = cleanup("").unwrap();
+        assert!(defaults.state_file.is_some());
+        assert_eq!(defaults.restore_limit, RestoreLimit::Auto);
+        assert_eq!(defaults.hold_without_state, RestoreLimit::Auto);
+        let set = cleanup("restore_limit = \"3h\"\nhold_without_state = \"0s\"\n").unwrap();
+        assert_eq!(
+            set.restore_limit,
+            RestoreLimit::Fixed(Duration::from_secs(3 * 3600))
+        );
+        assert_eq!(set.hold_without_state, RestoreLimit::Fixed(Duration::ZERO));
+        let err = cleanup("restore_limit = \"soon\"\n").unwrap_err();
+        assert!(
+            format!("{err:?}").contains("cleanup.restore_limit"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn an_automatic_restore_limit_is_an_hour_per_50_gib_and_at_least_an_hour() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(RestoreLimit::Auto.for_size(None), hour);
+        assert_eq!(RestoreLimit::Auto.for_size(Some(0)), hour);
+        assert_eq!(RestoreLimit::Auto.for_size(Some(50 << 30)), hour);
+        assert_eq!(RestoreLimit::Auto.for_size(Some((50 << 30) + 1)), 2 * hour);
+        assert_eq!(RestoreLimit::Auto.for_size(Some(189 << 30)), 4 * hour);
+        let fixed = RestoreLimit::Fixed(Duration::from_secs(90));
+        assert_eq!(fixed.for_size(Some(1 << 40)), Duration::from_secs(90));
     }
 
     #[test]

@@ -25,7 +25,9 @@
 //! - [`metrics`]: the sidecar's own Prometheus metrics: instruments, the state read at scrape time, the page.
 //! - [`shared`]: state one loop writes and others read, and the rhythm of the periodic loops.
 //! - [`status`]: `GET /status` (the state as JSON) and the table `litestream-sidecar status` prints from it.
-//! - [`state`]: the learned cleanup delay and the last purge, kept in a file across restarts.
+//! - [`state`]: what survives a restart (open reservations, the learned delay, the last purge, the highest
+//!   watermark, the replica version): the file's format and its atomic replacement.
+//! - [`keeper`]: keeps the state file current as reservations open and end.
 //! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
 
 // Denied rather than forbidden so that `sockopt` alone can allow it.
@@ -42,6 +44,7 @@ pub mod config;
 pub mod discovery;
 mod http;
 pub mod inspect;
+pub mod keeper;
 pub mod litestream;
 pub mod metrics;
 pub mod monitor;
@@ -64,7 +67,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{error, info, info_span, warn, Instrument};
 
 pub use config::Config;
 use relay::RelayContext;
@@ -107,11 +110,30 @@ fn status_line(missing: &[&str], status: &monitor::Status) -> String {
     }
 }
 
-/// The state the previous run left in `path`; the configured defaults when there is none or it cannot be read.
-fn restore_state(path: Option<&std::path::Path>) -> state::Saved {
+/// What the previous run left in the state file, as the start needs it.
+struct Start {
+    saved: Option<state::Saved>,
+    memory: cleanup::Memory,
+    /// Why the file cannot be used, when it cannot.
+    problem: Option<String>,
+    /// No file says which restores were in flight: this start is when that became so.
+    restores_unknown: bool,
+}
+
+/// Reads the state the previous run left in `path` (`None`: the operator keeps none). A file that cannot be read is
+/// no reason not to start, but nothing is guessed around it: cleanup holds until the operator has looked.
+fn restore_state(path: Option<&std::path::Path>) -> Start {
     let Some(path) = path else {
-        info!("no cleanup.state_file: a learned cleanup delay will not survive a restart");
-        return state::Saved::default();
+        info!(
+            "cleanup.state_file = \"none\": open reservations and the learned cleanup delay will not survive a \
+             restart; each start holds cleanup for cleanup.hold_without_state"
+        );
+        return Start {
+            saved: None,
+            memory: cleanup::Memory::OptedOut,
+            problem: None,
+            restores_unknown: true,
+        };
     };
     match state::load(path) {
         Ok(Some(saved)) => {
@@ -119,17 +141,43 @@ fn restore_state(path: Option<&std::path::Path>) -> state::Saved {
                 path = %path.display(),
                 cleanup_delay = ?saved.cleanup_delay,
                 last_purge = saved.last_purge.as_ref().map_or("", |b| b.watermark.as_str()),
+                highest_backup = saved.highest_backup.as_deref().unwrap_or(""),
+                replica_version = saved.replica_version.as_deref().unwrap_or(""),
+                reservations = saved.reservations.len(),
                 "state restored"
             );
-            saved
+            Start {
+                restores_unknown: !saved.knows_reservations,
+                saved: Some(saved),
+                memory: cleanup::Memory::Kept,
+                problem: None,
+            }
         }
         Ok(None) => {
-            info!(path = %path.display(), "no state file yet; starting from the configured cleanup delay");
-            state::Saved::default()
+            warn!(
+                path = %path.display(),
+                "no state file (a first start, or the file was lost): a restore begun before this start may be in \
+                 flight unseen, so cleanup holds for cleanup.hold_without_state"
+            );
+            Start {
+                saved: None,
+                memory: cleanup::Memory::Kept,
+                problem: None,
+                restores_unknown: true,
+            }
         }
         Err(err) => {
-            warn!(error = %err, "state file ignored; starting from the configured cleanup delay");
-            state::Saved::default()
+            let problem = format!(
+                "{err}; which restores were in flight is unknown. Once no view-syncer is restoring, move the file \
+                 aside and restart (cleanup then holds for cleanup.hold_without_state)"
+            );
+            error!(error = %problem, "state file unusable: cleanup holds; the sidecar serves on");
+            Start {
+                saved: None,
+                memory: cleanup::Memory::Unreadable,
+                problem: Some(problem),
+                restores_unknown: true,
+            }
         }
     }
 }
@@ -144,8 +192,8 @@ pub struct App {
     discovery: discovery::StateHandle,
     instruments: metrics::Instruments,
     started: tokio::time::Instant,
-    /// The last purge of the previous run, from the state file.
-    last_purge: Option<cleanup::Backup>,
+    /// What the previous run left in the state file.
+    resumed: monitor::Resumed,
     /// Where the backup destination's `AWS_*` settings come from; `None`: the process environment.
     backup_env: Option<Vec<(String, String)>>,
     /// The TLS files the config names, once read ([`App::reloader`]); [`App::run`] reads them if nobody did.
@@ -157,11 +205,45 @@ impl App {
     /// before it.
     pub fn new(config: Config) -> Self {
         let instruments = metrics::Instruments::default();
-        let saved = restore_state(config.cleanup.state_file.as_deref());
+        let start = restore_state(config.cleanup.state_file.as_deref());
+        let saved = start.saved.unwrap_or_default();
         let registry = Registry::with_durations(
             config.cleanup.initial_delay.max(saved.cleanup_delay),
             instruments.reservation_seconds.clone(),
         );
+        let status = monitor::StatusHandle::default();
+        status.update(|s| {
+            s.memory = start.memory;
+            s.state_problem = start.problem;
+        });
+        if !saved.reservations.is_empty() {
+            for kept in &saved.reservations {
+                info!(
+                    task_id = %kept.task_id,
+                    floor = kept.floor.as_deref().unwrap_or(""),
+                    opened_at = %humantime::format_rfc3339_seconds(kept.opened_at),
+                    "reservation kept from before the restart: honoured until its task subscribes or \
+                     cleanup.restore_limit passes"
+                );
+            }
+            registry.keep(
+                saved.reservations.clone(),
+                tokio::time::Instant::now(),
+                std::time::SystemTime::now(),
+            );
+        }
+        let resumed = monitor::Resumed {
+            last_purge: saved.last_purge.clone(),
+            highest_backup: saved.highest_backup.clone(),
+            replica_version: saved.replica_version.clone(),
+            // A first start, a lost file, an old one, or none kept: which restores were in flight is unknown from
+            // now, or still from an earlier start whose hold a restart interrupted.
+            restores_unknown_since: if start.restores_unknown {
+                Some(std::time::SystemTime::now())
+            } else {
+                saved.restores_unknown_since
+            },
+        };
         // A status waits for a listing that finds something to restore.
         if config.backup.verify {
             registry.set_restorable(false);
@@ -169,12 +251,12 @@ impl App {
         Self {
             backup_env: None,
             tls: None,
-            last_purge: saved.last_purge,
+            resumed,
             instruments,
             config,
             registry,
             subscribers: Subscribers::default(),
-            status: monitor::StatusHandle::default(),
+            status,
             discovery: discovery::StateHandle::default(),
             started: tokio::time::Instant::now(),
         }
@@ -307,7 +389,7 @@ impl App {
             self.started,
             self.discovery.clone(),
         )
-        .resuming_after(self.last_purge.clone());
+        .resuming(self.resumed.clone());
         let monitor = match self.backup_env.clone() {
             Some(env) => monitor.with_backup_env(&self.config, env),
             None => monitor,
@@ -317,6 +399,18 @@ impl App {
                 .run(shutdown.clone())
                 .instrument(info_span!("monitor")),
         );
+        // An unusable file is left as it is for the operator: writing over it would erase what it may still say.
+        if let (Some(path), false) = (
+            self.config.cleanup.state_file.clone(),
+            self.status.get().memory == cleanup::Memory::Unreadable,
+        ) {
+            let keeper = keeper::Keeper {
+                path,
+                registry: self.registry.clone(),
+                status: self.status.clone(),
+            };
+            tracker.spawn(keeper.run(shutdown.clone()).instrument(info_span!("state")));
+        }
         let discovery = discovery::Discovery {
             mode: self.config.discovery.mode,
             ours: self.config.discovery.advertise_address.clone(),

@@ -94,6 +94,11 @@ pub struct Parsed {
     pub progress: Vec<Progress>,
     /// One line per problem, each naming the page line.
     pub warnings: Vec<String>,
+    /// `process_start_time_seconds`: when the litestream process serving the page started. A new value is a
+    /// restart, after which the gauge says nothing until litestream has uploaded again.
+    pub process_started: Option<f64>,
+    /// The largest `litestream_db_size`: how big a restore is, which bounds how long one may take.
+    pub db_bytes: Option<u64>,
 }
 
 /// Reads every `litestream_replica_progress` sample that passes `filter` and the checks below.
@@ -121,9 +126,21 @@ pub fn parse_progress(page: &str, filter: &Filter) -> Result<Parsed, ScrapeError
     let mut saw_metric_line = false;
     let mut first_unrecognised: Option<(usize, &str)> = None;
 
+    let mut process_started = None;
+    let mut db_bytes: Option<u64> = None;
     for (index, line) in page.lines().enumerate() {
         let number = index + 1;
         let line = line.strip_suffix('\r').unwrap_or(line);
+        if let Some(fact) = page_fact(line) {
+            match fact {
+                PageFact::ProcessStarted(secs) => process_started = Some(secs),
+                PageFact::DbBytes(bytes) => {
+                    db_bytes = Some(db_bytes.map_or(bytes, |b| b.max(bytes)))
+                }
+            }
+            saw_metric_line = true;
+            continue;
+        }
         let Some((kind, name_end)) = line_kind(line.as_bytes()) else {
             // Other families only tell whether this is a metrics page at all; once one line has shown that, the
             // rest need no parsing (the expensive part on a large page).
@@ -251,7 +268,43 @@ pub fn parse_progress(page: &str, filter: &Filter) -> Result<Parsed, ScrapeError
             )),
         }
     }
-    Ok(Parsed { progress, warnings })
+    Ok(Parsed {
+        progress,
+        warnings,
+        process_started,
+        db_bytes,
+    })
+}
+
+/// A sample of another family that the monitor reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum PageFact {
+    ProcessStarted(f64),
+    DbBytes(u64),
+}
+
+/// `process_start_time_seconds` and `litestream_db_size` samples with a finite, non-negative value; anything else
+/// (including those families' HELP and TYPE lines) is `None`, left to the family scan.
+fn page_fact(line: &str) -> Option<PageFact> {
+    let trimmed = line.trim_start();
+    let fact: fn(f64) -> PageFact = if trimmed.starts_with("process_start_time_seconds") {
+        PageFact::ProcessStarted
+    } else if trimmed.starts_with("litestream_db_size") {
+        // Sizes are whole bytes; a fraction from a float rendering is rounded down.
+        |v| PageFact::DbBytes(v as u64)
+    } else {
+        return None;
+    };
+    match prometheus_parse::LineInfo::parse(trimmed) {
+        prometheus_parse::LineInfo::Sample {
+            metric_name, value, ..
+        } if metric_name == "process_start_time_seconds" || metric_name == "litestream_db_size" => {
+            parse_value(value)
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .map(fact)
+        }
+        _ => None,
+    }
 }
 
 fn describe_wanted(want: Option<&str>) -> String {
@@ -979,6 +1032,23 @@ mod tests {
     }
 
     #[test]
+    fn pages_tell_when_litestream_started_and_how_big_the_database_is() {
+        let fork = parse(FORK);
+        assert_eq!(fork.process_started, Some(1.7962147507e9));
+        assert_eq!(fork.db_bytes, Some(148_480_000));
+        let upstream = parse(UPSTREAM);
+        assert!(upstream.process_started.is_some());
+        // Two databases: the larger one bounds a restore; HELP, TYPE and unusable values are not facts.
+        let page = "# HELP process_start_time_seconds x\n# TYPE process_start_time_seconds gauge\n\
+                    litestream_db_size{db=\"/a\"} 4096\nlitestream_db_size{db=\"/b\"} 8.192e+03\n\
+                    litestream_db_size{db=\"/c\"} NaN\nprocess_start_time_seconds -1\n";
+        let parsed = parse(page);
+        assert_eq!(parsed.db_bytes, Some(8192));
+        assert_eq!(parsed.process_started, None);
+        assert_eq!(parse(TYPE_GAUGE).db_bytes, None);
+    }
+
+    #[test]
     fn fork_page_time_round_trips_to_the_exact_float() {
         let parsed = parse(FORK);
         let since_epoch = parsed.progress[0]
@@ -991,7 +1061,9 @@ mod tests {
 
     #[test]
     fn upstream_page_has_no_progress_and_no_warning() {
-        assert_eq!(parse(UPSTREAM), Parsed::default());
+        let parsed = parse(UPSTREAM);
+        assert!(parsed.progress.is_empty(), "{:?}", parsed.progress);
+        assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
     }
 
     #[test]
@@ -1398,7 +1470,9 @@ mod tests {
                 .map(str::len)
                 .sum::<usize>()
         );
-        assert_eq!(parse(&expected), Parsed::default());
+        let stripped = parse(&expected);
+        assert!(stripped.progress.is_empty() && stripped.warnings.is_empty());
+        assert_eq!(stripped.db_bytes, parse(FORK).db_bytes);
     }
 
     // --- clamp_progress_family

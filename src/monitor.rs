@@ -47,6 +47,27 @@ pub struct Status {
     pub newest_backup: Option<(String, SystemTime)>,
     /// `(highest, current)` while the gauge is below the highest watermark it reported.
     pub backup_regressed: Option<(String, String)>,
+    /// The highest watermark the gauge ever reported, in this run or (from the state file) an earlier one.
+    pub highest_backup: Option<String>,
+    /// Why litestream's position is unknown, while it is (restarted, a page without samples, unreadable).
+    pub backup_unknown: Option<String>,
+    /// `(last purge, gauge)` when the first gauge after a start was below the last purge: a restore of that
+    /// backup cannot catch up from the change log.
+    pub backup_below_purge: Option<(String, String)>,
+    /// The change DB's `replicaVersion` as last read (or kept from the previous run until read).
+    pub replica_version: Option<String>,
+    /// `(old, new, when)`: the latest change of the replica version seen (a resync).
+    pub replica_reset: Option<(String, String, SystemTime)>,
+    /// Whether the state file keeps what this run knows.
+    pub memory: cleanup::Memory,
+    /// Why it does not, while it does not (a write failed, the file is unreadable).
+    pub state_problem: Option<String>,
+    /// Reservations kept from the previous run that reached `cleanup.restore_limit` unanswered.
+    pub kept_expired: u64,
+    /// `Some(true)` while another sidecar holds the shard's purger lock; `None` before the first try.
+    pub standby: Option<bool>,
+    /// Since when nothing says which restores were in flight, while cleanup holds for it.
+    pub restores_unknown_since: Option<SystemTime>,
     /// Checks that did not purge, by reason.
     pub holds: std::collections::HashMap<HoldReason, u64>,
     pub purge_failures: PurgeFailures,
@@ -144,7 +165,21 @@ impl Status {
                 format!("cleanup held: the backup destination cannot be listed ({err})")
             });
         let failing = self.purge_failure_problem();
-        let problems: Vec<String> = [regressed, stale, unlisted, failing]
+        let state = self
+            .state_problem
+            .as_ref()
+            .map(|problem| format!("cleanup held: {problem}"));
+        let unknown = self
+            .backup_unknown
+            .as_ref()
+            .map(|why| format!("cleanup held: litestream's backed-up position is unknown ({why})"));
+        let below = self.backup_below_purge.as_ref().map(|(purged, gauge)| {
+            format!(
+                "litestream's backup ({gauge}) is below the last purge ({purged}): a view-syncer restoring it \
+                 cannot catch up (litestream restored from an older backup?)"
+            )
+        });
+        let problems: Vec<String> = [state, below, regressed, unknown, stale, unlisted, failing]
             .into_iter()
             .flatten()
             .collect();
@@ -312,10 +347,12 @@ pub struct Monitor {
     advertise_address: String,
     /// The replication-manager's own `ownerAddress`, which purges check in mode `owner`.
     upstream_address: String,
-    /// Where the learned cleanup delay and the last purge are kept across restarts.
-    state_file: Option<std::path::PathBuf>,
-    /// The previous run's last purge: nothing at or below it is tracked again.
-    resumed: Option<Backup>,
+    /// What the previous run left in the state file.
+    resumed: Resumed,
+    restore_limit: crate::config::RestoreLimit,
+    hold_without_state: crate::config::RestoreLimit,
+    /// The wall clock at an instant of this run: the base of [`cleanup::Guards::steady_now`].
+    anchor: (Instant, SystemTime),
     /// `None`: `backup.verify` is off. `Err`: the client could not be built (an unusable `AWS_*` variable, say),
     /// reported as a failed listing at every check.
     destination: Option<Result<backup::Destination, String>>,
@@ -332,6 +369,8 @@ struct Gathered {
     cleanup_delay: Duration,
     reservations: Vec<HeldReservation>,
     subscribers: Vec<Subscriber>,
+    /// When the replica was last reset in this run.
+    reset_at: Option<SystemTime>,
 }
 
 impl Gathered {
@@ -348,9 +387,50 @@ struct Said {
     scrape_problem: Throttle,
     listing_problem: Throttle,
     last_hold: Option<HoldReason>,
-    state_problem: Throttle,
-    /// What the state file holds, as far as this run knows.
-    stored: Option<crate::state::Saved>,
+    replica_problem: Throttle,
+}
+
+/// What the previous run left: where its purges and litestream's gauge had got to, for which replica, and whether
+/// it said which restores were in flight.
+#[derive(Debug, Clone, Default)]
+pub struct Resumed {
+    pub last_purge: Option<Backup>,
+    pub highest_backup: Option<String>,
+    pub replica_version: Option<String>,
+    /// Since when nothing says which restores were in flight (a start without a state file, or with one that did
+    /// not keep reservations): cleanup holds for `cleanup.hold_without_state` from then, across restarts too.
+    pub restores_unknown_since: Option<SystemTime>,
+}
+
+/// What a running purge compares litestream's page with before each batch.
+struct GaugeWatch {
+    highest: Option<String>,
+    process_started: Option<f64>,
+    reset_at: Option<SystemTime>,
+    /// Why the gauge stopped the purge, once it has.
+    stopped: std::sync::Mutex<Option<String>>,
+    /// The first batch follows the check's own read.
+    first: std::sync::atomic::AtomicBool,
+}
+
+/// What the loop knows of litestream's position between checks.
+#[derive(Default)]
+struct Position {
+    /// `process_start_time_seconds` of the last page that had it.
+    process_started: Option<f64>,
+    /// Why the position is unknown, while it is.
+    unknown: Option<String>,
+    /// The largest database on the last page that said.
+    db_bytes: Option<u64>,
+    /// No page with a sample has been read in this run yet.
+    first: bool,
+}
+
+/// The replica the change log belongs to, and its last change.
+#[derive(Default)]
+struct Replica {
+    version: Option<String>,
+    reset_at: Option<SystemTime>,
 }
 
 impl Monitor {
@@ -388,8 +468,10 @@ impl Monitor {
             discovery,
             advertise_address: config.discovery.advertise_address.clone(),
             upstream_address: config.upstream.advertised_address.clone(),
-            state_file: config.cleanup.state_file.clone(),
-            resumed: None,
+            resumed: Resumed::default(),
+            restore_limit: config.cleanup.restore_limit,
+            hold_without_state: config.cleanup.hold_without_state,
+            anchor: (Instant::now(), SystemTime::now()),
             destination: config.backup.location.as_ref().map(|location| {
                 backup::Destination::open(
                     location,
@@ -417,20 +499,34 @@ impl Monitor {
         self
     }
 
-    /// Continues after the previous run's last purge (from the state file).
-    pub fn resuming_after(mut self, last_purge: Option<Backup>) -> Self {
-        self.resumed = last_purge;
+    /// Continues from what the previous run left in the state file.
+    pub fn resuming(mut self, resumed: Resumed) -> Self {
+        self.resumed = resumed;
         self
     }
 
     /// Checks every `check_interval` until `shutdown`: observe, decide, act. A purge in progress finishes its
     /// current batch first.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut backlog = Backlog::default();
-        if let Some(resumed) = self.resumed.clone() {
-            backlog.purged(&resumed.watermark);
-            self.status.update(|s| s.purged_through = Some(resumed));
-        }
+        let resumed = self.resumed.clone();
+        let mut backlog = Backlog::resumed(
+            resumed.last_purge.as_ref().map(|b| b.watermark.as_str()),
+            resumed.highest_backup.as_deref(),
+        );
+        self.status.update(|s| {
+            s.purged_through = resumed.last_purge.clone();
+            s.highest_backup = resumed.highest_backup.clone();
+            s.replica_version = resumed.replica_version.clone();
+            s.restores_unknown_since = resumed.restores_unknown_since;
+        });
+        let mut replica = Replica {
+            version: resumed.replica_version.clone(),
+            reset_at: None,
+        };
+        let mut position = Position {
+            first: true,
+            ..Position::default()
+        };
         let mut said = Said::default();
         let mut known: Option<Listing> = None;
         if self.destination.is_some() {
@@ -443,9 +539,25 @@ impl Monitor {
         let mut every = crate::shared::Every::new(self.check_interval);
         while every.tick(&shutdown).await {
             let now = Instant::now();
-            self.scrape(&mut backlog, &mut said, now).await;
+            if self
+                .read_replica(&mut replica, &mut backlog, &mut said, now)
+                .await
+            {
+                known = None;
+            }
+            self.scrape(
+                &mut backlog,
+                &mut position,
+                &mut said,
+                replica.reset_at,
+                now,
+            )
+            .await;
+            self.expire_kept(now, position.db_bytes);
             let destination = self.verify(&backlog, &mut known, &mut said, now).await;
-            let observed = self.gather(now);
+            let observed = self.gather(now, replica.reset_at);
+            let guards = self.guards(now, &position, &replica);
+            self.settle_unknown_restores(&guards, now);
             let decision = cleanup::decide(&Inputs {
                 now,
                 wall_now: SystemTime::now(),
@@ -462,87 +574,144 @@ impl Monitor {
                 highest_backup: backlog.highest(),
                 current_backup: backlog.current().map(|b| b.watermark.as_str()),
                 destination,
+                guards,
             });
             debug!(
                 ?decision,
                 reservations = %observed.reservation_list(),
                 "cleanup decision"
             );
-            self.act(decision, &observed, &mut backlog, &mut said, &shutdown)
-                .await;
+            self.act(
+                decision,
+                &observed,
+                &mut backlog,
+                &position,
+                &mut said,
+                &shutdown,
+            )
+            .await;
             self.read_size().await;
-            self.save_state(&mut said, now).await;
             self.status.update(|s| s.checks += 1);
         }
     }
 
-    /// Reads litestream's page into the backlog; a failed scrape keeps what is known (Zero does the same).
-    async fn scrape(&self, backlog: &mut Backlog, said: &mut Said, now: Instant) {
-        match self.scraper.scrape(&self.filter).await {
-            Ok(parsed) => {
-                for warning in &parsed.warnings {
-                    debug!(%warning, "metrics page");
-                }
-                // A page that keeps the same ignored samples is one problem, said once, not "readable again" and
-                // "ignored" anew at every check.
-                if parsed.warnings.is_empty() {
-                    said.scrape_problem
-                        .succeeded("litestream metrics readable again");
-                } else {
-                    said.scrape_problem.failed(
-                        "litestream metrics page has samples that were ignored",
-                        parsed.warnings.join("; "),
-                        Level::WARN,
-                        now,
-                    );
-                }
-                let seen: Vec<_> = parsed
-                    .progress
-                    .iter()
-                    .map(|p| (p.watermark.as_str(), p.backed_up_at))
-                    .collect();
-                let observed = backlog.observe(&seen);
-                if observed.added > 0 {
-                    debug!(
-                        added = observed.added,
-                        tracked = backlog.backups().len(),
-                        "backed-up watermarks"
-                    );
-                }
-                let Some(current) = backlog.current().cloned() else {
-                    return;
-                };
-                let lowered = self.registry.saw_backup(&current.watermark);
-                match observed.gauge {
-                    Some(GaugeMove::Regressed {
-                        highest,
-                        current,
-                        dropped,
-                    }) => warn!(
-                        %highest,
-                        %current,
-                        dropped_backups = dropped,
-                        lowered_floors = lowered,
-                        last_purged = backlog.last_purged().unwrap_or("none"),
-                        "litestream's backed-up watermark went back below the highest it reported; cleanup held \
-                         until it is back, reservations pinned no higher than it"
-                    ),
-                    Some(GaugeMove::Recovered { highest, current }) => info!(
-                        %highest,
-                        %current,
-                        "litestream's backed-up watermark is back at its highest; cleanup resumes"
-                    ),
-                    Some(GaugeMove::Steady) | None => {}
-                }
-                let regressed = backlog
-                    .regression()
-                    .map(|(highest, current)| (highest.to_owned(), current.to_owned()));
-                self.status.update(|s| {
-                    s.newest_backup = Some((current.watermark, current.backed_up_at));
-                    s.backup_regressed = regressed;
-                });
-                self.publish_backups(backlog);
+    /// The guards of a check at `now` (see [`cleanup::Guards`]).
+    fn guards(&self, now: Instant, position: &Position, replica: &Replica) -> cleanup::Guards {
+        let status = self.status.get();
+        let (anchor, anchor_wall) = self.anchor;
+        let hold_without_state = self.hold_without_state.for_size(position.db_bytes);
+        cleanup::Guards {
+            standby: status.standby == Some(true),
+            memory: status.memory,
+            restores_unknown_until: status.restores_unknown_since.map(|since| {
+                // From this run's start at the latest, so that tests and restarts that date the start back agree.
+                let since = since.min(anchor_wall);
+                let remaining = (since + hold_without_state)
+                    .duration_since(anchor_wall)
+                    .unwrap_or_default();
+                anchor.min(self.started) + remaining
+            }),
+            reset_at: replica.reset_at,
+            position_unknown: position.unknown.is_some(),
+            steady_now: anchor_wall.checked_add(now.saturating_duration_since(anchor)),
+        }
+    }
+
+    /// Ends the reservations kept from the previous run that have been open longer than any real restore takes.
+    fn expire_kept(&self, now: Instant, db_bytes: Option<u64>) {
+        let limit = self.restore_limit.for_size(db_bytes);
+        let expired = self.registry.expire_kept(now, limit);
+        for (task_id, age) in &expired {
+            warn!(
+                %task_id,
+                age = ?age,
+                restore_limit = ?limit,
+                "reservation kept from before the restart ended: its task has not subscribed within \
+                 cleanup.restore_limit"
+            );
+        }
+        if !expired.is_empty() {
+            let count = expired.len() as u64;
+            self.status.update(|s| s.kept_expired += count);
+        }
+    }
+
+    /// Reads the change DB's `replicaVersion`; a change is a resync, which makes every claim, the highest watermark,
+    /// the last purge and the destination's listing facts about another replica. Returns whether it changed. A
+    /// failed read changes nothing (the purge itself re-checks the log's newest watermark).
+    async fn read_replica(
+        &self,
+        replica: &mut Replica,
+        backlog: &mut Backlog,
+        said: &mut Said,
+        now: Instant,
+    ) -> bool {
+        let read = tokio::time::timeout(SIZE_TIMEOUT, self.change_db.replica_version()).await;
+        let version = match read {
+            Ok(Ok(Some(version))) => version,
+            Ok(Ok(None)) => return false,
+            Ok(Err(err)) => {
+                said.replica_problem.failed(
+                    "cannot read the change DB's replica version",
+                    err.to_string(),
+                    Level::DEBUG,
+                    now,
+                );
+                return false;
             }
+            Err(_) => return false,
+        };
+        said.replica_problem
+            .succeeded("change DB's replica version readable again");
+        let old = replica.version.replace(version.clone());
+        let Some(old) = old.filter(|old| *old != version) else {
+            if replica.version.is_some() {
+                self.status
+                    .update(|s| s.replica_version = Some(version.clone()));
+            }
+            return false;
+        };
+        let at = SystemTime::now();
+        replica.reset_at = Some(at);
+        *backlog = Backlog::default();
+        self.registry.replica_reset();
+        warn!(
+            old_replica_version = %old,
+            replica_version = %version,
+            "the change DB was reset (a resync): claims, the last purge and the highest watermark belonged to the old \
+             replica and are forgotten; open reservations protect every row; cleanup holds until a backup of the \
+             new replica has aged"
+        );
+        self.status.update(|s| {
+            s.replica_version = Some(version.clone());
+            s.replica_reset = Some((old, version, at));
+            s.purged_through = None;
+            s.highest_backup = None;
+            s.newest_backup = None;
+            s.backup_regressed = None;
+            s.backup_below_purge = None;
+            s.recent_backups.clear();
+            s.backups_tracked = 0;
+            s.backup.listing = None;
+            s.backup.verified = false;
+        });
+        true
+    }
+
+    /// Reads litestream's page into the backlog and the position. A failed read, a page without samples or a
+    /// litestream that restarted makes the position unknown until a page shows the gauge again: cleanup holds,
+    /// and (but for a failed read, which says nothing of the backup itself) statuses wait and new reservations
+    /// protect every row. Samples taken before the replica's last reset are about the old replica: ignored.
+    async fn scrape(
+        &self,
+        backlog: &mut Backlog,
+        position: &mut Position,
+        said: &mut Said,
+        reset_at: Option<SystemTime>,
+        now: Instant,
+    ) {
+        let parsed = match self.scraper.scrape(&self.filter).await {
+            Ok(parsed) => parsed,
             Err(err) => {
                 self.status.update(|s| s.scrape_errors += 1);
                 // A bad URL, a 404 or a foreign page will not fix itself; litestream restarting will.
@@ -551,14 +720,154 @@ impl Monitor {
                 } else {
                     Level::ERROR
                 };
+                let problem = err.to_string();
                 said.scrape_problem.failed(
                     "cannot read litestream metrics",
-                    err.to_string(),
+                    problem.clone(),
                     level,
                     now,
                 );
+                self.position_unknown(
+                    position,
+                    format!("its page cannot be read: {problem}"),
+                    false,
+                );
+                return;
             }
+        };
+        for warning in &parsed.warnings {
+            debug!(%warning, "metrics page");
         }
+        // A page that keeps the same ignored samples is one problem, said once, not "readable again" and
+        // "ignored" anew at every check.
+        if parsed.warnings.is_empty() {
+            said.scrape_problem
+                .succeeded("litestream metrics readable again");
+        } else {
+            said.scrape_problem.failed(
+                "litestream metrics page has samples that were ignored",
+                parsed.warnings.join("; "),
+                Level::WARN,
+                now,
+            );
+        }
+        if parsed.db_bytes.is_some() {
+            position.db_bytes = parsed.db_bytes;
+        }
+        let restarted = match (position.process_started, parsed.process_started) {
+            (Some(before), Some(after)) => before != after,
+            _ => false,
+        };
+        if parsed.process_started.is_some() {
+            position.process_started = parsed.process_started;
+        }
+        let seen: Vec<_> = parsed
+            .progress
+            .iter()
+            .filter(|p| reset_at.is_none_or(|reset| p.backed_up_at >= reset))
+            .map(|p| (p.watermark.as_str(), p.backed_up_at))
+            .collect();
+        if seen.is_empty() {
+            let why = if restarted {
+                "litestream restarted and has not reported a backup since"
+            } else {
+                "its page has no backed-up watermark"
+            };
+            self.position_unknown(position, why.to_string(), true);
+            return;
+        }
+        if restarted {
+            info!("litestream restarted; its page reports a backup again");
+        }
+        if let Some(why) = position.unknown.take() {
+            info!(was = %why, "litestream's backed-up position is known again");
+            self.status.update(|s| s.backup_unknown = None);
+        }
+        self.take_samples(backlog, position, &seen);
+    }
+
+    /// The position became unknown; `forget`: the backup itself may be gone or older, so statuses wait and new
+    /// reservations protect every row until it is known again.
+    fn position_unknown(&self, position: &mut Position, why: String, forget: bool) {
+        if position.unknown.as_deref() != Some(why.as_str()) {
+            if position.unknown.is_none() {
+                warn!(why = %why, "litestream's backed-up position unknown; cleanup holds until its page shows it");
+            }
+            position.unknown = Some(why.clone());
+        }
+        if forget {
+            self.registry.forget_backup();
+        }
+        self.status.update(|s| s.backup_unknown = Some(why));
+    }
+
+    /// Takes one page's samples: the backlog, the regression watch, the registry's newest backup, the status.
+    fn take_samples(
+        &self,
+        backlog: &mut Backlog,
+        position: &mut Position,
+        seen: &[(&str, SystemTime)],
+    ) {
+        let observed = backlog.observe(seen);
+        if observed.added > 0 {
+            debug!(
+                added = observed.added,
+                tracked = backlog.backups().len(),
+                "backed-up watermarks"
+            );
+        }
+        let Some(current) = backlog.current().cloned() else {
+            return;
+        };
+        let first = std::mem::take(&mut position.first);
+        let below_purge = match backlog.last_purged() {
+            Some(purged) if first && current.watermark.as_str() < purged => {
+                error!(
+                    gauge = %current.watermark,
+                    last_purge = %purged,
+                    "litestream's backup is below the last purge: a view-syncer restoring it cannot catch up from \
+                     the change log (litestream restored from an older backup, or the host was rolled back?)"
+                );
+                Some((purged.to_owned(), current.watermark.clone()))
+            }
+            Some(purged) if current.watermark.as_str() < purged => {
+                self.status.get().backup_below_purge
+            }
+            _ => None,
+        };
+        let lowered = self.registry.saw_backup(&current.watermark);
+        match observed.gauge {
+            Some(GaugeMove::Regressed {
+                highest,
+                current,
+                dropped,
+            }) => warn!(
+                %highest,
+                %current,
+                dropped_backups = dropped,
+                lowered_floors = lowered,
+                last_purged = backlog.last_purged().unwrap_or("none"),
+                "litestream's backed-up watermark went back below the highest it reported; cleanup held \
+                 until it is back, reservations pinned no higher than it"
+            ),
+            Some(GaugeMove::Recovered { highest, current }) => info!(
+                %highest,
+                %current,
+                "litestream's backed-up watermark is back at its highest; cleanup resumes"
+            ),
+            Some(GaugeMove::Steady) | None => {}
+        }
+        let regressed = backlog
+            .regression()
+            .map(|(highest, current)| (highest.to_owned(), current.to_owned()));
+        let highest = backlog.highest().map(str::to_owned);
+        self.status.update(|s| {
+            s.newest_backup = Some((current.watermark, current.backed_up_at));
+            s.backup_regressed = regressed;
+            s.highest_backup = highest;
+            s.backup_below_purge = below_purge;
+        });
+        self.publish_backups(backlog);
     }
 
     /// Copies the newest tracked backups into the status, for `/status`.
@@ -691,7 +1000,7 @@ impl Monitor {
     }
 
     /// Everything else the policy reads, at one instant.
-    fn gather(&self, now: Instant) -> Gathered {
+    fn gather(&self, now: Instant, reset_at: Option<SystemTime>) -> Gathered {
         let discovery = self.discovery.get();
         let registered = discovery.registration == Some(crate::discovery::Registration::Registered);
         // Registered but not yet stamped: counts as registered just now.
@@ -707,6 +1016,7 @@ impl Monitor {
             cleanup_delay: self.registry.cleanup_delay(),
             reservations: self.registry.for_policy(),
             subscribers: self.subscribers.for_policy(now, self.reconnect_grace),
+            reset_at,
         }
     }
 
@@ -715,6 +1025,7 @@ impl Monitor {
         decision: Decision,
         observed: &Gathered,
         backlog: &mut Backlog,
+        position: &Position,
         said: &mut Said,
         shutdown: &CancellationToken,
     ) {
@@ -759,6 +1070,15 @@ impl Monitor {
             }),
         };
         let mut outcome = PurgeOutcome::default();
+        // Litestream can restart or go back while a long purge runs: its gauge is read again before every batch
+        // after the first, and anything but a steady gauge stops the purge (the next check decides afresh).
+        let gauge = GaugeWatch {
+            highest: backlog.highest().map(str::to_owned),
+            process_started: position.process_started,
+            reset_at: observed.reset_at,
+            stopped: std::sync::Mutex::new(None),
+            first: std::sync::atomic::AtomicBool::new(true),
+        };
         let purged = self
             .change_db
             .purge_within(
@@ -766,17 +1086,23 @@ impl Monitor {
                 expected,
                 self.batch_rows,
                 shutdown,
-                || {
-                    purge_limit(
-                        self.mode,
-                        &self.registry,
-                        &self.subscribers,
-                        self.reconnect_grace,
-                    )
-                },
+                || self.batch_limit(&gauge),
                 &mut outcome,
             )
             .await;
+        if let Some(why) = gauge
+            .stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            warn!(
+                before = %before,
+                rows = outcome.rows,
+                why = %why,
+                "change log purge stopped: litestream's gauge moved while it ran; the next check decides afresh"
+            );
+        }
         if let Err(err) = purged {
             return self.purge_failed(&err, &outcome);
         }
@@ -833,39 +1159,66 @@ impl Monitor {
         }
     }
 
-    /// Writes the state file when the cleanup delay or the last purge changed since it was last written. A delay
-    /// learned from a restore is written within one check of being learned.
-    async fn save_state(&self, said: &mut Said, now: Instant) {
-        let Some(path) = self.state_file.clone() else {
-            return;
-        };
-        let saved = crate::state::Saved {
-            cleanup_delay: self.registry.cleanup_delay(),
-            last_purge: self.status.get().purged_through,
-        };
-        if said.stored.as_ref() == Some(&saved) {
-            return;
+    /// Lets the hold for unknown restores go once it has passed, so the state file stops carrying it.
+    fn settle_unknown_restores(&self, guards: &cleanup::Guards, now: Instant) {
+        if guards
+            .restores_unknown_until
+            .is_some_and(|until| now >= until)
+        {
+            info!("cleanup.hold_without_state has passed since the start without a state file");
+            self.status.update(|s| s.restores_unknown_since = None);
         }
-        let written = saved.clone();
-        let result = tokio::task::spawn_blocking(move || crate::state::store(&path, &written))
-            .await
-            .unwrap_or_else(|join| {
-                Err(crate::state::StateError::Write {
-                    path: self.state_file.clone().unwrap_or_default(),
-                    source: std::io::Error::other(join.to_string()),
-                })
-            });
-        match result {
-            Ok(()) => {
-                said.state_problem.succeeded("state file written again");
-                said.stored = Some(saved);
+    }
+
+    /// How far the next batch of a running purge may go: litestream's gauge read again (and handed to the registry,
+    /// so that a reservation opened now is pinned at the freshest position), then reservations and subscribers.
+    async fn batch_limit(&self, gauge: &GaugeWatch) -> cleanup::Ceiling {
+        if !gauge
+            .first
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            if let Some(why) = self.gauge_moved(gauge).await {
+                *gauge.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                return cleanup::Ceiling::Everything;
             }
-            Err(err) => said.state_problem.failed(
-                "cannot keep the learned cleanup delay across restarts",
-                err.to_string(),
-                Level::WARN,
-                now,
-            ),
+        }
+        purge_limit(
+            self.mode,
+            &self.registry,
+            &self.subscribers,
+            self.reconnect_grace,
+        )
+    }
+
+    /// Why litestream's page no longer supports the running purge, if it does not: unreadable, no samples, a
+    /// restart, or a gauge below the highest it reported.
+    async fn gauge_moved(&self, gauge: &GaugeWatch) -> Option<String> {
+        let parsed = match self.scraper.scrape(&self.filter).await {
+            Ok(parsed) => parsed,
+            Err(err) => return Some(format!("its page cannot be read: {err}")),
+        };
+        if let (Some(before), Some(now)) = (gauge.process_started, parsed.process_started) {
+            if before != now {
+                self.registry.forget_backup();
+                return Some("litestream restarted".into());
+            }
+        }
+        let newest = parsed
+            .progress
+            .iter()
+            .filter(|p| gauge.reset_at.is_none_or(|reset| p.backed_up_at >= reset))
+            .map(|p| p.watermark.as_str())
+            .max();
+        let Some(newest) = newest else {
+            self.registry.forget_backup();
+            return Some("its page has no backed-up watermark".into());
+        };
+        self.registry.saw_backup(newest);
+        match gauge.highest.as_deref() {
+            Some(highest) if newest < highest => {
+                Some(format!("it went back from {highest} to {newest}"))
+            }
+            _ => None,
         }
     }
 

@@ -431,6 +431,8 @@ struct Relay<'a> {
     upstream: Peer,
     /// Set at the first downstream message, when the upstream has registered the subscriber.
     subscribed: bool,
+    /// Tracked from the start: the upstream connection is up, and the subscriber resumes at its request's watermark
+    /// whether or not the upstream has answered yet.
     acks: Option<AckTracker>,
     /// Downstream messages, followed for the commits in them.
     downstream_messages: Assembler,
@@ -455,6 +457,10 @@ struct Counted {
 
 impl<'a> Relay<'a> {
     fn new(ctx: &'a RelayContext, subscription: SubscriberContext, requested: Ticket) -> Self {
+        // Zero answers a subscription only once its storer has caught up, which under a large transaction can take
+        // long: a lagging subscriber that reconnects must bound cleanup at its watermark from the handshake on, not
+        // from that first frame.
+        let acks = track(ctx, &subscription);
         Self {
             ctx,
             subscription,
@@ -462,7 +468,7 @@ impl<'a> Relay<'a> {
             client: Peer::new(Role::Server),
             upstream: Peer::new(Role::Client),
             subscribed: false,
-            acks: None,
+            acks,
             downstream_messages: Assembler::new(ctx.settings.max_message_bytes),
             client_messages: Assembler::new(ACK_INSPECT_LIMIT),
             scratch: Vec::new(),
@@ -778,7 +784,7 @@ impl<'a> Relay<'a> {
                 if !self.subscribed {
                     // The upstream answers only once it has registered the subscriber (§5.3 4a).
                     self.subscribed = true;
-                    self.acks = on_subscribed(self.ctx, &self.subscription, self.requested);
+                    on_subscribed(self.ctx, &self.subscription, self.requested);
                 }
                 if let Some(acks) = &mut self.acks {
                     self.downstream_messages.push(
@@ -1031,17 +1037,13 @@ async fn handle_changes(
     outcome
 }
 
-/// The upstream has answered the subscription: start tracking acks if the subscriber said where it stands, and end
-/// the task's reservation if this is its first subscription after a restore (whatever the mode, §11.6).
+/// The upstream has answered the subscription: end the task's reservation if this is its first subscription after a
+/// restore (whatever the mode, §11.6).
 ///
-/// In that order: the cleanup policy reads reservations before subscribers, so a check between the two steps sees
-/// the reservation still open or the subscriber already tracked, never neither.
-fn on_subscribed(
-    ctx: &RelayContext,
-    subscription: &SubscriberContext,
-    requested: Ticket,
-) -> Option<AckTracker> {
-    let acks = track(ctx, subscription);
+/// The subscriber was tracked when the relay started ([`track`]): the cleanup policy reads reservations before
+/// subscribers, so a check around this step sees the reservation still open or the subscriber already tracked,
+/// never neither.
+fn on_subscribed(ctx: &RelayContext, subscription: &SubscriberContext, requested: Ticket) {
     if subscription.initial {
         if let Some(task_id) = &subscription.task_id {
             if let Some(held) = ctx
@@ -1052,7 +1054,6 @@ fn on_subscribed(
             }
         }
     }
-    acks
 }
 
 /// Registers the subscriber with the watermark it subscribed from, if its query said where it stands.
@@ -1855,7 +1856,10 @@ mod tests {
                 let query =
                     format!("taskID=t1&id=s{round}&replicaVersion=01&watermark=0a&initial=true");
                 let subscription = protocol::parse_subscriber_context(Some(&query));
-                tracked.push(on_subscribed(&ctx, &subscription, ctx.registry.ticket()));
+                let requested = ctx.registry.ticket();
+                let relay = Relay::new(&ctx, subscription.clone(), requested);
+                on_subscribed(&ctx, &subscription, requested);
+                tracked.push(relay.acks);
                 drop(lease);
             }
             done.store(true, SeqCst);

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use fastwebsockets::{OpCode, Role, WebSocket};
@@ -27,7 +27,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, info_span};
+use tracing::{debug, info, info_span, warn};
 
 use crate::http::{accept_upgrade, plain, spawn_upgraded};
 use crate::protocol::{self, close, Version};
@@ -55,6 +55,20 @@ pub struct Reservation {
     /// The newest backed-up watermark known when it opened: the restore it protects yields that backup or a
     /// newer one, so it needs no change-log row below this. `None`: no backup was known yet.
     pub floor: Option<String>,
+    /// Opened before the sidecar's last restart and kept from its state file: no socket, honoured until its task
+    /// subscribes or `cleanup.restore_limit` has passed since it opened.
+    pub kept: bool,
+}
+
+/// A reservation as the state file keeps it across a restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    pub task_id: String,
+    pub floor: Option<String>,
+    /// The protocol version of its `/snapshot` request (0: not known).
+    pub protocol: u64,
+    /// When it opened, by the wall clock.
+    pub opened_at: SystemTime,
 }
 
 /// Shared registry of open reservations and the cleanup delay. Cheap to clone; the lock is never held across an
@@ -62,6 +76,7 @@ pub struct Reservation {
 #[derive(Clone)]
 pub struct Registry {
     inner: Arc<Mutex<Book>>,
+    durability: Arc<Durability>,
     /// Every ended reservation's duration, for `/metrics`.
     durations: prometheus_client::metrics::histogram::Histogram,
 }
@@ -76,10 +91,31 @@ struct Book {
 }
 
 struct Held {
+    /// 0 for a reservation kept from the previous run: older than every [`Ticket`] of this one.
     id: u64,
     started: Instant,
+    opened_at: SystemTime,
+    protocol: u64,
     floor: Option<String>,
-    end: oneshot::Sender<EndReason>,
+    /// `None` for a kept reservation: there is no socket to close.
+    end: Option<oneshot::Sender<EndReason>>,
+}
+
+/// What the state file must keep of the registry: bumped at every change of it, and the version the last write
+/// made durable. A status is sent only once its reservation is durable (or the write failed): a view-syncer that
+/// starts restoring must not depend on a reservation a restart would forget.
+struct Durability {
+    changed: tokio::sync::watch::Sender<u64>,
+    written: tokio::sync::watch::Sender<Written>,
+}
+
+/// The outcome of the state file's latest write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Every change up to this version is on disk.
+    Through(u64),
+    /// Nothing is written (`cleanup.state_file = "none"`) or the last write failed: nobody waits for it.
+    NotKept,
 }
 
 /// The buckets of the reservation durations: 1 s to ~9 h, as restores take seconds to hours.
@@ -101,6 +137,10 @@ impl Registry {
     ) -> Self {
         Self {
             durations,
+            durability: Arc::new(Durability {
+                changed: tokio::sync::watch::Sender::new(0),
+                written: tokio::sync::watch::Sender::new(Written::NotKept),
+            }),
             inner: Arc::new(Mutex::new(Book {
                 next_id: 0,
                 open: HashMap::new(),
@@ -118,6 +158,11 @@ impl Registry {
 
     /// Records a reservation for `task_id`, replacing (and closing) any existing one for the same task.
     pub fn open(&self, task_id: &str, now: Instant) -> Lease {
+        self.open_for(task_id, 0, now)
+    }
+
+    /// [`Registry::open`] for a `/snapshot` request of `protocol` version, which the state file keeps.
+    pub fn open_for(&self, task_id: &str, protocol: u64, now: Instant) -> Lease {
         let (end, ended) = oneshot::channel();
         let mut inner = self.lock();
         inner.next_id += 1;
@@ -126,14 +171,19 @@ impl Registry {
         let entry = Held {
             id,
             started: now,
+            opened_at: SystemTime::now(),
+            protocol,
             floor,
-            end,
+            end: Some(end),
         };
         let previous = inner.open.insert(task_id.to_string(), entry);
         drop(inner);
+        self.changed();
         if let Some(previous) = previous {
             self.record_duration(previous.started, now);
-            let _ = previous.end.send(EndReason::Replaced);
+            if let Some(end) = previous.end {
+                let _ = end.send(EndReason::Replaced);
+            }
         }
         Lease {
             registry: self.clone(),
@@ -166,13 +216,17 @@ impl Registry {
             return None;
         }
         let entry = inner.open.remove(task_id)?;
+        // A kept reservation's restore began before the restart: it took at least this long too.
         let held = now.saturating_duration_since(entry.started);
         if held > inner.cleanup_delay {
             inner.cleanup_delay = held;
         }
         drop(inner);
+        self.changed();
         self.durations.observe(held.as_secs_f64());
-        let _ = entry.end.send(EndReason::Subscribed);
+        if let Some(end) = entry.end {
+            let _ = end.send(EndReason::Subscribed);
+        }
         Some(held)
     }
 
@@ -181,6 +235,7 @@ impl Registry {
         if inner.open.get(task_id).is_some_and(|entry| entry.id == id) {
             if let Some(entry) = inner.open.remove(task_id) {
                 drop(inner);
+                self.changed();
                 debug!(
                     task_id,
                     floor = entry.floor.as_deref().unwrap_or(""),
@@ -214,6 +269,7 @@ impl Registry {
                 task_id: task_id.clone(),
                 started: entry.started,
                 floor: entry.floor.clone(),
+                kept: entry.end.is_none(),
             })
             .collect();
         list.sort_by(|a, b| {
@@ -262,7 +318,11 @@ impl Registry {
             (floor, _) => floor,
         };
         if let Some(entry) = inner.open.get_mut(task_id).filter(|e| e.id == id) {
-            entry.floor = floor;
+            if entry.floor != floor {
+                entry.floor = floor;
+                drop(inner);
+                self.changed();
+            }
         }
     }
 
@@ -289,7 +349,123 @@ impl Registry {
                 lowered += 1;
             }
         }
+        drop(inner);
+        if lowered > 0 {
+            self.changed();
+        }
         lowered
+    }
+
+    /// Where litestream's backup stands is no longer known (it restarted, its page lost its samples): statuses
+    /// wait, and reservations opened meanwhile protect every row, until a page shows the gauge again.
+    pub fn forget_backup(&self) {
+        self.lock().newest_backup = None;
+    }
+
+    /// The replica was reset (a resync): what open reservations pinned belongs to the old replica, so each
+    /// protects every row from now on, and statuses wait for a backup of the new one.
+    pub fn replica_reset(&self) {
+        let mut inner = self.lock();
+        inner.newest_backup = None;
+        for entry in inner.open.values_mut() {
+            entry.floor = None;
+        }
+        drop(inner);
+        self.changed();
+    }
+
+    /// Takes the reservations the previous run kept, as of `now` and `wall_now`: each is honoured until its task
+    /// subscribes through this sidecar, or until [`Registry::expire_kept`] finds it older than any real restore.
+    /// Its age counts from its opening by the wall clock, and on from here by the monotonic clock.
+    pub fn keep(&self, kept: Vec<Kept>, now: Instant, wall_now: SystemTime) {
+        let mut inner = self.lock();
+        for k in kept {
+            let age = wall_now.duration_since(k.opened_at).unwrap_or_default();
+            let entry = Held {
+                id: 0,
+                // Below the process's start it cannot go: the age then counts from here, longer, never shorter.
+                started: now.checked_sub(age).unwrap_or(now),
+                opened_at: k.opened_at,
+                protocol: k.protocol,
+                floor: k.floor,
+                end: None,
+            };
+            inner.open.entry(k.task_id).or_insert(entry);
+        }
+        drop(inner);
+        self.changed();
+    }
+
+    /// Ends the kept reservations open `limit` or longer; returns each one's task and age.
+    pub fn expire_kept(&self, now: Instant, limit: Duration) -> Vec<(String, Duration)> {
+        let mut inner = self.lock();
+        let mut expired = Vec::new();
+        inner.open.retain(|task_id, entry| {
+            let age = now.saturating_duration_since(entry.started);
+            let keep = entry.end.is_some() || age < limit;
+            if !keep {
+                expired.push((task_id.clone(), age));
+            }
+            keep
+        });
+        drop(inner);
+        if !expired.is_empty() {
+            self.changed();
+        }
+        expired
+    }
+
+    /// Every open reservation as the state file keeps it, by task.
+    pub fn to_keep(&self) -> Vec<Kept> {
+        let inner = self.lock();
+        let mut list: Vec<Kept> = inner
+            .open
+            .iter()
+            .map(|(task_id, entry)| Kept {
+                task_id: task_id.clone(),
+                floor: entry.floor.clone(),
+                protocol: entry.protocol,
+                opened_at: entry.opened_at,
+            })
+            .collect();
+        list.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        list
+    }
+
+    /// Says the registry changed; returns the new version.
+    fn changed(&self) -> u64 {
+        let mut version = 0;
+        self.durability.changed.send_modify(|v| {
+            *v += 1;
+            version = *v;
+        });
+        version
+    }
+
+    /// The registry's version now, and a receiver that sees every later change (the state file's writer).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.durability.changed.subscribe()
+    }
+
+    /// What the state file's writer made durable.
+    pub fn set_written(&self, written: Written) {
+        self.durability.written.send_replace(written);
+    }
+
+    /// Waits until the registry as it is now is on disk, at most `limit`; `true` if it is (or nothing is kept).
+    pub async fn durable(&self, limit: Duration) -> bool {
+        let version = *self.durability.changed.borrow();
+        let mut written = self.durability.written.subscribe();
+        let reached = async {
+            written
+                .wait_for(|w| match *w {
+                    Written::NotKept => true,
+                    Written::Through(through) => through >= version,
+                })
+                .await
+                .is_ok()
+        };
+        tokio::time::timeout(limit, reached).await.unwrap_or(false)
     }
 
     /// `max(30 s, initial delay, longest reservation ended by a subscription)`.
@@ -415,6 +591,19 @@ const STATUS_RETRY: Duration = Duration::from_secs(1);
 /// to "everything" (a running purge stops before its next batch, and the read waits for the batch in flight), then
 /// set to the lower of the newest backup and the `minWatermark` sent.
 async fn status_frame(ctx: &SnapshotContext, version: u64, lease: &mut Lease) -> Option<String> {
+    let status = build_status(ctx, version, lease).await?;
+    // The view-syncer restores once it has the status: the reservation must survive a restart from then on.
+    if !ctx.registry.durable(DURABLE_WAIT).await {
+        warn!("snapshot status sent before its reservation reached the state file");
+    }
+    Some(status)
+}
+
+/// How long a status waits for its reservation to reach the state file; a slower disk is logged, not waited for
+/// (cleanup holds while the file cannot be written).
+const DURABLE_WAIT: Duration = Duration::from_secs(5);
+
+async fn build_status(ctx: &SnapshotContext, version: u64, lease: &mut Lease) -> Option<String> {
     let newest = ctx.registry.newest_backup()?;
     if !ctx.registry.is_restorable() {
         return None;
@@ -491,7 +680,7 @@ async fn handle_snapshot<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let mut lease = ctx.registry.open(&task_id, Instant::now());
+    let mut lease = ctx.registry.open_for(&task_id, version, Instant::now());
     info!(
         floor = lease.floor().unwrap_or_default(),
         "reservation opened"
@@ -706,6 +895,7 @@ mod tests {
                 task_id: "t1".into(),
                 started: at(500),
                 floor: None,
+                kept: false,
             }]
         );
         assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
@@ -957,5 +1147,99 @@ mod announced_floors {
     fn at(secs: u64) -> Instant {
         static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         *BASE.get_or_init(Instant::now) + Duration::from_secs(secs)
+    }
+
+    #[tokio::test]
+    async fn kept_reservations_hold_until_their_task_subscribes_or_the_limit_passes() {
+        let registry = Registry::new(Duration::ZERO);
+        let wall_now = SystemTime::now();
+        let kept = |task: &str, floor: Option<&str>, age: u64| Kept {
+            task_id: task.into(),
+            floor: floor.map(Into::into),
+            protocol: 6,
+            opened_at: wall_now - Duration::from_secs(age),
+        };
+        registry.keep(
+            vec![
+                kept("a", Some("0c"), 100),
+                kept("b", None, 3000),
+                kept("c", Some("0d"), 10),
+            ],
+            at(10_000),
+            wall_now,
+        );
+        let mut policy = registry.for_policy();
+        policy.sort_by(|x, y| x.task_id.cmp(&y.task_id));
+        assert_eq!(
+            policy.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["a=0c", "b=none", "c=0d"]
+        );
+        assert!(registry.open_reservations().iter().all(|r| r.kept));
+        // Their ages count from when they opened: "b" passes an hour first, then "a"; time here, not the wall.
+        assert_eq!(
+            registry.expire_kept(at(10_000), Duration::from_secs(3600)),
+            vec![]
+        );
+        assert_eq!(
+            registry.expire_kept(at(10_600), Duration::from_secs(3600)),
+            vec![("b".to_string(), Duration::from_secs(3600))]
+        );
+        // Its task's subscription ends one, with how long its restore took across the restart.
+        assert_eq!(
+            registry.end_by_subscription("a", registry.ticket(), at(10_200)),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(registry.cleanup_delay(), Duration::from_secs(300));
+        // A retry of the same task replaces a kept one; the new one is of this run.
+        let lease = registry.open_for("c", 4, at(10_300));
+        assert_eq!(registry.open_reservations().len(), 1);
+        assert!(!registry.open_reservations()[0].kept);
+        // Nothing this run opened expires by age.
+        assert_eq!(
+            registry.expire_kept(at(99_999), Duration::from_secs(1)),
+            vec![]
+        );
+        let to_keep = registry.to_keep();
+        assert_eq!(to_keep.len(), 1);
+        assert_eq!((to_keep[0].task_id.as_str(), to_keep[0].protocol), ("c", 4));
+        drop(lease);
+        assert!(registry.to_keep().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_status_waits_until_its_reservation_is_durable() {
+        let registry = Registry::new(Duration::ZERO);
+        // Nothing kept: nobody waits.
+        assert!(registry.durable(Duration::from_secs(5)).await);
+        let mut changes = registry.changes();
+        registry.set_written(Written::Through(*changes.borrow_and_update()));
+        let _lease = registry.open("t1", Instant::now());
+        assert!(changes.has_changed().unwrap());
+        let version = *changes.borrow_and_update();
+        // Not written yet: the wait ends at its limit, unanswered.
+        assert!(!registry.durable(Duration::from_millis(50)).await);
+        let waiter = {
+            let registry = registry.clone();
+            tokio::spawn(async move { registry.durable(Duration::from_secs(30)).await })
+        };
+        tokio::task::yield_now().await;
+        registry.set_written(Written::Through(version));
+        assert!(waiter.await.unwrap());
+        // A failed write releases waiters too (cleanup holds for it instead).
+        let _other = registry.open("t2", Instant::now());
+        registry.set_written(Written::NotKept);
+        assert!(registry.durable(Duration::from_secs(5)).await);
+    }
+
+    #[test]
+    fn a_reset_replica_leaves_every_reservation_protecting_every_row() {
+        let registry = Registry::new(Duration::ZERO);
+        registry.saw_backup("0c");
+        let _a = registry.open("a", at(0));
+        registry.replica_reset();
+        assert_eq!(registry.for_policy()[0].floor, None);
+        assert_eq!(registry.newest_backup(), None);
+        let _b = registry.open("b", at(1));
+        assert!(registry.for_policy().iter().all(|r| r.floor.is_none()));
     }
 }

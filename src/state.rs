@@ -1,31 +1,60 @@
-//! What the sidecar keeps across restarts: the cleanup delay learned from observed restores, and the last purge.
+//! What the sidecar keeps across restarts: the open reservations, the cleanup delay learned from observed restores,
+//! the last purge, the highest watermark litestream reported, and the replica version all of that belongs to.
 //!
-//! The delay matters for safety: after a restart the sidecar waits one cleanup delay before purging, so that a
-//! restore that began before the restart (its reservation lost with the old process) finishes first. A delay
-//! learned from a two-hour restore and forgotten at restart leaves only `cleanup.initial_delay` of protection.
+//! The reservations matter most: a view-syncer that has its status restores without ever opening its snapshot
+//! socket again, so after a restart only the kept reservation still protects the rows its restore needs. The delay
+//! keeps the start-up wait as long as the restores seen; the highest watermark keeps a regression across a restart
+//! visible; the replica version tells a resync during the downtime.
 //!
 //! The file is small JSON, replaced atomically (written beside it, synced, renamed over it, directory synced), so a
-//! crash at any point leaves the old state or the new one. A missing file means a first start; an unreadable or
-//! corrupt one is logged and replaced by the configured defaults: never a reason not to start.
+//! crash at any point leaves the old state or the new one. A missing file means a first start. An unreadable or
+//! corrupt one is an error, never guessed around: the sidecar serves, but holds cleanup and leaves the file alone
+//! for the operator. Files of version 1 (which kept no reservations) are read, as a start without them.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::cleanup::Backup;
+use crate::reservations::Kept;
 
-/// The file's format; a file of another version is ignored like a corrupt one.
-const VERSION: u32 = 1;
+/// The file's format; a file of another version is refused like a corrupt one, but for version 1.
+const VERSION: u32 = 2;
 
 /// What is kept.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Saved {
     /// The cleanup delay in force, learned or configured.
     pub cleanup_delay: Duration,
     /// The backup the last complete purge went up to.
     pub last_purge: Option<Backup>,
+    /// The highest watermark litestream's gauge reported.
+    pub highest_backup: Option<String>,
+    /// The change DB's `replicaVersion` the rest belongs to.
+    pub replica_version: Option<String>,
+    /// Open reservations, by task.
+    pub reservations: Vec<Kept>,
+    /// `false` for a version 1 file, which did not keep reservations: which restores were in flight is unknown.
+    pub knows_reservations: bool,
+    /// Since when (a start without a state file) which restores were in flight is unknown, while cleanup still
+    /// holds for it: a restart during that hold must not cut it short.
+    pub restores_unknown_since: Option<SystemTime>,
+}
+
+impl Default for Saved {
+    fn default() -> Self {
+        Self {
+            cleanup_delay: Duration::ZERO,
+            last_purge: None,
+            highest_backup: None,
+            replica_version: None,
+            reservations: Vec::new(),
+            knows_reservations: true,
+            restores_unknown_since: None,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -34,6 +63,24 @@ struct File {
     version: u32,
     cleanup_delay_ms: u64,
     last_purge: Option<FileBackup>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    highest_backup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    replica_version: Option<String>,
+    #[serde(default)]
+    reservations: Option<Vec<FileReservation>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    restores_unknown_since_ms: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileReservation {
+    task_id: String,
+    floor: Option<String>,
+    protocol: u64,
+    /// When it opened, in milliseconds since the Unix epoch.
+    opened_at_ms: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -91,6 +138,8 @@ pub fn store(path: &Path, saved: &Saved) -> Result<(), StateError> {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
+    // Outside systemd nothing makes the default directory.
+    std::fs::create_dir_all(dir).map_err(failed)?;
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".tmp");
     let tmp = dir.join(name);
@@ -105,17 +154,34 @@ pub fn store(path: &Path, saved: &Saved) -> Result<(), StateError> {
         .map_err(failed)
 }
 
+fn millis(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn encode(saved: &Saved) -> Vec<u8> {
     let file = File {
         version: VERSION,
         cleanup_delay_ms: u64::try_from(saved.cleanup_delay.as_millis()).unwrap_or(u64::MAX),
         last_purge: saved.last_purge.as_ref().map(|b| FileBackup {
             watermark: b.watermark.clone(),
-            backed_up_at_ms: b
-                .backed_up_at
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            backed_up_at_ms: millis(b.backed_up_at),
         }),
+        highest_backup: saved.highest_backup.clone(),
+        replica_version: saved.replica_version.clone(),
+        reservations: Some(
+            saved
+                .reservations
+                .iter()
+                .map(|r| FileReservation {
+                    task_id: r.task_id.clone(),
+                    floor: r.floor.clone(),
+                    protocol: r.protocol,
+                    opened_at_ms: millis(r.opened_at),
+                })
+                .collect(),
+        ),
+        restores_unknown_since_ms: saved.restores_unknown_since.map(millis),
     };
     let mut text = serde_json::to_vec_pretty(&file).expect("plain data serializes");
     text.push(b'\n');
@@ -126,8 +192,44 @@ fn encode(saved: &Saved) -> Vec<u8> {
 /// can be tried without one.
 pub fn decode(text: &[u8]) -> Result<Saved, String> {
     let file: File = serde_json::from_slice(text).map_err(|e| e.to_string())?;
-    if file.version != VERSION {
-        return Err(format!("version {} (expected {VERSION})", file.version));
+    match (file.version, &file.reservations) {
+        (1, None) | (VERSION, Some(_)) => {}
+        (1 | VERSION, _) => {
+            return Err(format!(
+                "version {} with{} reservations",
+                file.version,
+                if file.reservations.is_some() {
+                    ""
+                } else {
+                    "out"
+                }
+            ))
+        }
+        (other, _) => return Err(format!("version {other} (expected {VERSION})")),
+    }
+    let at = |ms: u64| {
+        UNIX_EPOCH
+            .checked_add(Duration::from_millis(ms))
+            .ok_or("a time out of range")
+    };
+    let watermark = |w: Option<String>, what: &str| match w {
+        Some(w) if w.is_empty() => Err(format!("an empty {what}")),
+        w => Ok(w),
+    };
+    let mut reservations = Vec::new();
+    for r in file.reservations.iter().flatten() {
+        if r.task_id.is_empty() {
+            return Err("a reservation without a task".into());
+        }
+        if reservations.iter().any(|k: &Kept| k.task_id == r.task_id) {
+            return Err(format!("task {:?} reserved twice", r.task_id));
+        }
+        reservations.push(Kept {
+            task_id: r.task_id.clone(),
+            floor: watermark(r.floor.clone(), "reservation floor")?,
+            protocol: r.protocol,
+            opened_at: at(r.opened_at_ms)?,
+        });
     }
     let last_purge = match file.last_purge {
         None => None,
@@ -135,9 +237,7 @@ pub fn decode(text: &[u8]) -> Result<Saved, String> {
             if b.watermark.is_empty() {
                 return Err("an empty watermark".into());
             }
-            let backed_up_at = UNIX_EPOCH
-                .checked_add(Duration::from_millis(b.backed_up_at_ms))
-                .ok_or("a backup time out of range")?;
+            let backed_up_at = at(b.backed_up_at_ms)?;
             Some(Backup {
                 watermark: b.watermark,
                 backed_up_at,
@@ -147,6 +247,11 @@ pub fn decode(text: &[u8]) -> Result<Saved, String> {
     Ok(Saved {
         cleanup_delay: Duration::from_millis(file.cleanup_delay_ms),
         last_purge,
+        highest_backup: watermark(file.highest_backup, "highest watermark")?,
+        replica_version: watermark(file.replica_version, "replica version")?,
+        knows_reservations: file.reservations.is_some(),
+        reservations,
+        restores_unknown_since: file.restores_unknown_since_ms.map(at).transpose()?,
     })
 }
 
@@ -161,7 +266,35 @@ mod tests {
                 watermark: "718sh0nk8".into(),
                 backed_up_at: UNIX_EPOCH + Duration::from_millis(1_764_000_000_123),
             }),
+            highest_backup: Some("718sh0nkz".into()),
+            replica_version: Some("618ocqq8".into()),
+            reservations: vec![
+                Kept {
+                    task_id: "vs-1".into(),
+                    floor: Some("718sh0nk9".into()),
+                    protocol: 6,
+                    opened_at: UNIX_EPOCH + Duration::from_millis(1_764_000_100_456),
+                },
+                Kept {
+                    task_id: "vs-2".into(),
+                    floor: None,
+                    protocol: 3,
+                    opened_at: UNIX_EPOCH + Duration::from_millis(1_764_000_200_000),
+                },
+            ],
+            knows_reservations: true,
+            restores_unknown_since: Some(UNIX_EPOCH + Duration::from_millis(1_764_000_000_000)),
         }
+    }
+
+    #[test]
+    fn a_version_1_file_is_read_as_one_that_kept_no_reservations() {
+        let old = br#"{"version":1,"cleanup_delay_ms":45000,"last_purge":{"watermark":"0c","backed_up_at_ms":1}}"#;
+        let read = decode(old).unwrap();
+        assert_eq!(read.cleanup_delay, Duration::from_secs(45));
+        assert_eq!(read.last_purge.unwrap().watermark, "0c");
+        assert!(read.reservations.is_empty());
+        assert!(!read.knows_reservations);
     }
 
     #[test]
@@ -190,10 +323,16 @@ mod tests {
             "",
             "{",
             "null",
+            r#"{"version":3,"cleanup_delay_ms":1,"last_purge":null,"reservations":[]}"#,
             r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null}"#,
-            r#"{"version":1,"cleanup_delay_ms":-1,"last_purge":null}"#,
-            r#"{"version":1,"cleanup_delay_ms":1,"last_purge":{"watermark":"","backed_up_at_ms":1}}"#,
-            r#"{"version":1,"cleanup_delay_ms":1,"last_purge":null,"extra":true}"#,
+            r#"{"version":1,"cleanup_delay_ms":1,"last_purge":null,"reservations":[]}"#,
+            r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"reservations":[{"task_id":"","floor":null,"protocol":3,"opened_at_ms":1}]}"#,
+            r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"reservations":[{"task_id":"a","floor":"","protocol":3,"opened_at_ms":1}]}"#,
+            r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"reservations":[{"task_id":"a","floor":null,"protocol":3,"opened_at_ms":1},{"task_id":"a","floor":null,"protocol":3,"opened_at_ms":2}]}"#,
+            r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"highest_backup":"","reservations":[]}"#,
+            r#"{"version":2,"cleanup_delay_ms":-1,"last_purge":null,"reservations":[]}"#,
+            r#"{"version":2,"cleanup_delay_ms":1,"last_purge":{"watermark":"","backed_up_at_ms":1},"reservations":[]}"#,
+            r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"reservations":[],"extra":true}"#,
         ] {
             std::fs::write(&path, text).unwrap();
             let err = load(&path).expect_err(text);

@@ -95,6 +95,9 @@ pub struct ReservationEntry {
     /// The watermark it pins: no row at or above it is purged while it is open. `null`: no backup was known
     /// when it opened, so it protects every row.
     pub floor: Option<String>,
+    /// Opened before the sidecar's last restart and kept from its state file: honoured until its task subscribes
+    /// or `cleanup.restore_limit` has passed since it opened.
+    pub kept: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -166,6 +169,23 @@ pub struct Cleanup {
     pub purged_rows: u64,
     pub consecutive_purge_failures: u64,
     pub purge_failures: u64,
+    /// `purger` (holds the shard's purger lock), `standby` (another sidecar does), or `unknown` before the first
+    /// try.
+    pub role: String,
+    /// `kept` (the state file is current), `none` (`cleanup.state_file = "none"`), `unwritable` or `unreadable`.
+    pub state: String,
+    /// Why the state file is not current, while it is not.
+    pub state_problem: Option<String>,
+    /// Since when which restores were in flight is unknown (a start without a state file), while cleanup holds
+    /// for it.
+    pub restores_unknown_since: Option<String>,
+    /// Why litestream's backed-up position is unknown, while it is.
+    pub backup_unknown: Option<String>,
+    /// The change DB's replica version, and when it last changed (a resync) in this run.
+    pub replica_version: Option<String>,
+    pub replica_reset_at: Option<String>,
+    /// Reservations kept across a restart that ended unanswered at `cleanup.restore_limit`.
+    pub kept_reservations_expired: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -282,6 +302,7 @@ pub fn build(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Report {
             started_at: Some(rfc3339(wall(r.started, now, wall_now))),
             age_seconds: since(r.started),
             floor: r.floor.clone(),
+            kept: r.kept,
         })
         .collect();
     let last_purge = match (&status.last_purge, &status.purged_through) {
@@ -386,6 +407,25 @@ fn cleanup(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Cleanup {
         purged_rows: status.purged_rows,
         consecutive_purge_failures: status.purge_failures.consecutive,
         purge_failures: status.purge_failures.total,
+        role: match status.standby {
+            None => "unknown",
+            Some(false) => "purger",
+            Some(true) => "standby",
+        }
+        .into(),
+        state: match status.memory {
+            crate::cleanup::Memory::Kept => "kept",
+            crate::cleanup::Memory::OptedOut => "none",
+            crate::cleanup::Memory::Unwritable => "unwritable",
+            crate::cleanup::Memory::Unreadable => "unreadable",
+        }
+        .into(),
+        state_problem: status.state_problem.clone(),
+        restores_unknown_since: status.restores_unknown_since.map(rfc3339),
+        backup_unknown: status.backup_unknown.clone(),
+        replica_version: status.replica_version.clone(),
+        replica_reset_at: status.replica_reset.as_ref().map(|(_, _, at)| rfc3339(*at)),
+        kept_reservations_expired: status.kept_expired,
         ..Cleanup::default()
     };
     match &status.last_decision {
@@ -654,7 +694,11 @@ pub fn render(report: &Report) -> String {
             .iter()
             .map(|r| {
                 vec![
-                    r.task_id.clone(),
+                    if r.kept {
+                        format!("{} (kept across a restart)", r.task_id)
+                    } else {
+                        r.task_id.clone()
+                    },
                     duration(r.age_seconds),
                     r.floor
                         .clone()
@@ -859,11 +903,20 @@ mod tests {
         };
         Inputs {
             status,
-            reservations: vec![Reservation {
-                task_id: "restore-7".into(),
-                started: now - secs(45),
-                floor: Some("0c".into()),
-            }],
+            reservations: vec![
+                Reservation {
+                    task_id: "restore-7".into(),
+                    started: now - secs(45),
+                    floor: Some("0c".into()),
+                    kept: false,
+                },
+                Reservation {
+                    task_id: "restore-6".into(),
+                    started: now - secs(30),
+                    floor: Some("0b".into()),
+                    kept: true,
+                },
+            ],
             subscribers: vec![
                 SubscriberView {
                     info: SubscriberInfo {
@@ -923,6 +976,9 @@ mod tests {
         assert_eq!(json["reservations"][0]["task_id"], "restore-7");
         assert_eq!(json["reservations"][0]["age_seconds"], 45.0);
         assert_eq!(json["reservations"][0]["floor"], "0c");
+        assert_eq!(json["reservations"][0]["kept"], false);
+        assert_eq!(json["reservations"][1]["task_id"], "restore-6");
+        assert_eq!(json["reservations"][1]["kept"], true);
         let slow = &json["subscribers"][0];
         assert_eq!(
             (
@@ -1030,8 +1086,9 @@ mod tests {
             "BACKUPS (2 tracked)",
             "WATERMARK  BACKED UP",
             "0f         2025-06-15T15:05:10Z  1m 30s   -               current",
-            "RESERVATIONS (1)",
-            "restore-7  45s  0c",
+            "RESERVATIONS (2)",
+            "restore-7                          45s  0c",
+            "restore-6 (kept across a restart)  30s  0b",
             "SUBSCRIBERS (2)",
             "vs-slow  task-1  serving  0d     connected         behind 1m 15s",
             "vs-gone  -       backup   0g     departed 10s ago  caught up",

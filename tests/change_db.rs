@@ -975,7 +975,7 @@ async fn purge_under(
         Some(SIDECAR),
         3,
         &CancellationToken::new(),
-        ceiling,
+        || std::future::ready(ceiling()),
         &mut outcome,
     )
     .await

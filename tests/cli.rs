@@ -14,6 +14,7 @@ fn run(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> (i32, String, String)
         .args(args)
         .current_dir(cwd)
         .env_clear()
+        .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
         .envs(env.iter().copied())
         .output()
         .unwrap();
@@ -239,6 +240,7 @@ async fn sigterm_closes_reservations_with_1001_and_exits_0() {
             std::process::Command::new(BIN)
                 .args(["--config", &path])
                 .env_clear()
+                .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap(),
@@ -379,6 +381,7 @@ fn systemd_notify_ready_watchdog_and_stopping() {
         Command::new(BIN)
             .args(["--config", &path])
             .env_clear()
+            .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
             .env("NOTIFY_SOCKET", &socket_path)
             .env("WATCHDOG_USEC", "200000")
             .stderr(Stdio::null())
@@ -446,6 +449,7 @@ async fn logs_carry_fields_in_both_formats_and_never_the_password() {
             std::process::Command::new(BIN)
                 .args(["--config", &path])
                 .env_clear()
+                .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap(),
@@ -520,6 +524,7 @@ async fn run_async(args: &[&str], cwd: &Path) -> (i32, String, String) {
         .args(args)
         .current_dir(cwd)
         .env_clear()
+        .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
         .output()
         .await
         .unwrap();
@@ -561,6 +566,7 @@ async fn status_prints_the_running_daemons_reservations_subscribers_and_hold_rea
         std::process::Command::new(BIN)
             .args(["--config", &path])
             .env_clear()
+            .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),

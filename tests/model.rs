@@ -645,6 +645,7 @@ impl World {
                 let now = Instant::now();
                 let subscribers = self.subscribers.for_policy(now, self.settings.grace);
                 let decision = cleanup::decide(&Inputs {
+                    guards: cleanup::Guards::default(),
                     now,
                     wall_now: self.wall(),
                     started: self.started,

@@ -1015,3 +1015,37 @@ fn unused_addr() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().to_string()
 }
+
+/// Zero answers a subscription only once its storer has caught up: a lagging subscriber that reconnects bounds
+/// cleanup at its request's watermark from the moment its upstream connection is up, before any frame comes back.
+#[tokio::test]
+async fn a_subscriber_is_tracked_from_the_handshake_before_the_upstreams_first_frame() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("")).await;
+    let path = changes_path(3, "t1", "serving-replicator-4242", "0b", false);
+    let (mut client, mut conn) = open(&sidecar, &mut upstream, &path).await;
+    assert!(conn.admit_like_zero().await, "{}", conn.target);
+    // The upstream has said nothing yet.
+    let tracked = sidecar
+        .subscribers
+        .for_policy(tokio::time::Instant::now(), Duration::from_secs(60));
+    assert_eq!(tracked.len(), 1, "{tracked:?}");
+    assert_eq!(tracked[0].id, "serving-replicator-4242");
+    assert_eq!(tracked[0].acked, "0b");
+    assert!(tracked[0].is_connected());
+
+    conn.send_msg(1, STATUS).await;
+    next_text(&mut client).await;
+    relay_transaction(&mut conn, &mut client, 2, 1, "0c").await;
+    send_text(&mut client, r#"{"ack":4}"#).await;
+    assert_eq!(conn.next_ack().await, 4);
+    eventually("the ack moves it on", || {
+        sidecar
+            .subscribers
+            .for_policy(tokio::time::Instant::now(), Duration::from_secs(60))[0]
+            .acked
+            == "0c"
+    })
+    .await;
+    sidecar.stop().await;
+}

@@ -581,25 +581,26 @@ impl ChangeDb {
             expected,
             batch_rows,
             stop,
-            || Ceiling::None,
+            || std::future::ready(Ceiling::None),
             &mut outcome,
         )
         .await?;
         Ok(outcome)
     }
 
-    /// [`ChangeDb::purge`], with `ceiling` asked before every batch: a reservation opened (or a subscriber
+    /// [`ChangeDb::purge`], with `ceiling` asked (and awaited: it may re-read litestream's gauge) before every
+    /// batch: a reservation opened (or a subscriber
     /// registered behind the target) while the purge runs lowers the target of the batches after it to its floor
     /// or ack (to nothing for a reservation that protects every row), and the purge then ends as
     /// [`PurgeStop::Reserved`]. `outcome` is recorded into as batches commit, so that after an error (the server
     /// restarted, the connection dropped) it still counts the rows that went first.
-    pub async fn purge_within<'a>(
+    pub async fn purge_within<'a, C: std::future::Future<Output = Ceiling>>(
         &self,
         before: &str,
         expected: Option<impl Into<Expected<'a>>>,
         batch_rows: i64,
         stop: &CancellationToken,
-        ceiling: impl Fn() -> Ceiling,
+        ceiling: impl Fn() -> C,
         outcome: &mut PurgeOutcome,
     ) -> Result<(), DbError> {
         let expected_address = expected.map(Into::into);
@@ -611,7 +612,7 @@ impl ChangeDb {
                 outcome.stopped = Some(PurgeStop::Cancelled);
                 break;
             }
-            let target = match ceiling() {
+            let target = match ceiling().await {
                 Ceiling::None => before.to_owned(),
                 Ceiling::Everything => {
                     reserved = Some(PurgeStop::Reserved { floor: None });

@@ -34,7 +34,7 @@ pub fn config(extra: &str) -> Config {
         "[litestream]\nbackup_url = \"{BACKUP_URL}\"\nproxy_listen = \"127.0.0.1:0\"\n\
          metrics_url = \"{NO_LITESTREAM}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
          [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n[discovery]\nmode = \"off\"\n\
-         [backup]\nverify = false\n"
+         [backup]\nverify = false\n[cleanup]\nstate_file = \"none\"\nhold_without_state = \"0s\"\n"
     );
     let mut merged: toml::Table = base.parse().unwrap();
     let extra: toml::Table = extra.parse().expect("extra config is TOML");

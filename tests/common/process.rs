@@ -54,14 +54,20 @@ impl Process {
         Self::spawn_with_env(config, &[]).await
     }
 
-    /// [`Process::spawn`] with these environment variables (and no others).
+    /// [`Process::spawn`] with these environment variables (and no others but the state's: systemd's
+    /// `STATE_DIRECTORY` is the config file's directory, so the state file is where it is by default and survives
+    /// a restart of the process, and a first start holds no cleanup for restores it cannot know of; `env` may say
+    /// otherwise).
     pub async fn spawn_with_env(config: &Path, env: &[(&str, &str)]) -> Process {
         let spawned = Instant::now();
+        let dir = config.parent().expect("the config is in a directory");
         let mut child = Reaped(
             Command::new(BIN)
                 .arg("--config")
                 .arg(config)
                 .env_clear()
+                .env("STATE_DIRECTORY", dir)
+                .env("LITESTREAM_SIDECAR__CLEANUP__HOLD_WITHOUT_STATE", "0s")
                 .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

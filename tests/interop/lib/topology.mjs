@@ -146,6 +146,9 @@ enabled = true
 initial_delay = "30s"
 reservations = "pin"
 reconnect_grace = "5s"
+# Kept beside the config, where this deployment's restarts find it; a fresh deployment has no restore in flight.
+state_file = "${join(this.dir, 'sidecar', 'state.json')}"
+hold_without_state = "0s"
 
 [discovery]
 mode = "verify"
