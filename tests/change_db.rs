@@ -103,18 +103,62 @@ async fn purge_never_deletes_the_newest_watermark() {
     let w = with_log(&schema).await;
     let (db, shutdown) = schema.connected().await;
 
-    // A target past everything stored (the backup ran ahead of the storer, W8a) keeps the newest transaction.
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), DEFAULT_PURGE_BATCH_ROWS).await;
+    // A target at max(watermark) keeps the newest transaction (W8a).
+    let outcome = purge(&db, &w[4], Some(SIDECAR), DEFAULT_PURGE_BATCH_ROWS).await;
     assert_eq!(outcome.rows, 12);
     assert!(outcome.is_complete());
     assert_eq!(schema.rows().await, expected_rows(&[&w[4]], 3));
 
-    // The same target exactly at max(watermark), and again past it: the last transaction stays.
-    for before in [w[4].as_str(), "zzzz"] {
-        let outcome = purge(&db, before, Some(SIDECAR), 3).await;
-        assert_eq!(outcome.rows, 0, "{before}");
-        assert_eq!(schema.rows().await, expected_rows(&[&w[4]], 3));
+    // Again, with only the last transaction left: it stays.
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (0, None));
+    assert_eq!(schema.rows().await, expected_rows(&[&w[4]], 3));
+    shutdown.cancel();
+    schema.drop().await;
+}
+
+/// A target above the newest watermark was not taken from this log (a bound left from before a resync onto a
+/// cluster with lower LSNs, say): it deletes nothing, where purging below it would leave only the newest transaction.
+#[tokio::test]
+async fn a_target_above_the_newest_watermark_deletes_nothing() {
+    let schema = TestSchema::create(Some(5), Some(SIDECAR)).await;
+    let (db, shutdown) = schema.connected().await;
+
+    // An empty log has no watermark to compare with.
+    let outcome = purge(&db, "0c", Some(SIDECAR), 3).await;
+    assert_eq!(
+        (outcome.rows, outcome.batches, outcome.stopped),
+        (0, 0, Some(PurgeStop::BeyondLog { newest: None }))
+    );
+
+    for w in ["0a", "0b", "0c", "0d", "0e"] {
+        schema.insert_transaction(w, 1).await;
     }
+    let all = schema.rows().await;
+    // "0e0" is only just above "0e" as bytes.
+    for before in ["0z", "0e0"] {
+        let outcome = purge(&db, before, Some(SIDECAR), 3).await;
+        assert_eq!(
+            (outcome.rows, outcome.batches, outcome.stopped),
+            (
+                0,
+                0,
+                Some(PurgeStop::BeyondLog {
+                    newest: Some("0e".into())
+                })
+            ),
+            "{before}"
+        );
+        assert_eq!(schema.rows().await, all, "{before}");
+    }
+
+    // Targets within the log purge as before, up to the newest watermark itself.
+    let outcome = purge(&db, "0c", Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (6, None));
+    assert_eq!(schema.rows().await, expected_rows(&["0c", "0d", "0e"], 3));
+    let outcome = purge(&db, "0e", Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (6, None));
+    assert_eq!(schema.rows().await, expected_rows(&["0e"], 3));
     shutdown.cancel();
     schema.drop().await;
 }
@@ -126,7 +170,7 @@ async fn purge_runs_in_bounded_batches() {
     let (db, shutdown) = schema.connected().await;
 
     // 12 rows below the newest watermark, 3 per batch: four full batches and a fifth that finds nothing.
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!(outcome.rows, 12);
     assert_eq!(outcome.batches, 5);
     assert!(outcome.is_complete());
@@ -154,7 +198,7 @@ async fn purge_deletes_nothing_once_ownership_moved() {
     let all = schema.rows().await;
     let (db, shutdown) = schema.connected().await;
 
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!(outcome.rows, 0);
     assert_eq!(outcome.batches, 0);
     assert_eq!(
@@ -167,7 +211,7 @@ async fn purge_deletes_nothing_once_ownership_moved() {
 
     // After a resync `ownerAddress` is NULL until the replication-manager assumes ownership again.
     schema.set_owner_address(None).await;
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!(
         outcome.stopped,
         Some(PurgeStop::OwnershipMoved { found: None })
@@ -206,7 +250,8 @@ async fn ownership_is_checked_again_before_every_batch() {
         .unwrap();
     let task = {
         let db = db.clone();
-        tokio::spawn(async move { purge(&db, "zzzz", Some(SIDECAR), 3).await })
+        let newest = w[4].clone();
+        tokio::spawn(async move { purge(&db, &newest, Some(SIDECAR), 3).await })
     };
     wait_until_blocked(&schema).await;
     schema.set_owner_address(Some("10.0.0.9:4849")).await;
@@ -248,7 +293,8 @@ async fn stop_is_honoured_between_batches_never_inside_one() {
     let stop = CancellationToken::new();
     let task = {
         let (db, stop) = (db.clone(), stop.clone());
-        tokio::spawn(async move { db.purge("zzzz", Some(SIDECAR), 3, &stop).await })
+        let newest = w[4].clone();
+        tokio::spawn(async move { db.purge(&newest, Some(SIDECAR), 3, &stop).await })
     };
     wait_until_blocked(&schema).await;
     stop.cancel();
@@ -261,7 +307,7 @@ async fn stop_is_honoured_between_batches_never_inside_one() {
     assert_eq!(schema.rows().await, expected_rows(&refs(&w[2..]), 3));
 
     // A token cancelled before the call deletes nothing.
-    let outcome = db.purge("zzzz", Some(SIDECAR), 3, &stop).await.unwrap();
+    let outcome = db.purge(&w[4], Some(SIDECAR), 3, &stop).await.unwrap();
     assert_eq!((outcome.rows, outcome.batches), (0, 0));
     assert_eq!(outcome.stopped, Some(PurgeStop::Cancelled));
     shutdown.cancel();
@@ -288,13 +334,13 @@ async fn a_locked_head_row_skips_the_round() {
         )
         .await
         .unwrap();
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!(outcome.rows, 0);
     assert_eq!(outcome.stopped, Some(PurgeStop::Locked));
     assert_eq!(schema.rows().await, all);
 
     incoming.batch_execute("COMMIT").await.unwrap();
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!((outcome.rows, outcome.stopped), (12, None));
     assert_eq!(schema.rows().await, expected_rows(&[&w[4]], 3));
     shutdown.cancel();
@@ -368,7 +414,7 @@ async fn purge_and_unneeded_adopt_do_not_abort_a_serializable_storer() {
     let next = lexi(2000);
 
     let storer = Storer::begin(&schema, &next).await;
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!((outcome.rows, outcome.stopped), (12, None));
     // Already ours: matches no row, writes nothing.
     assert!(!db.adopt_address(RM, SIDECAR).await.unwrap());
@@ -821,8 +867,8 @@ async fn a_collation_that_misorders_watermarks_falls_back_to_byte_order() {
     assert_eq!(schema.rows().await, expected_rows(&["2t00", "2z00"], 3));
     assert_eq!(db.min_watermark().await.unwrap().as_deref(), Some("2t00"));
 
-    // The newest watermark as bytes is 2z00, not the column's max(watermark) 2t00.
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 2).await;
+    // The newest watermark as bytes is 2z00, not the column's max(watermark) 2t00: a target at it is in the log.
+    let outcome = purge(&db, "2z00", Some(SIDECAR), 2).await;
     assert_eq!((outcome.rows, outcome.stopped), (3, None));
     assert_eq!(schema.rows().await, expected_rows(&["2z00"], 3));
     shutdown.cancel();
@@ -997,7 +1043,7 @@ async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
 
     // Three rows a batch: the first batch takes all of 0u, then a reservation at floor 0z (= w[1]) appears.
     let asked = AtomicU32::new(0);
-    let outcome = purge_under(&db, "zzzz", || {
+    let outcome = purge_under(&db, &w[4], || {
         if asked.fetch_add(1, Ordering::SeqCst) == 0 {
             Ceiling::None
         } else {
@@ -1016,7 +1062,7 @@ async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
     assert_eq!(schema.rows().await, expected_rows(&refs(&w[1..]), 3));
 
     // A reservation that protects every row: nothing more is deleted.
-    let outcome = purge_under(&db, "zzzz", || Ceiling::Everything).await;
+    let outcome = purge_under(&db, &w[4], || Ceiling::Everything).await;
     assert_eq!(
         (outcome.rows, outcome.stopped),
         (0, Some(PurgeStop::Reserved { floor: None }))

@@ -12,7 +12,9 @@
 //!   statement matches no row (creates no row version) unless a change is needed, and it never touches `owner`.
 //! - A purge runs in bounded batches, each its own transaction that first re-reads `ownerAddress` with a plain
 //!   SELECT, then takes the head row with `FOR UPDATE NOWAIT` (a newer RM holds `FOR SHARE` on it while it takes over,
-//!   §12), and never deletes rows at the newest watermark in the table (W8a).
+//!   §12), and never deletes rows at the newest watermark in the table (W8a). A target above that watermark deletes
+//!   nothing: the log has not reached it, and a bound left from before a resync onto a cluster with lower LSNs
+//!   would otherwise delete all of the new log but its newest transaction.
 //! - Watermarks compare as bytes (§2). Zero's DDL leaves `watermark` in the database's default collation, and
 //!   most collations (`C`, `en_US`, ICU root) order LexiVersions' `[0-9a-z]` as bytes, so the statements use the
 //!   column's collation and the primary-key index serves them. Some do not (Danish puts "aa" after "z", Estonian
@@ -34,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, MappedMutexGuard, MutexGuard};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::{Client, GenericClient, Transaction};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -271,6 +273,9 @@ pub enum PurgeStop {
     /// while it ran: the batches after it deleted only below its floor or ack (`None`: nothing, a reservation
     /// protects every row).
     Reserved { floor: Option<String> },
+    /// The target is above the newest watermark in the log (`None`: the log is empty): the log has not reached it
+    /// (a backup ahead of the storer, or a bound from before a resync), so the batch deleted nothing.
+    BeyondLog { newest: Option<String> },
 }
 
 /// Who must still own the change log for a purge batch to delete anything: `ownerAddress` must name `address`,
@@ -561,11 +566,13 @@ impl ChangeDb {
     }
 
     /// Deletes `changeLog` rows with `watermark < before`, never those at the newest watermark in the table, in
-    /// batches of at most `batch_rows` rows until a batch deletes fewer.
+    /// batches of at most `batch_rows` rows until a batch deletes fewer. A `before` above the newest watermark
+    /// deletes nothing ([`PurgeStop::BeyondLog`]).
     ///
     /// Each batch is one transaction: a plain read of `ownerAddress` and `owner` (when `expected` is given, another
-    /// address or owner stops the purge with nothing deleted in that batch), the head row locked with `FOR UPDATE
-    /// NOWAIT` (a lock held elsewhere skips the round), then the DELETE. `stop` is checked only between batches.
+    /// address or owner stops the purge with nothing deleted in that batch), the newest watermark, the head row
+    /// locked with `FOR UPDATE NOWAIT` (a lock held elsewhere skips the round), then the DELETE. `stop` is checked
+    /// only between batches.
     ///
     /// An error after some batches have committed is returned as is; its context says how many rows went first.
     pub async fn purge<'a>(
@@ -626,7 +633,7 @@ impl ChangeDb {
                 Ceiling::Below(_) => before.to_owned(),
             };
             let result = self
-                .purge_batch(&target, expected_address, batch_rows)
+                .purge_batch(before, &target, expected_address, batch_rows)
                 .await;
             let batch = self.noting_schema(result).map_err(|err| match err {
                 DbError::Query { context, source } => DbError::Query {
@@ -660,9 +667,11 @@ impl ChangeDb {
         Ok(())
     }
 
+    /// One batch deleting below `target`, which is at most the purge's `bound`.
     async fn purge_batch(
         &self,
-        before: &str,
+        bound: &str,
+        target: &str,
         expected: Option<Expected<'_>>,
         batch_rows: i64,
     ) -> Result<Batch, DbError> {
@@ -674,36 +683,14 @@ impl ChangeDb {
             .await
             .map_err(|e| self.query_error("beginning a purge batch", e))?;
 
-        if let Some(expected) = expected {
-            // A plain read: no row version, no lock, so the storer's SERIALIZABLE transaction never conflicts.
-            let found = read_ownership(&tx, &self.inner.sql)
-                .await
-                .map_err(|e| self.query_error("reading ownerAddress", e))?;
-            let stop = if !found
-                .address
-                .as_deref()
-                .is_some_and(|f| same_address(f, expected.address))
-            {
-                Some(PurgeStop::OwnershipMoved {
-                    found: found.address,
-                })
-            } else if expected
-                .owner
-                .is_some_and(|owner| found.owner.as_deref() != Some(owner))
-            {
-                Some(PurgeStop::OwnerChanged { found: found.owner })
-            } else {
-                None
-            };
-            if let Some(stop) = stop {
-                let _ = tx.rollback().await;
-                return Ok(Batch::Stopped(stop));
-            }
+        if let Some(stop) = self.batch_stop(&tx, sql, bound, expected).await? {
+            let _ = tx.rollback().await;
+            return Ok(Batch::Stopped(stop));
         }
 
         let deleted = async {
             tx.query_opt(&sql.lock_head, &[]).await?;
-            tx.execute(&sql.purge_batch, &[&before, &batch_rows]).await
+            tx.execute(&sql.purge_batch, &[&target, &batch_rows]).await
         }
         .await;
         let rows = match deleted {
@@ -721,6 +708,46 @@ impl ChangeDb {
             rows,
             took: started.elapsed(),
         })
+    }
+
+    /// Why a purge batch must delete nothing, if it must: checked inside its transaction, before any row lock.
+    async fn batch_stop(
+        &self,
+        tx: &Transaction<'_>,
+        sql: &WatermarkSql,
+        bound: &str,
+        expected: Option<Expected<'_>>,
+    ) -> Result<Option<PurgeStop>, DbError> {
+        if let Some(expected) = expected {
+            // A plain read: no row version, no lock, so the storer's SERIALIZABLE transaction never conflicts.
+            let found = read_ownership(tx, &self.inner.sql)
+                .await
+                .map_err(|e| self.query_error("reading ownerAddress", e))?;
+            if !found
+                .address
+                .as_deref()
+                .is_some_and(|f| same_address(f, expected.address))
+            {
+                return Ok(Some(PurgeStop::OwnershipMoved {
+                    found: found.address,
+                }));
+            }
+            if expected
+                .owner
+                .is_some_and(|owner| found.owner.as_deref() != Some(owner))
+            {
+                return Ok(Some(PurgeStop::OwnerChanged { found: found.owner }));
+            }
+        }
+        let newest: Option<String> = tx
+            .query_one(&sql.max_watermark, &[])
+            .await
+            .map_err(|e| self.query_error("reading max(watermark)", e))?
+            .get(0);
+        if newest.as_deref().is_none_or(|newest| bound > newest) {
+            return Ok(Some(PurgeStop::BeyondLog { newest }));
+        }
+        Ok(None)
     }
 
     /// The connected client, held until the guard drops.

@@ -34,6 +34,7 @@ pub(super) struct Sql {
 #[derive(Debug)]
 pub(super) struct WatermarkSql {
     pub(super) min_watermark: String,
+    pub(super) max_watermark: String,
     pub(super) lock_head: String,
     pub(super) purge_batch: String,
 }
@@ -44,6 +45,7 @@ impl WatermarkSql {
         let w = format!("watermark{collate}");
         WatermarkSql {
             min_watermark: format!("SELECT min({w}) FROM {change_log}"),
+            max_watermark: format!("SELECT max({w}) FROM {change_log}"),
             // PROTOCOL.md §12: an incoming replication-manager holds FOR SHARE on this row until it owns the log.
             lock_head: format!(
                 "SELECT watermark FROM {change_log} ORDER BY {w}, pos LIMIT 1 FOR UPDATE NOWAIT"
