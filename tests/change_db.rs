@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use common::pg::{self, expected_rows, lexi, TestSchema};
 use litestream_sidecar::change_db::{
-    ChangeDb, DbError, DbState, FailureClass, PurgeOutcome, PurgeStop, DEFAULT_PURGE_BATCH_ROWS,
+    purger_lock_key, ChangeDb, DbError, DbState, FailureClass, PurgeOutcome, PurgeStop, Purger,
+    DEFAULT_PURGE_BATCH_ROWS,
 };
+use litestream_sidecar::config::ZeroConfig;
 use tokio::net::TcpListener;
 use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
@@ -1075,4 +1077,204 @@ async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
     assert_eq!(schema.rows().await, expected_rows(&refs(&w[2..]), 3));
     shutdown.cancel();
     schema.drop().await;
+}
+
+/// A sidecar's handle for `zero` under its own `application_name`, so that its backend can be told apart from
+/// another sidecar's on the same shard.
+async fn sidecar(zero: &ZeroConfig, application_name: &str) -> (ChangeDb, CancellationToken) {
+    let mut config = pg::pg_config();
+    config.application_name(application_name);
+    let shutdown = CancellationToken::new();
+    let db = ChangeDb::start(config, zero, pg::fast_options(), shutdown.clone());
+    tokio::time::timeout(Duration::from_secs(10), db.ready())
+        .await
+        .expect("the sidecar connects to the test server");
+    (db, shutdown)
+}
+
+/// A test schema whose purger lock key has a negative hashed half, or a positive one.
+async fn schema_with_lock_key(negative: bool) -> TestSchema {
+    loop {
+        let app_id = pg::unique_app_id();
+        let zero = ZeroConfig {
+            app_id: app_id.clone(),
+            shard_num: 0,
+        };
+        if (purger_lock_key(&zero).1 < 0) == negative {
+            let schema = TestSchema {
+                schema: zero.cdc_schema(),
+                app_id,
+                client: pg::connect().await,
+            };
+            schema.create_tables(Some(5), Some(SIDECAR)).await;
+            return schema;
+        }
+    }
+}
+
+/// How many of the backends named `application_name` hold `zero`'s purger lock, as `pg_locks` shows it: the keys
+/// as `oid`, so a negative int4 as itself plus 2^32.
+async fn purger_locks(
+    admin: &tokio_postgres::Client,
+    application_name: &str,
+    zero: &ZeroConfig,
+) -> i64 {
+    let (class, key) = purger_lock_key(zero);
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+              WHERE a.application_name = $1 AND l.locktype = 'advisory' AND l.granted \
+                AND l.classid = $2 AND l.objid = $3 AND l.objsubid = 2",
+            &[&application_name, &(class as u32), &(key as u32)],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Terminates the backend of the sidecar named `application_name`, and waits until `db` is connected again.
+async fn terminate_and_reconnect(
+    admin: &tokio_postgres::Client,
+    db: &ChangeDb,
+    application_name: &str,
+) {
+    // With a timeout, pg_terminate_backend waits until the backend has exited.
+    let terminated: bool = admin
+        .query_one(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = $1",
+            &[&application_name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(terminated, "{application_name} terminated");
+    eventually("the sidecar reconnects", || async {
+        db.status().await == DbState::Up
+    })
+    .await;
+}
+
+/// Two sidecars of one shard: one holds the purger lock, the other stands by. Claiming again never stacks the
+/// lock (one release frees it), and when the holder's session ends the other's next claim takes it over.
+#[tokio::test]
+async fn one_sidecar_per_shard_holds_the_purger_lock() {
+    let admin = pg::connect().await;
+    // Both signs of the hashed half: `pg_locks` shows a negative one as a large oid.
+    for negative in [false, true] {
+        let schema = schema_with_lock_key(negative).await;
+        let zero = schema.zero();
+        let (a_name, b_name) = (
+            format!("{}-a", schema.app_id),
+            format!("{}-b", schema.app_id),
+        );
+        let (a, stop_a) = sidecar(&zero, &a_name).await;
+        let (b, stop_b) = sidecar(&zero, &b_name).await;
+
+        assert_eq!(a.claim_purger().await.unwrap(), Purger::Held);
+        assert_eq!(b.claim_purger().await.unwrap(), Purger::Standby);
+        for _ in 0..3 {
+            assert_eq!(a.claim_purger().await.unwrap(), Purger::Held);
+        }
+        assert_eq!(b.claim_purger().await.unwrap(), Purger::Standby);
+        assert_eq!(purger_locks(&admin, &a_name, &zero).await, 1);
+        assert_eq!(purger_locks(&admin, &b_name, &zero).await, 0);
+
+        // One release frees it: the claims did not stack.
+        assert!(a.release_purger().await.unwrap());
+        assert_eq!(purger_locks(&admin, &a_name, &zero).await, 0);
+        assert!(!a.release_purger().await.unwrap());
+        assert_eq!(b.claim_purger().await.unwrap(), Purger::Held);
+        assert_eq!(a.claim_purger().await.unwrap(), Purger::Standby);
+
+        // The holder shuts down: its session ends, and the other's next claim takes the lock over.
+        stop_b.cancel();
+        eventually("the standby takes the lock over", || async {
+            a.claim_purger().await.unwrap() == Purger::Held
+        })
+        .await;
+        assert_eq!(purger_locks(&admin, &a_name, &zero).await, 1);
+        stop_a.cancel();
+        schema.drop().await;
+    }
+}
+
+/// The lock goes with the session: a holder whose backend is terminated reconnects without it, so its purge
+/// batches delete nothing until it claims again, and meanwhile the standby may take over.
+#[tokio::test]
+async fn a_purger_that_lost_its_session_deletes_nothing_until_it_claims_again() {
+    let admin = pg::connect().await;
+    let schema = TestSchema::create(Some(5), Some(SIDECAR)).await;
+    let w = with_log(&schema).await;
+    let all = schema.rows().await;
+    let zero = schema.zero();
+    let (a_name, b_name) = (
+        format!("{}-a", schema.app_id),
+        format!("{}-b", schema.app_id),
+    );
+    let (a, stop_a) = sidecar(&zero, &a_name).await;
+    let (b, stop_b) = sidecar(&zero, &b_name).await;
+    let not_purger = (0, 0, Some(PurgeStop::NotPurger));
+
+    assert_eq!(a.claim_purger().await.unwrap(), Purger::Held);
+    assert_eq!(b.claim_purger().await.unwrap(), Purger::Standby);
+    let outcome = purge(&b, &w[4], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.batches, outcome.stopped), not_purger);
+    assert_eq!(schema.rows().await, all);
+
+    // The new session does not hold the lock, although nobody else has it.
+    terminate_and_reconnect(&admin, &a, &a_name).await;
+    let outcome = purge(&a, &w[4], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.batches, outcome.stopped), not_purger);
+    assert_eq!(schema.rows().await, all);
+    assert_eq!(a.claim_purger().await.unwrap(), Purger::Held);
+    let outcome = purge(&a, &w[1], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (3, None));
+    assert_eq!(schema.rows().await, expected_rows(&refs(&w[1..]), 3));
+
+    // Lost again: this time the standby takes over before the old holder claims.
+    terminate_and_reconnect(&admin, &a, &a_name).await;
+    assert_eq!(b.claim_purger().await.unwrap(), Purger::Held);
+    assert_eq!(a.claim_purger().await.unwrap(), Purger::Standby);
+    let outcome = purge(&a, &w[4], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.batches, outcome.stopped), not_purger);
+    assert_eq!(schema.rows().await, expected_rows(&refs(&w[1..]), 3));
+    let outcome = purge(&b, &w[2], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (3, None));
+    assert_eq!(schema.rows().await, expected_rows(&refs(&w[2..]), 3));
+    stop_a.cancel();
+    stop_b.cancel();
+    schema.drop().await;
+}
+
+/// The lock is the shard's: another shard of the app, or the same shard of another app on the same database, has
+/// its own, and each is still held against a second sidecar of that shard.
+#[tokio::test]
+async fn each_shard_and_app_has_its_own_purger_lock() {
+    let (app, other) = (pg::unique_app_id(), pg::unique_app_id());
+    let shards = [(app.clone(), 0), (app, 1), (other, 0)]
+        .map(|(app_id, shard_num)| ZeroConfig { app_id, shard_num });
+    let mut holders = Vec::new();
+    for (i, zero) in shards.iter().enumerate() {
+        let (db, stop) = sidecar(zero, &format!("{}-{i}", zero.app_id)).await;
+        assert_eq!(
+            db.claim_purger().await.unwrap(),
+            Purger::Held,
+            "{}",
+            zero.cdc_schema()
+        );
+        holders.push((db, stop));
+    }
+    for (i, zero) in shards.iter().enumerate() {
+        let (db, stop) = sidecar(zero, &format!("{}-{i}-second", zero.app_id)).await;
+        assert_eq!(
+            db.claim_purger().await.unwrap(),
+            Purger::Standby,
+            "{}",
+            zero.cdc_schema()
+        );
+        stop.cancel();
+    }
+    for (_, stop) in holders {
+        stop.cancel();
+    }
 }
