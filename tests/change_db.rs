@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use common::pg::{self, expected_rows, lexi, TestSchema};
 use litestream_sidecar::change_db::{
-    ChangeDb, DbError, DbState, FailureClass, PurgeOutcome, PurgeStop, DEFAULT_PURGE_BATCH_ROWS,
+    purger_lock_key, ChangeDb, DbError, DbState, FailureClass, PurgeOutcome, PurgeStop, Purger,
+    DEFAULT_PURGE_BATCH_ROWS,
 };
+use litestream_sidecar::config::ZeroConfig;
 use tokio::net::TcpListener;
 use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
@@ -103,18 +105,62 @@ async fn purge_never_deletes_the_newest_watermark() {
     let w = with_log(&schema).await;
     let (db, shutdown) = schema.connected().await;
 
-    // A target past everything stored (the backup ran ahead of the storer, W8a) keeps the newest transaction.
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), DEFAULT_PURGE_BATCH_ROWS).await;
+    // A target at max(watermark) keeps the newest transaction (W8a).
+    let outcome = purge(&db, &w[4], Some(SIDECAR), DEFAULT_PURGE_BATCH_ROWS).await;
     assert_eq!(outcome.rows, 12);
     assert!(outcome.is_complete());
     assert_eq!(schema.rows().await, expected_rows(&[&w[4]], 3));
 
-    // The same target exactly at max(watermark), and again past it: the last transaction stays.
-    for before in [w[4].as_str(), "zzzz"] {
-        let outcome = purge(&db, before, Some(SIDECAR), 3).await;
-        assert_eq!(outcome.rows, 0, "{before}");
-        assert_eq!(schema.rows().await, expected_rows(&[&w[4]], 3));
+    // Again, with only the last transaction left: it stays.
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (0, None));
+    assert_eq!(schema.rows().await, expected_rows(&[&w[4]], 3));
+    shutdown.cancel();
+    schema.drop().await;
+}
+
+/// A target above the newest watermark was not taken from this log (a bound left from before a resync onto a
+/// cluster with lower LSNs, say): it deletes nothing, where purging below it would leave only the newest transaction.
+#[tokio::test]
+async fn a_target_above_the_newest_watermark_deletes_nothing() {
+    let schema = TestSchema::create(Some(5), Some(SIDECAR)).await;
+    let (db, shutdown) = schema.connected().await;
+
+    // An empty log has no watermark to compare with.
+    let outcome = purge(&db, "0c", Some(SIDECAR), 3).await;
+    assert_eq!(
+        (outcome.rows, outcome.batches, outcome.stopped),
+        (0, 0, Some(PurgeStop::BeyondLog { newest: None }))
+    );
+
+    for w in ["0a", "0b", "0c", "0d", "0e"] {
+        schema.insert_transaction(w, 1).await;
     }
+    let all = schema.rows().await;
+    // "0e0" is only just above "0e" as bytes.
+    for before in ["0z", "0e0"] {
+        let outcome = purge(&db, before, Some(SIDECAR), 3).await;
+        assert_eq!(
+            (outcome.rows, outcome.batches, outcome.stopped),
+            (
+                0,
+                0,
+                Some(PurgeStop::BeyondLog {
+                    newest: Some("0e".into())
+                })
+            ),
+            "{before}"
+        );
+        assert_eq!(schema.rows().await, all, "{before}");
+    }
+
+    // Targets within the log purge as before, up to the newest watermark itself.
+    let outcome = purge(&db, "0c", Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (6, None));
+    assert_eq!(schema.rows().await, expected_rows(&["0c", "0d", "0e"], 3));
+    let outcome = purge(&db, "0e", Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (6, None));
+    assert_eq!(schema.rows().await, expected_rows(&["0e"], 3));
     shutdown.cancel();
     schema.drop().await;
 }
@@ -126,7 +172,7 @@ async fn purge_runs_in_bounded_batches() {
     let (db, shutdown) = schema.connected().await;
 
     // 12 rows below the newest watermark, 3 per batch: four full batches and a fifth that finds nothing.
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!(outcome.rows, 12);
     assert_eq!(outcome.batches, 5);
     assert!(outcome.is_complete());
@@ -154,7 +200,7 @@ async fn purge_deletes_nothing_once_ownership_moved() {
     let all = schema.rows().await;
     let (db, shutdown) = schema.connected().await;
 
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!(outcome.rows, 0);
     assert_eq!(outcome.batches, 0);
     assert_eq!(
@@ -167,7 +213,7 @@ async fn purge_deletes_nothing_once_ownership_moved() {
 
     // After a resync `ownerAddress` is NULL until the replication-manager assumes ownership again.
     schema.set_owner_address(None).await;
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!(
         outcome.stopped,
         Some(PurgeStop::OwnershipMoved { found: None })
@@ -206,7 +252,8 @@ async fn ownership_is_checked_again_before_every_batch() {
         .unwrap();
     let task = {
         let db = db.clone();
-        tokio::spawn(async move { purge(&db, "zzzz", Some(SIDECAR), 3).await })
+        let newest = w[4].clone();
+        tokio::spawn(async move { purge(&db, &newest, Some(SIDECAR), 3).await })
     };
     wait_until_blocked(&schema).await;
     schema.set_owner_address(Some("10.0.0.9:4849")).await;
@@ -248,7 +295,8 @@ async fn stop_is_honoured_between_batches_never_inside_one() {
     let stop = CancellationToken::new();
     let task = {
         let (db, stop) = (db.clone(), stop.clone());
-        tokio::spawn(async move { db.purge("zzzz", Some(SIDECAR), 3, &stop).await })
+        let newest = w[4].clone();
+        tokio::spawn(async move { db.purge(&newest, Some(SIDECAR), 3, &stop).await })
     };
     wait_until_blocked(&schema).await;
     stop.cancel();
@@ -261,7 +309,7 @@ async fn stop_is_honoured_between_batches_never_inside_one() {
     assert_eq!(schema.rows().await, expected_rows(&refs(&w[2..]), 3));
 
     // A token cancelled before the call deletes nothing.
-    let outcome = db.purge("zzzz", Some(SIDECAR), 3, &stop).await.unwrap();
+    let outcome = db.purge(&w[4], Some(SIDECAR), 3, &stop).await.unwrap();
     assert_eq!((outcome.rows, outcome.batches), (0, 0));
     assert_eq!(outcome.stopped, Some(PurgeStop::Cancelled));
     shutdown.cancel();
@@ -288,13 +336,13 @@ async fn a_locked_head_row_skips_the_round() {
         )
         .await
         .unwrap();
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!(outcome.rows, 0);
     assert_eq!(outcome.stopped, Some(PurgeStop::Locked));
     assert_eq!(schema.rows().await, all);
 
     incoming.batch_execute("COMMIT").await.unwrap();
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!((outcome.rows, outcome.stopped), (12, None));
     assert_eq!(schema.rows().await, expected_rows(&[&w[4]], 3));
     shutdown.cancel();
@@ -368,7 +416,7 @@ async fn purge_and_unneeded_adopt_do_not_abort_a_serializable_storer() {
     let next = lexi(2000);
 
     let storer = Storer::begin(&schema, &next).await;
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 3).await;
+    let outcome = purge(&db, &w[4], Some(SIDECAR), 3).await;
     assert_eq!((outcome.rows, outcome.stopped), (12, None));
     // Already ours: matches no row, writes nothing.
     assert!(!db.adopt_address(RM, SIDECAR).await.unwrap());
@@ -821,8 +869,8 @@ async fn a_collation_that_misorders_watermarks_falls_back_to_byte_order() {
     assert_eq!(schema.rows().await, expected_rows(&["2t00", "2z00"], 3));
     assert_eq!(db.min_watermark().await.unwrap().as_deref(), Some("2t00"));
 
-    // The newest watermark as bytes is 2z00, not the column's max(watermark) 2t00.
-    let outcome = purge(&db, "zzzz", Some(SIDECAR), 2).await;
+    // The newest watermark as bytes is 2z00, not the column's max(watermark) 2t00: a target at it is in the log.
+    let outcome = purge(&db, "2z00", Some(SIDECAR), 2).await;
     assert_eq!((outcome.rows, outcome.stopped), (3, None));
     assert_eq!(schema.rows().await, expected_rows(&["2z00"], 3));
     shutdown.cancel();
@@ -997,7 +1045,7 @@ async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
 
     // Three rows a batch: the first batch takes all of 0u, then a reservation at floor 0z (= w[1]) appears.
     let asked = AtomicU32::new(0);
-    let outcome = purge_under(&db, "zzzz", || {
+    let outcome = purge_under(&db, &w[4], || {
         if asked.fetch_add(1, Ordering::SeqCst) == 0 {
             Ceiling::None
         } else {
@@ -1016,7 +1064,7 @@ async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
     assert_eq!(schema.rows().await, expected_rows(&refs(&w[1..]), 3));
 
     // A reservation that protects every row: nothing more is deleted.
-    let outcome = purge_under(&db, "zzzz", || Ceiling::Everything).await;
+    let outcome = purge_under(&db, &w[4], || Ceiling::Everything).await;
     assert_eq!(
         (outcome.rows, outcome.stopped),
         (0, Some(PurgeStop::Reserved { floor: None }))
@@ -1029,4 +1077,204 @@ async fn a_reservation_opened_mid_purge_limits_the_batches_after_it() {
     assert_eq!(schema.rows().await, expected_rows(&refs(&w[2..]), 3));
     shutdown.cancel();
     schema.drop().await;
+}
+
+/// A sidecar's handle for `zero` under its own `application_name`, so that its backend can be told apart from
+/// another sidecar's on the same shard.
+async fn sidecar(zero: &ZeroConfig, application_name: &str) -> (ChangeDb, CancellationToken) {
+    let mut config = pg::pg_config();
+    config.application_name(application_name);
+    let shutdown = CancellationToken::new();
+    let db = ChangeDb::start(config, zero, pg::fast_options(), shutdown.clone());
+    tokio::time::timeout(Duration::from_secs(10), db.ready())
+        .await
+        .expect("the sidecar connects to the test server");
+    (db, shutdown)
+}
+
+/// A test schema whose purger lock key has a negative hashed half, or a positive one.
+async fn schema_with_lock_key(negative: bool) -> TestSchema {
+    loop {
+        let app_id = pg::unique_app_id();
+        let zero = ZeroConfig {
+            app_id: app_id.clone(),
+            shard_num: 0,
+        };
+        if (purger_lock_key(&zero).1 < 0) == negative {
+            let schema = TestSchema {
+                schema: zero.cdc_schema(),
+                app_id,
+                client: pg::connect().await,
+            };
+            schema.create_tables(Some(5), Some(SIDECAR)).await;
+            return schema;
+        }
+    }
+}
+
+/// How many of the backends named `application_name` hold `zero`'s purger lock, as `pg_locks` shows it: the keys
+/// as `oid`, so a negative int4 as itself plus 2^32.
+async fn purger_locks(
+    admin: &tokio_postgres::Client,
+    application_name: &str,
+    zero: &ZeroConfig,
+) -> i64 {
+    let (class, key) = purger_lock_key(zero);
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+              WHERE a.application_name = $1 AND l.locktype = 'advisory' AND l.granted \
+                AND l.classid = $2 AND l.objid = $3 AND l.objsubid = 2",
+            &[&application_name, &(class as u32), &(key as u32)],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Terminates the backend of the sidecar named `application_name`, and waits until `db` is connected again.
+async fn terminate_and_reconnect(
+    admin: &tokio_postgres::Client,
+    db: &ChangeDb,
+    application_name: &str,
+) {
+    // With a timeout, pg_terminate_backend waits until the backend has exited.
+    let terminated: bool = admin
+        .query_one(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = $1",
+            &[&application_name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(terminated, "{application_name} terminated");
+    eventually("the sidecar reconnects", || async {
+        db.status().await == DbState::Up
+    })
+    .await;
+}
+
+/// Two sidecars of one shard: one holds the purger lock, the other stands by. Claiming again never stacks the
+/// lock (one release frees it), and when the holder's session ends the other's next claim takes it over.
+#[tokio::test]
+async fn one_sidecar_per_shard_holds_the_purger_lock() {
+    let admin = pg::connect().await;
+    // Both signs of the hashed half: `pg_locks` shows a negative one as a large oid.
+    for negative in [false, true] {
+        let schema = schema_with_lock_key(negative).await;
+        let zero = schema.zero();
+        let (a_name, b_name) = (
+            format!("{}-a", schema.app_id),
+            format!("{}-b", schema.app_id),
+        );
+        let (a, stop_a) = sidecar(&zero, &a_name).await;
+        let (b, stop_b) = sidecar(&zero, &b_name).await;
+
+        assert_eq!(a.claim_purger().await.unwrap(), Purger::Held);
+        assert_eq!(b.claim_purger().await.unwrap(), Purger::Standby);
+        for _ in 0..3 {
+            assert_eq!(a.claim_purger().await.unwrap(), Purger::Held);
+        }
+        assert_eq!(b.claim_purger().await.unwrap(), Purger::Standby);
+        assert_eq!(purger_locks(&admin, &a_name, &zero).await, 1);
+        assert_eq!(purger_locks(&admin, &b_name, &zero).await, 0);
+
+        // One release frees it: the claims did not stack.
+        assert!(a.release_purger().await.unwrap());
+        assert_eq!(purger_locks(&admin, &a_name, &zero).await, 0);
+        assert!(!a.release_purger().await.unwrap());
+        assert_eq!(b.claim_purger().await.unwrap(), Purger::Held);
+        assert_eq!(a.claim_purger().await.unwrap(), Purger::Standby);
+
+        // The holder shuts down: its session ends, and the other's next claim takes the lock over.
+        stop_b.cancel();
+        eventually("the standby takes the lock over", || async {
+            a.claim_purger().await.unwrap() == Purger::Held
+        })
+        .await;
+        assert_eq!(purger_locks(&admin, &a_name, &zero).await, 1);
+        stop_a.cancel();
+        schema.drop().await;
+    }
+}
+
+/// The lock goes with the session: a holder whose backend is terminated reconnects without it, so its purge
+/// batches delete nothing until it claims again, and meanwhile the standby may take over.
+#[tokio::test]
+async fn a_purger_that_lost_its_session_deletes_nothing_until_it_claims_again() {
+    let admin = pg::connect().await;
+    let schema = TestSchema::create(Some(5), Some(SIDECAR)).await;
+    let w = with_log(&schema).await;
+    let all = schema.rows().await;
+    let zero = schema.zero();
+    let (a_name, b_name) = (
+        format!("{}-a", schema.app_id),
+        format!("{}-b", schema.app_id),
+    );
+    let (a, stop_a) = sidecar(&zero, &a_name).await;
+    let (b, stop_b) = sidecar(&zero, &b_name).await;
+    let not_purger = (0, 0, Some(PurgeStop::NotPurger));
+
+    assert_eq!(a.claim_purger().await.unwrap(), Purger::Held);
+    assert_eq!(b.claim_purger().await.unwrap(), Purger::Standby);
+    let outcome = purge(&b, &w[4], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.batches, outcome.stopped), not_purger);
+    assert_eq!(schema.rows().await, all);
+
+    // The new session does not hold the lock, although nobody else has it.
+    terminate_and_reconnect(&admin, &a, &a_name).await;
+    let outcome = purge(&a, &w[4], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.batches, outcome.stopped), not_purger);
+    assert_eq!(schema.rows().await, all);
+    assert_eq!(a.claim_purger().await.unwrap(), Purger::Held);
+    let outcome = purge(&a, &w[1], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (3, None));
+    assert_eq!(schema.rows().await, expected_rows(&refs(&w[1..]), 3));
+
+    // Lost again: this time the standby takes over before the old holder claims.
+    terminate_and_reconnect(&admin, &a, &a_name).await;
+    assert_eq!(b.claim_purger().await.unwrap(), Purger::Held);
+    assert_eq!(a.claim_purger().await.unwrap(), Purger::Standby);
+    let outcome = purge(&a, &w[4], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.batches, outcome.stopped), not_purger);
+    assert_eq!(schema.rows().await, expected_rows(&refs(&w[1..]), 3));
+    let outcome = purge(&b, &w[2], Some(SIDECAR), 3).await;
+    assert_eq!((outcome.rows, outcome.stopped), (3, None));
+    assert_eq!(schema.rows().await, expected_rows(&refs(&w[2..]), 3));
+    stop_a.cancel();
+    stop_b.cancel();
+    schema.drop().await;
+}
+
+/// The lock is the shard's: another shard of the app, or the same shard of another app on the same database, has
+/// its own, and each is still held against a second sidecar of that shard.
+#[tokio::test]
+async fn each_shard_and_app_has_its_own_purger_lock() {
+    let (app, other) = (pg::unique_app_id(), pg::unique_app_id());
+    let shards = [(app.clone(), 0), (app, 1), (other, 0)]
+        .map(|(app_id, shard_num)| ZeroConfig { app_id, shard_num });
+    let mut holders = Vec::new();
+    for (i, zero) in shards.iter().enumerate() {
+        let (db, stop) = sidecar(zero, &format!("{}-{i}", zero.app_id)).await;
+        assert_eq!(
+            db.claim_purger().await.unwrap(),
+            Purger::Held,
+            "{}",
+            zero.cdc_schema()
+        );
+        holders.push((db, stop));
+    }
+    for (i, zero) in shards.iter().enumerate() {
+        let (db, stop) = sidecar(zero, &format!("{}-{i}-second", zero.app_id)).await;
+        assert_eq!(
+            db.claim_purger().await.unwrap(),
+            Purger::Standby,
+            "{}",
+            zero.cdc_schema()
+        );
+        stop.cancel();
+    }
+    for (_, stop) in holders {
+        stop.cancel();
+    }
 }

@@ -73,12 +73,22 @@ async fn purges_below_the_aged_backup_that_every_subscriber_has_passed() {
         Decision::Hold(HoldReason::NothingNew)
     );
 
-    // A newer backup that has aged moves the purge on; the newest watermark in the log is never deleted even when
-    // the backup is ahead of it (PROTOCOL.md W8a).
+    // A newer backup that has aged, but above every watermark in the log: the purge refuses a bound the log has
+    // never reached, rather than delete all but the newest transaction.
     sub.ack("0z");
     litestream.set_page(&progress_page(&[("0z", old)]));
+    eventually("the policy allows 0z", || {
+        matches!(sidecar.status.get().last_decision, Some(Decision::Purge { before, .. }) if before == "0z")
+    })
+    .await;
+    // The check that decided it has purged once it completes.
+    decisions(&sidecar, 1).await;
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e"]);
+
+    // Once the log holds 0z the purge goes up to it; the newest watermark itself always stays (PROTOCOL.md W8a).
+    db.insert_transaction("0z", 2).await;
     eventually_async("purge up to the newest row", || async {
-        db.watermarks().await == ["0e"]
+        db.watermarks().await == ["0z"]
     })
     .await;
     drop(sub);

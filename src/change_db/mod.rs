@@ -12,7 +12,12 @@
 //!   statement matches no row (creates no row version) unless a change is needed, and it never touches `owner`.
 //! - A purge runs in bounded batches, each its own transaction that first re-reads `ownerAddress` with a plain
 //!   SELECT, then takes the head row with `FOR UPDATE NOWAIT` (a newer RM holds `FOR SHARE` on it while it takes over,
-//!   §12), and never deletes rows at the newest watermark in the table (W8a).
+//!   §12), and never deletes rows at the newest watermark in the table (W8a). A target above that watermark deletes
+//!   nothing: the log has not reached it, and a bound left from before a resync onto a cluster with lower LSNs
+//!   would otherwise delete all of the new log but its newest transaction.
+//! - Only one sidecar purges a shard: [`ChangeDb::claim_purger`] takes a session advisory lock keyed by the shard
+//!   ([`purger_lock_key`]), and once a handle has claimed, each of its purge batches checks that its session still
+//!   holds it.
 //! - Watermarks compare as bytes (§2). Zero's DDL leaves `watermark` in the database's default collation, and
 //!   most collations (`C`, `en_US`, ICU root) order LexiVersions' `[0-9a-z]` as bytes, so the statements use the
 //!   column's collation and the primary-key index serves them. Some do not (Danish puts "aa" after "z", Estonian
@@ -29,12 +34,13 @@ mod supervisor;
 pub(crate) mod tls;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, MappedMutexGuard, MutexGuard};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::{Client, GenericClient, Transaction};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -271,6 +277,42 @@ pub enum PurgeStop {
     /// while it ran: the batches after it deleted only below its floor or ack (`None`: nothing, a reservation
     /// protects every row).
     Reserved { floor: Option<String> },
+    /// This handle claimed the purger lock ([`ChangeDb::claim_purger`]) but its session does not hold it (the
+    /// connection was lost since, or another sidecar has it); the batch that saw it deleted nothing.
+    NotPurger,
+    /// The target is above the newest watermark in the log (`None`: the log is empty): the log has not reached it
+    /// (a backup ahead of the storer, or a bound from before a resync), so the batch deleted nothing.
+    BeyondLog { newest: Option<String> },
+}
+
+/// The result of [`ChangeDb::claim_purger`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purger {
+    /// This handle's session holds the shard's purger lock: it may purge.
+    Held,
+    /// Another session holds it: another sidecar purges this shard.
+    Standby,
+}
+
+/// The class half of the purger lock's key: names this program among users of two-int4 advisory locks ("ltsc").
+/// Part of the lock's contract with other sidecar releases: never change it.
+pub const PURGER_LOCK_CLASS: i32 = i32::from_be_bytes(*b"ltsc");
+
+/// The purger lock's key for a shard: [`PURGER_LOCK_CLASS`] and the 32-bit FNV-1a hash of its change DB schema
+/// name (`"{app_id}_{shard_num}/cdc"`, UTF-8), as the bits of an `int4`. Sidecars of different releases must agree
+/// on it, hence a fixed hash rather than std's `DefaultHasher`. `pg_locks` shows it as `classid` and `objid` (as
+/// `oid`, so a negative half shows as itself plus 2^32) with `objsubid` 2.
+pub fn purger_lock_key(zero: &ZeroConfig) -> (i32, i32) {
+    (
+        PURGER_LOCK_CLASS,
+        fnv1a_32(zero.cdc_schema().as_bytes()) as i32,
+    )
+}
+
+fn fnv1a_32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |hash, &b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// Who must still own the change log for a purge batch to delete anything: `ownerAddress` must name `address`,
@@ -353,6 +395,24 @@ struct Inner {
     logged: Mutex<Logged>,
     /// Whether the column's collation orders watermarks as bytes; probed once per connection.
     byte_order: Mutex<Option<bool>>,
+    /// The shard's advisory lock key, from [`purger_lock_key`].
+    purger_lock: (i32, i32),
+    /// Set by the first [`ChangeDb::claim_purger`]: from then on every purge batch requires the lock.
+    purger_required: AtomicBool,
+}
+
+impl Inner {
+    /// Releases the purger lock if `client`'s session holds it; returns whether it did.
+    async fn release_purger_lock(&self, client: &Client) -> Result<bool, tokio_postgres::Error> {
+        if !self.purger_required.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let (class, key) = self.purger_lock;
+        let row = client
+            .query_one(&self.sql.release_purger_lock, &[&class, &key])
+            .await?;
+        Ok(row.get(0))
+    }
 }
 
 impl fmt::Debug for ChangeDb {
@@ -390,6 +450,8 @@ impl ChangeDb {
             link: watch::Sender::new(Link::Connecting),
             logged: Mutex::new(Logged::Nothing),
             byte_order: Mutex::new(None),
+            purger_lock: purger_lock_key(zero),
+            purger_required: AtomicBool::new(false),
         });
         let tls = Tls::for_mode(pg.get_ssl_mode());
         tokio::spawn(supervisor::supervise(
@@ -560,12 +622,62 @@ impl ChangeDb {
         self.adopt_address(ours, theirs).await
     }
 
+    /// Takes the shard's purger lock ([`purger_lock_key`]) on this handle's session, unless the session holds it
+    /// already (advisory locks stack, and one release must free it). Call it before every purge.
+    ///
+    /// From the first call on, every purge batch of this handle and its clones checks that the session still holds
+    /// the lock, and stops with [`PurgeStop::NotPurger`] if not. The lock goes with the session: after a reconnect,
+    /// or once the other holder's session ends, the next call takes it if it is free.
+    pub async fn claim_purger(&self) -> Result<Purger, DbError> {
+        self.inner.purger_required.store(true, Ordering::SeqCst);
+        let client = self.client().await?;
+        let (class, key) = self.inner.purger_lock;
+        let sql = &self.inner.sql;
+        let held: bool = client
+            .query_one(&sql.holds_purger_lock, &[&class, &key])
+            .await
+            .map_err(|e| self.query_error("checking the purger lock", e))?
+            .get(0);
+        if held {
+            return Ok(Purger::Held);
+        }
+        let taken: bool = client
+            .query_one(&sql.try_purger_lock, &[&class, &key])
+            .await
+            .map_err(|e| self.query_error("taking the purger lock", e))?
+            .get(0);
+        if taken {
+            info!(schema = %self.inner.schema, class, key, "purger lock taken: this sidecar purges the change log");
+            Ok(Purger::Held)
+        } else {
+            debug!(schema = %self.inner.schema, class, key, "purger lock held by another session");
+            Ok(Purger::Standby)
+        }
+    }
+
+    /// Releases the purger lock if this handle's session holds it; returns whether it did. Purge batches still
+    /// require it until the next [`ChangeDb::claim_purger`]. Shutdown releases it without this call.
+    pub async fn release_purger(&self) -> Result<bool, DbError> {
+        let client = self.client().await?;
+        let released = self
+            .inner
+            .release_purger_lock(&client)
+            .await
+            .map_err(|e| self.query_error("releasing the purger lock", e))?;
+        if released {
+            info!(schema = %self.inner.schema, "purger lock released");
+        }
+        Ok(released)
+    }
+
     /// Deletes `changeLog` rows with `watermark < before`, never those at the newest watermark in the table, in
-    /// batches of at most `batch_rows` rows until a batch deletes fewer.
+    /// batches of at most `batch_rows` rows until a batch deletes fewer. A `before` above the newest watermark
+    /// deletes nothing ([`PurgeStop::BeyondLog`]).
     ///
     /// Each batch is one transaction: a plain read of `ownerAddress` and `owner` (when `expected` is given, another
-    /// address or owner stops the purge with nothing deleted in that batch), the head row locked with `FOR UPDATE
-    /// NOWAIT` (a lock held elsewhere skips the round), then the DELETE. `stop` is checked only between batches.
+    /// address or owner stops the purge with nothing deleted in that batch), the purger lock check once
+    /// [`ChangeDb::claim_purger`] was called, the newest watermark, the head row locked with `FOR UPDATE NOWAIT` (a
+    /// lock held elsewhere skips the round), then the DELETE. `stop` is checked only between batches.
     ///
     /// An error after some batches have committed is returned as is; its context says how many rows went first.
     pub async fn purge<'a>(
@@ -627,7 +739,7 @@ impl ChangeDb {
                 Ceiling::Below(_) => before.to_owned(),
             };
             let result = self
-                .purge_batch(&target, expected_address, batch_rows)
+                .purge_batch(before, &target, expected_address, batch_rows)
                 .await;
             let batch = self.noting_schema(result).map_err(|err| match err {
                 DbError::Query { context, source } => DbError::Query {
@@ -661,9 +773,11 @@ impl ChangeDb {
         Ok(())
     }
 
+    /// One batch deleting below `target`, which is at most the purge's `bound`.
     async fn purge_batch(
         &self,
-        before: &str,
+        bound: &str,
+        target: &str,
         expected: Option<Expected<'_>>,
         batch_rows: i64,
     ) -> Result<Batch, DbError> {
@@ -675,36 +789,14 @@ impl ChangeDb {
             .await
             .map_err(|e| self.query_error("beginning a purge batch", e))?;
 
-        if let Some(expected) = expected {
-            // A plain read: no row version, no lock, so the storer's SERIALIZABLE transaction never conflicts.
-            let found = read_ownership(&tx, &self.inner.sql)
-                .await
-                .map_err(|e| self.query_error("reading ownerAddress", e))?;
-            let stop = if !found
-                .address
-                .as_deref()
-                .is_some_and(|f| same_address(f, expected.address))
-            {
-                Some(PurgeStop::OwnershipMoved {
-                    found: found.address,
-                })
-            } else if expected
-                .owner
-                .is_some_and(|owner| found.owner.as_deref() != Some(owner))
-            {
-                Some(PurgeStop::OwnerChanged { found: found.owner })
-            } else {
-                None
-            };
-            if let Some(stop) = stop {
-                let _ = tx.rollback().await;
-                return Ok(Batch::Stopped(stop));
-            }
+        if let Some(stop) = self.batch_stop(&tx, sql, bound, expected).await? {
+            let _ = tx.rollback().await;
+            return Ok(Batch::Stopped(stop));
         }
 
         let deleted = async {
             tx.query_opt(&sql.lock_head, &[]).await?;
-            tx.execute(&sql.purge_batch, &[&before, &batch_rows]).await
+            tx.execute(&sql.purge_batch, &[&target, &batch_rows]).await
         }
         .await;
         let rows = match deleted {
@@ -722,6 +814,58 @@ impl ChangeDb {
             rows,
             took: started.elapsed(),
         })
+    }
+
+    /// Why a purge batch must delete nothing, if it must: checked inside its transaction, before any row lock.
+    async fn batch_stop(
+        &self,
+        tx: &Transaction<'_>,
+        sql: &WatermarkSql,
+        bound: &str,
+        expected: Option<Expected<'_>>,
+    ) -> Result<Option<PurgeStop>, DbError> {
+        if let Some(expected) = expected {
+            // A plain read: no row version, no lock, so the storer's SERIALIZABLE transaction never conflicts.
+            let found = read_ownership(tx, &self.inner.sql)
+                .await
+                .map_err(|e| self.query_error("reading ownerAddress", e))?;
+            if !found
+                .address
+                .as_deref()
+                .is_some_and(|f| same_address(f, expected.address))
+            {
+                return Ok(Some(PurgeStop::OwnershipMoved {
+                    found: found.address,
+                }));
+            }
+            if expected
+                .owner
+                .is_some_and(|owner| found.owner.as_deref() != Some(owner))
+            {
+                return Ok(Some(PurgeStop::OwnerChanged { found: found.owner }));
+            }
+        }
+        if self.inner.purger_required.load(Ordering::SeqCst) {
+            // Asked of the server: a reconnect since the claim is a new session, without the lock.
+            let (class, key) = self.inner.purger_lock;
+            let held: bool = tx
+                .query_one(&self.inner.sql.holds_purger_lock, &[&class, &key])
+                .await
+                .map_err(|e| self.query_error("checking the purger lock", e))?
+                .get(0);
+            if !held {
+                return Ok(Some(PurgeStop::NotPurger));
+            }
+        }
+        let newest: Option<String> = tx
+            .query_one(&sql.max_watermark, &[])
+            .await
+            .map_err(|e| self.query_error("reading max(watermark)", e))?
+            .get(0);
+        if newest.as_deref().is_none_or(|newest| bound > newest) {
+            return Ok(Some(PurgeStop::BeyondLog { newest }));
+        }
+        Ok(None)
     }
 
     /// The connected client, held until the guard drops.
@@ -909,6 +1053,21 @@ mod tests {
         for class in FailureClass::ALL {
             assert!(!class.remedy().is_empty());
         }
+    }
+
+    /// The key is shared by every release that may run beside this one: a change here lets two sidecars purge.
+    #[test]
+    fn the_purger_lock_key_is_fnv1a_of_the_schema_and_never_changes() {
+        assert_eq!(fnv1a_32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a_32(b"foobar"), 0xbf9c_f968);
+        let shard = |shard_num| ZeroConfig {
+            app_id: "zero".into(),
+            shard_num,
+        };
+        assert_eq!(PURGER_LOCK_CLASS, 0x6c74_7363);
+        assert_eq!(purger_lock_key(&shard(0)), (0x6c74_7363, -1_060_586_361));
+        assert_eq!(purger_lock_key(&shard(1)), (0x6c74_7363, 0x5248_8a1c));
     }
 
     #[tokio::test]

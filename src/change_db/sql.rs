@@ -24,6 +24,12 @@ pub(super) struct Sql {
     pub(super) change_log_estimate: String,
     /// Counts `changeLog` rows, but no more than `$1`.
     pub(super) change_log_count: String,
+    /// Whether this session holds the advisory lock `($1, $2)`. Asked rather than tracked, so that a reconnect
+    /// (a new session, without the lock) cannot be missed.
+    pub(super) holds_purger_lock: String,
+    pub(super) try_purger_lock: String,
+    /// Releases the lock `($1, $2)` only if this session holds it: unlocking a lock not held logs a server warning.
+    pub(super) release_purger_lock: String,
     /// Statements that compare watermarks, in the column's collation: served by the primary-key index.
     pub(super) indexed: WatermarkSql,
     /// The same under `COLLATE "C"`, for a column whose collation does not order watermarks as bytes.
@@ -34,6 +40,7 @@ pub(super) struct Sql {
 #[derive(Debug)]
 pub(super) struct WatermarkSql {
     pub(super) min_watermark: String,
+    pub(super) max_watermark: String,
     pub(super) lock_head: String,
     pub(super) purge_batch: String,
 }
@@ -44,6 +51,7 @@ impl WatermarkSql {
         let w = format!("watermark{collate}");
         WatermarkSql {
             min_watermark: format!("SELECT min({w}) FROM {change_log}"),
+            max_watermark: format!("SELECT max({w}) FROM {change_log}"),
             // PROTOCOL.md §12: an incoming replication-manager holds FOR SHARE on this row until it owns the log.
             lock_head: format!(
                 "SELECT watermark FROM {change_log} ORDER BY {w}, pos LIMIT 1 FOR UPDATE NOWAIT"
@@ -88,12 +96,23 @@ impl Sql {
             change_log_count: format!(
                 "SELECT count(*) FROM (SELECT 1 FROM {change_log} LIMIT $1) AS counted"
             ),
+            holds_purger_lock: format!("SELECT {HOLDS_LOCK}"),
+            // The two-int4 form, whose keys `pg_locks` shows as `classid`/`objid` with `objsubid` 2.
+            try_purger_lock: "SELECT pg_try_advisory_lock($1::int4, $2::int4)".into(),
+            release_purger_lock: format!(
+                "SELECT CASE WHEN {HOLDS_LOCK} THEN pg_advisory_unlock($1::int4, $2::int4) ELSE false END"
+            ),
             indexed: WatermarkSql::new(&change_log, ""),
             bytewise: WatermarkSql::new(&change_log, r#" COLLATE "C""#),
             tables: [change_log, replication_state, replication_config],
         }
     }
 }
+
+/// This session holds the two-int4 advisory lock `($1, $2)`. `pg_locks` shows its keys as `oid`: the cast keeps
+/// their bits, so a negative key matches as the large oid the server stored.
+const HOLDS_LOCK: &str = "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() \
+                          AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted)";
 
 /// The collation of `changeLog.watermark`, quoted by the server, and the name to log (`$1`: the quoted table).
 ///

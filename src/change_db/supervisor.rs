@@ -150,9 +150,12 @@ pub(super) async fn supervise(
                     ended = &mut connection => Some(ended),
                 };
                 // Waits for an operation in flight: its connection task keeps running meanwhile.
-                inner.client.lock().await.take();
+                let client = inner.client.lock().await.take();
                 match ended {
                     None => {
+                        if let Some(client) = client {
+                            release_on_shutdown(&inner, client).await;
+                        }
                         let _ = tokio::time::timeout(Duration::from_secs(5), connection).await;
                         break;
                     }
@@ -174,6 +177,17 @@ pub(super) async fn supervise(
     inner.client.lock().await.take();
     inner.link.send_replace(Link::Closed);
     debug!(db = %inner.target, "change DB connection closed");
+}
+
+/// Releases the purger lock before the session closes. Closing releases it too; this only makes the hand-over
+/// explicit, so it is bounded and its failure is not reported.
+async fn release_on_shutdown(inner: &Inner, client: Client) {
+    match tokio::time::timeout(Duration::from_secs(1), inner.release_purger_lock(&client)).await {
+        Ok(Ok(true)) => info!(schema = %inner.schema, "purger lock released"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => debug!(error = %with_cause(&e), "releasing the purger lock on shutdown"),
+        Err(_) => debug!("releasing the purger lock on shutdown timed out"),
+    }
 }
 
 /// One connection with its driver task spawned, and the session set up.
