@@ -163,6 +163,16 @@ pub struct Snapshot {
     /// Connections open on the main listener, and its cap (`server.max_connections`).
     pub connections_open: u64,
     pub max_connections: u64,
+    /// `Some(true)` while this sidecar holds the shard's purger lock, `Some(false)` while it is standby.
+    pub purger: Option<bool>,
+    /// Whether the state file keeps what this run knows (`cleanup.state_file = "none"` counts as not).
+    pub state_kept: bool,
+    /// Open reservations kept from before the last restart.
+    pub reservations_kept: u64,
+    /// Whether litestream's backed-up position is known (not after a restart, a sample-less or failed page).
+    pub backup_position_known: bool,
+    /// The first gauge after a start was below the last purge.
+    pub backup_below_last_purge: bool,
 }
 
 /// The backup destination's figures (`backup.verify`).
@@ -267,6 +277,16 @@ impl Sources {
             }),
             connections_open: self.admission.open() as u64,
             max_connections: self.admission.max_connections() as u64,
+            purger: status.standby.map(|standby| !standby),
+            state_kept: status.memory == crate::cleanup::Memory::Kept,
+            reservations_kept: self
+                .registry
+                .open_reservations()
+                .iter()
+                .filter(|r| r.kept)
+                .count() as u64,
+            backup_position_known: status.backup_unknown.is_none(),
+            backup_below_last_purge: status.backup_below_purge.is_some(),
         }
     }
 
@@ -466,6 +486,36 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
             gauge(rows as f64),
         );
     }
+    if let Some(purger) = snapshot.purger {
+        registry.register(
+            "purger",
+            "1 while this sidecar holds the shard's purger lock, 0 while another one does (standby)",
+            gauge(if purger { 1.0 } else { 0.0 }),
+        );
+    }
+    registry.register(
+        "state_kept",
+        "1 while the state file keeps open reservations and the rest across a restart; 0 when it cannot be \
+         written or read (cleanup holds) or cleanup.state_file is \"none\"",
+        gauge(if snapshot.state_kept { 1.0 } else { 0.0 }),
+    );
+    registry.register(
+        "reservations_kept",
+        "Open snapshot reservations kept from before the sidecar's last restart",
+        gauge(snapshot.reservations_kept as f64),
+    );
+    registry.register(
+        "backup_position_known",
+        "1 while litestream's page shows where its backup stands; 0 after it restarted, lost its samples or could \
+         not be read (cleanup holds)",
+        gauge(if snapshot.backup_position_known { 1.0 } else { 0.0 }),
+    );
+    registry.register(
+        "backup_below_last_purge",
+        "1 when litestream's first backed-up watermark after a start was below the last purge: a restore of that \
+         backup cannot catch up",
+        gauge(if snapshot.backup_below_last_purge { 1.0 } else { 0.0 }),
+    );
     registry.register(
         "upstream_up",
         "1 when the relay's last attempt to reach the upstream change-streamer succeeded (1 before any attempt)",
@@ -592,11 +642,21 @@ mod tests {
             }),
             connections_open: 17,
             max_connections: 16384,
+            purger: Some(false),
+            state_kept: true,
+            reservations_kept: 1,
+            backup_position_known: false,
+            backup_below_last_purge: true,
         };
         let text = render(&instruments, &snapshot);
         let scrape = parse(&text);
         let v = |name: &str| value(&scrape, name, None);
         assert_eq!(v("litestream_sidecar_reservations_open"), 2.0);
+        assert_eq!(v("litestream_sidecar_purger"), 0.0);
+        assert_eq!(v("litestream_sidecar_state_kept"), 1.0);
+        assert_eq!(v("litestream_sidecar_reservations_kept"), 1.0);
+        assert_eq!(v("litestream_sidecar_backup_position_known"), 0.0);
+        assert_eq!(v("litestream_sidecar_backup_below_last_purge"), 1.0);
         assert_eq!(v("litestream_sidecar_relayed_subscribers"), 3.0);
         assert_eq!(
             value(

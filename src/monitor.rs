@@ -554,6 +554,7 @@ impl Monitor {
             )
             .await;
             self.expire_kept(now, position.db_bytes);
+            self.claim_purger().await;
             let destination = self.verify(&backlog, &mut known, &mut said, now).await;
             let observed = self.gather(now, replica.reset_at);
             let guards = self.guards(now, &position, &replica);
@@ -615,6 +616,30 @@ impl Monitor {
             position_unknown: position.unknown.is_some(),
             steady_now: anchor_wall.checked_add(now.saturating_duration_since(anchor)),
         }
+    }
+
+    /// Takes (or keeps) the shard's purger lock: of two sidecars for one shard only the holder purges, and the
+    /// other takes over when the holder's session ends. When the change DB does not answer, the role stays as it
+    /// was: no purge can run then, and each purge batch checks the lock itself.
+    async fn claim_purger(&self) {
+        let claimed = tokio::time::timeout(SIZE_TIMEOUT, self.change_db.claim_purger()).await;
+        let standby = match claimed {
+            Ok(Ok(purger)) => purger == crate::change_db::Purger::Standby,
+            Ok(Err(err)) => {
+                debug!(error = %err, "purger lock not asked about: the change DB did not answer");
+                return;
+            }
+            Err(_) => return,
+        };
+        match (self.status.get().standby, standby) {
+            (Some(true) | None, false) => info!("purger lock held: this sidecar purges for the shard"),
+            (Some(false) | None, true) => warn!(
+                "standby: another sidecar holds the shard's purger lock; this one serves but does not purge, and \
+                 takes over when the lock frees"
+            ),
+            _ => {}
+        }
+        self.status.update(|s| s.standby = Some(standby));
     }
 
     /// Ends the reservations kept from the previous run that have been open longer than any real restore takes.
