@@ -484,8 +484,8 @@ pub enum HoldReason {
     RecentlyRegistered,
     /// Another sidecar holds the shard's purger lock: this one is standby, and takes over when it frees.
     Standby,
-    /// The sidecar has been up for less than the cleanup delay: a restore that began before it started may still
-    /// be running unseen.
+    /// The sidecar has been up for less than the cleanup delay (or the reconnect grace, if longer): a restore that
+    /// began before it started may still be running unseen, and subscribers the restart cut off are not back yet.
     StartingUp,
     /// The state file the previous run left cannot be read: which restores were in flight is unknown.
     StateUnreadable,
@@ -628,7 +628,7 @@ impl fmt::Display for HoldReason {
 /// 1. `NotRegistered`: ownership is checked and `ownerAddress` does not name the sidecar.
 /// 2. `RecentlyRegistered`: it has named the sidecar for less than `reconnect_grace + cleanup_delay`.
 /// 3. `Standby`: another sidecar holds the shard's purger lock.
-/// 4. `StartingUp`: uptime `< cleanup_delay`.
+/// 4. `StartingUp`: uptime `< max(cleanup_delay, reconnect_grace)`.
 /// 5. `StateUnreadable`, 6. `StateUnwritable`: the state file cannot be read, or written ([`Memory`]).
 /// 7. `RestoresUnknown`: started without a state file, less than `cleanup.hold_without_state` ago.
 /// 8. `ReplicaReset`: the replica was reset and no backup taken after the reset has aged.
@@ -672,7 +672,9 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
     if guards.standby {
         return Err(HoldReason::Standby);
     }
-    if inputs.now.saturating_duration_since(inputs.started) < inputs.cleanup_delay {
+    // Subscribers the restart cut off are known to no one now: they get the grace they had to come back.
+    let start_wait = inputs.cleanup_delay.max(inputs.reconnect_grace);
+    if inputs.now.saturating_duration_since(inputs.started) < start_wait {
         return Err(HoldReason::StartingUp);
     }
     match guards.memory {
@@ -1236,6 +1238,24 @@ mod tests {
     }
 
     // Rule d: uptime.
+
+    #[test]
+    fn a_reconnect_grace_longer_than_the_delay_lengthens_the_start_up_wait() {
+        let young = Case {
+            started: NOW - 89,
+            grace: 90,
+            ..ready()
+        };
+        assert_eq!(young.decide(), Decision::Hold(StartingUp));
+        assert_ne!(
+            Case {
+                started: NOW - 90,
+                ..young
+            }
+            .decide(),
+            Decision::Hold(StartingUp)
+        );
+    }
 
     #[test]
     fn holds_until_uptime_reaches_the_cleanup_delay() {

@@ -453,7 +453,8 @@ impl App {
                 peer_timeout: self.config.server.peer_timeout,
                 shutdown: shutdown.clone(),
             },
-            readiness: Readiness::new(self.config.discovery.mode, self.discovery.clone()),
+            readiness: Readiness::new(self.config.discovery.mode, self.discovery.clone())
+                .with_status(self.status.clone()),
             relay: RelayContext {
                 settings: Arc::new(relay::Settings {
                     upstream: self.config.upstream.clone(),

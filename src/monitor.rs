@@ -409,8 +409,6 @@ struct GaugeWatch {
     reset_at: Option<SystemTime>,
     /// Why the gauge stopped the purge, once it has.
     stopped: std::sync::Mutex<Option<String>>,
-    /// The first batch follows the check's own read.
-    first: std::sync::atomic::AtomicBool,
 }
 
 /// What the loop knows of litestream's position between checks.
@@ -752,11 +750,14 @@ impl Monitor {
                     level,
                     now,
                 );
-                self.position_unknown(
-                    position,
-                    format!("its page cannot be read: {problem}"),
-                    false,
-                );
+                // Before any page showed a backup there is no position to lose: the hold is "no backup".
+                if backlog.current().is_some() {
+                    self.position_unknown(
+                        position,
+                        format!("its page cannot be read: {problem}"),
+                        false,
+                    );
+                }
                 return;
             }
         };
@@ -793,6 +794,9 @@ impl Monitor {
             .map(|p| (p.watermark.as_str(), p.backed_up_at))
             .collect();
         if seen.is_empty() {
+            if backlog.current().is_none() {
+                return;
+            }
             let why = if restarted {
                 "litestream restarted and has not reported a backup since"
             } else {
@@ -1095,14 +1099,13 @@ impl Monitor {
             }),
         };
         let mut outcome = PurgeOutcome::default();
-        // Litestream can restart or go back while a long purge runs: its gauge is read again before every batch
-        // after the first, and anything but a steady gauge stops the purge (the next check decides afresh).
+        // Litestream can restart or go back while a long purge runs: its gauge is read again before every batch,
+        // and anything but a steady gauge stops the purge (the next check decides afresh).
         let gauge = GaugeWatch {
             highest: backlog.highest().map(str::to_owned),
             process_started: position.process_started,
             reset_at: observed.reset_at,
             stopped: std::sync::Mutex::new(None),
-            first: std::sync::atomic::AtomicBool::new(true),
         };
         let purged = self
             .change_db
@@ -1198,14 +1201,9 @@ impl Monitor {
     /// How far the next batch of a running purge may go: litestream's gauge read again (and handed to the registry,
     /// so that a reservation opened now is pinned at the freshest position), then reservations and subscribers.
     async fn batch_limit(&self, gauge: &GaugeWatch) -> cleanup::Ceiling {
-        if !gauge
-            .first
-            .swap(false, std::sync::atomic::Ordering::Relaxed)
-        {
-            if let Some(why) = self.gauge_moved(gauge).await {
-                *gauge.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
-                return cleanup::Ceiling::Everything;
-            }
+        if let Some(why) = self.gauge_moved(gauge).await {
+            *gauge.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+            return cleanup::Ceiling::Everything;
         }
         purge_limit(
             self.mode,

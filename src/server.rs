@@ -39,6 +39,9 @@ use crate::relay::{self, RelayContext};
 use crate::reservations::{self, SnapshotContext};
 use crate::sockopt::ClientSocket;
 
+/// Why a standby is not ready and refuses WebSocket work.
+const STANDBY: &str = "standby: another sidecar holds the shard's purger lock";
+
 /// Back-off after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -240,6 +243,8 @@ pub struct Readiness {
     listening: AtomicBool,
     discovery_mode: crate::config::DiscoveryMode,
     discovery: crate::discovery::StateHandle,
+    /// Where the monitor says whether another sidecar holds the shard's purger lock.
+    status: Option<crate::monitor::StatusHandle>,
 }
 
 impl Readiness {
@@ -251,7 +256,22 @@ impl Readiness {
             listening: AtomicBool::new(false),
             discovery_mode,
             discovery,
+            status: None,
         }
+    }
+
+    /// Also not ready while standby: another sidecar of the shard holds the purger lock, and reservations or
+    /// subscriptions served here would be invisible to the one that purges.
+    pub fn with_status(mut self, status: crate::monitor::StatusHandle) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Standby: another sidecar holds the shard's purger lock.
+    pub fn is_standby(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|status| status.get().standby == Some(true))
     }
 
     pub fn set_listening(&self, value: bool) {
@@ -277,6 +297,9 @@ impl Readiness {
                     missing.push("ownerAddress does not name this sidecar")
                 }
             }
+        }
+        if self.is_standby() {
+            missing.push(STANDBY);
         }
         missing
     }
@@ -362,6 +385,11 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Context) -> Respo
             if !fastwebsockets::upgrade::is_upgrade_request(&req) =>
         {
             plain(StatusCode::BAD_REQUEST, NOT_AN_UPGRADE)
+        }
+        // A standby's reservations and subscribers would be invisible to the sidecar that purges: refused, so that
+        // view-syncers retry and reach that one (Zero retries a refused reservation every 5 s).
+        Route::Snapshot(_) | Route::Changes(_) if ctx.readiness.is_standby() => {
+            plain(StatusCode::SERVICE_UNAVAILABLE, format!("{STANDBY}\n"))
         }
         Route::Snapshot(version) => {
             reservations::serve(req, &version, peer, &ctx.snapshot, &ctx.tracker)

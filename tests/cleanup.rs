@@ -509,8 +509,9 @@ async fn without_subscribers_after_grace_purges_below_the_aged_backup() {
         db.watermarks().await == ["0d", "0e"]
     })
     .await;
+    // Two checks: the one that purged may still be finishing when the rows are seen gone.
     assert_eq!(
-        decisions(&sidecar, 1).await,
+        decisions(&sidecar, 2).await,
         Decision::Hold(HoldReason::SubscriberBehind)
     );
     sidecar.stop().await;
@@ -553,4 +554,65 @@ async fn the_clamped_proxy_shows_only_what_the_sidecar_already_purged() {
     let secs: f64 = samples[0].rsplit(' ').next().unwrap().parse().unwrap();
     assert!((secs - old).abs() < 0.01, "{secs} vs {old}");
     sidecar.stop().await;
+}
+
+/// Two sidecars for one shard (one Service address in front of both, say): only the holder of the shard's purger
+/// lock purges; the other is standby, says so everywhere, refuses WebSocket work that the purger could not see, and
+/// takes over once the holder's session ends.
+#[tokio::test]
+async fn a_second_sidecar_for_the_shard_is_standby_until_the_first_lets_go() {
+    let db = seeded().await;
+    let old = epoch_now() - 120.0;
+    let litestream = MetricsServer::start(&progress_page(&[("0b", old)])).await;
+    let first = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _sub = first.subscribers.connect(subscriber("vs", "0e"));
+    eventually_async("the first purges below 0b", || async {
+        db.watermarks().await == ["0b", "0c", "0d", "0e"]
+    })
+    .await;
+    assert_eq!(first.status.get().standby, Some(false));
+
+    let second = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _sub2 = second.subscribers.connect(subscriber("vs2", "0e"));
+    litestream.set_page(&progress_page(&[("0b", old), ("0d", old)]));
+    assert_eq!(
+        decisions(&second, 2).await,
+        Decision::Hold(HoldReason::Standby)
+    );
+    let (code, body) = http(second.addr, "GET", "/keepalive").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("standby"), "{body}");
+    let (code, body) = http(second.addr, "GET", "/status").await;
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["cleanup"]["role"], "standby");
+    assert_eq!(status["cleanup"]["hold_reason"], "standby");
+    let page = scrape(&second).await;
+    assert_eq!(value(&page, "litestream_sidecar_purger", None), Some(0.0));
+    let (code, body) = refused(&second.snapshot_url("vs-9")).await;
+    assert_eq!(code, 503, "{body}");
+    // The first goes on purging for the shard.
+    eventually_async("the first purges below 0d", || async {
+        db.watermarks().await == ["0d", "0e"]
+    })
+    .await;
+
+    first.stop().await;
+    eventually("the second takes over", || {
+        second.status.get().standby == Some(false)
+    })
+    .await;
+    let (code, body) = http(second.addr, "GET", "/keepalive").await;
+    assert_eq!(code, 200, "{body}");
+    let page = scrape(&second).await;
+    assert_eq!(value(&page, "litestream_sidecar_purger", None), Some(1.0));
+    second.stop().await;
 }

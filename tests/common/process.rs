@@ -134,6 +134,13 @@ impl Process {
             .collect()
     }
 
+    /// `GET /status`, parsed.
+    pub async fn status(&self) -> serde_json::Value {
+        let (status, body) = super::http(self.addr, "GET", "/status").await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("/status is JSON")
+    }
+
     /// `GET /metrics`.
     pub async fn metrics(&self) -> String {
         let (status, page) = super::http(self.addr, "GET", "/metrics").await;

@@ -87,14 +87,14 @@ impl Bench {
     }
 
     /// While the page is faulty: the subscriber moves past 0d, and nothing the page offers is purged below; the
-    /// checks go on and report that nothing new is known.
+    /// checks go on and report that where litestream's backup stands is unknown.
     async fn holds_through_the_fault(&self) {
         self.subscriber.ack("0e");
         // Four checks, of which the first may be the one that purged below 0b (still finishing when the rows
         // were seen gone): at least three held.
         assert_eq!(
             self.decisions(4).await,
-            Decision::Hold(HoldReason::NothingNew)
+            Decision::Hold(HoldReason::BackupUnknown)
         );
         assert_eq!(self.db.watermarks().await, ["0b", "0c", "0d", "0e"]);
         assert_eq!(self.sidecar.status.get().last_purged(), Some("0b"));
@@ -102,13 +102,20 @@ impl Bench {
         assert!(
             metric(
                 &metrics,
-                "litestream_sidecar_cleanup_holds_total{reason=\"nothing_new\"}"
+                "litestream_sidecar_cleanup_holds_total{reason=\"backup_unknown\"}"
             ) >= 3.0,
             "{metrics}"
         );
         assert_eq!(
-            http(self.sidecar.addr, "GET", "/keepalive").await,
-            (200, "OK".into())
+            metric(&metrics, "litestream_sidecar_backup_position_known"),
+            0.0
+        );
+        // Still ready: reservations and subscriptions are served; the body says why cleanup holds.
+        let (code, body) = http(self.sidecar.addr, "GET", "/keepalive").await;
+        assert_eq!(code, 200);
+        assert!(
+            body.starts_with("OK; cleanup held: litestream's backed-up position is unknown ("),
+            "{body}"
         );
     }
 
@@ -276,8 +283,24 @@ async fn a_gauge_at_nan_or_infinity_is_not_a_backup_time() {
         );
     }
     assert_eq!(scrape_errors(&bench), errors);
-    let reservation = bench.reservation_is_served("t-nan").await;
-    bench.recovers(reservation).await;
+    // A readable page without a usable sample says litestream lost its position (restarted, say): the backup a
+    // restore would get is unknown, so a status waits for the gauge, and pins where it then is.
+    let mut ws = connect(&bench.sidecar.snapshot_url("t-nan")).await;
+    eventually("reserved", || bench.sidecar.registry.len() == 1).await;
+    assert_eq!(bench.sidecar.registry.open_reservations()[0].floor, None);
+    bench.decisions(2).await;
+    bench.litestream.set_page(&progress_page(&[("0d", aged())]));
+    assert_eq!(next_text(&mut ws).await, STATUS);
+    assert_eq!(
+        bench.sidecar.registry.open_reservations()[0]
+            .floor
+            .as_deref(),
+        Some("0d")
+    );
+    drop(ws);
+    eventually("reservation closed", || bench.sidecar.registry.is_empty()).await;
+    bench.rows_become(&["0d", "0e"]).await;
+    bench.sidecar.stop().await;
 }
 
 #[tokio::test]

@@ -103,14 +103,70 @@ async fn a_learned_cleanup_delay_survives_a_restart_and_protects_restores_begun_
     .await;
     sidecar.stop().await;
 
-    // A corrupt file is no reason not to start: the configured delay applies, and the file is written anew.
+    // A corrupt file is no reason not to start, but nothing is guessed around it: the sidecar serves and reports,
+    // cleanup holds, and the file is left as it is for the operator.
     std::fs::write(&path, "{ not json").unwrap();
-    let sidecar = start_aged(config(), Duration::from_secs(40)).await;
-    assert_eq!(sidecar.registry.cleanup_delay(), Duration::from_secs(30));
-    eventually("a valid state file again", || {
-        state::load(&path).is_ok_and(|s| s.is_some())
+    let sidecar = start_aged(config(), Duration::from_secs(600)).await;
+    let _sub = sidecar.subscribers.connect(subscriber("0e"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::StateUnreadable)
+    );
+    let problem = sidecar.status.get().cleanup_problem().unwrap_or_default();
+    assert!(problem.contains("state.json"), "{problem}");
+    let (code, body) = http(sidecar.addr, "GET", "/status").await;
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["cleanup"]["state"], "unreadable");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{ not json");
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e"]);
+    sidecar.stop().await;
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{ not json");
+}
+
+/// A state file that cannot be written holds cleanup (a restart would forget the restores in flight) until a
+/// write succeeds again.
+#[tokio::test]
+async fn a_state_file_that_cannot_be_written_holds_cleanup_until_it_can() {
+    let db = TestSchema::create(Some(5), None).await;
+    for w in ["0a", "0b", "0c", "0d", "0e"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[("0c", aged())])).await;
+    let dir = tempfile::tempdir().unwrap();
+    // The place of the file it writes before renaming it over the state is taken: every write fails (as root,
+    // permissions would not stop it).
+    let path = dir.path().join("state.json");
+    let blocked = dir.path().join("state.json.tmp");
+    std::fs::create_dir(&blocked).unwrap();
+    let sidecar = start_aged(
+        config(&format!(
+            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
+             [cleanup]\nreconnect_grace = \"1s\"\nstate_file = \"{}\"\n",
+            db.config(),
+            litestream.url(),
+            path.display()
+        )),
+        Duration::from_secs(600),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("0e"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::StateUnwritable)
+    );
+    assert_eq!(db.watermarks().await, ["0a", "0b", "0c", "0d", "0e"]);
+    // A reservation's status still goes out (after its wait for the disk).
+    let mut ws = connect(&sidecar.snapshot_url("vs-1")).await;
+    assert!(next_text(&mut ws).await.contains("backupURL"));
+    drop(ws);
+    // Once the place is free, the next write succeeds and cleanup resumes.
+    std::fs::remove_dir(&blocked).unwrap();
+    eventually_async("purged below 0c", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
     })
     .await;
+    assert!(state::load(&path).unwrap().is_some());
     sidecar.stop().await;
 }
 
@@ -311,28 +367,24 @@ async fn killed_during_a_purge_keeps_every_row_from_its_watermark_and_the_restar
     db.drop().await;
 }
 
-/// The binary killed with SIGKILL while a view-syncer restores (a v3 reservation open, pinned at the newest backup
-/// then, with an older aged backup below it), after litestream reported a newer aged backup. The reservation dies
-/// with the process; the restore may still run, and the restarted process knows nothing of it. What protects it is
-/// the start-up hold for the cleanup delay the state file carries — 45 s learned, over the configured 30 s — and
-/// only after that does the restarted process purge past the old floor.
+/// The binary killed with SIGKILL while a view-syncer restores, with the settings a deployment has by default (the
+/// state file where systemd's `StateDirectory=` puts it): the view-syncer has its status and never opens its
+/// snapshot socket again, and its restore outlasts the restarted process's start-up wait. The reservation
+/// survives in the state file: the restarted process purges what it may, never its floor, lists the reservation as
+/// kept, and ends it when the view-syncer's subscription arrives, with every row from the view-syncer's watermark
+/// still there (no `WatermarkTooOld`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_during_a_restore_the_restarted_process_holds_cleanup_for_the_learned_delay() {
-    const LEARNED: Duration = Duration::from_secs(45);
+async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_until_its_subscription(
+) {
     let db = TestSchema::create(Some(5), None).await;
     for w in ["0a", "0b", "0c", "0d", "0e", "0f"] {
         db.insert_transaction(w, 2).await;
     }
     let litestream = MetricsServer::start(&progress_page(&[("0b", aged()), ("0c", aged())])).await;
+    let mut upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
+    let config = write_default_process_config(dir.path(), &db, &litestream, &upstream);
     let state_path = dir.path().join("state.json");
-    // As a previous run that saw a 45 s restore left it, in a form the sidecar itself would not write.
-    std::fs::write(
-        &state_path,
-        r#"{"version":1,"cleanup_delay_ms":45000,"last_purge":null}"#,
-    )
-    .unwrap();
-    let config = write_process_config(dir.path(), &db, &litestream, &state_path, 1000);
 
     let mut first = Process::spawn(&config).await;
     let mut restore = connect(&format!(
@@ -340,16 +392,14 @@ async fn killed_during_a_restore_the_restarted_process_holds_cleanup_for_the_lea
         first.addr
     ))
     .await;
-    let backup_url = format!("file://{}", dir.path().join("backup").display());
-    assert!(next_text(&mut restore)
-        .await
-        .contains(&format!("\"backupURL\":\"{backup_url}\"")));
-    within("the floor logged", Duration::from_secs(10), || async {
-        !first.logged("reservation pinned").is_empty()
-    })
-    .await;
-    assert_eq!(first.logged("reservation pinned")[0]["floor"], "0c");
-    // A newer backup, aged: without the reservation, 0c and 0d would be purgeable now.
+    assert!(next_text(&mut restore).await.contains("\"backupURL\""));
+    // The status went out only once its reservation was on disk, pinned at the newest backup.
+    let saved = state::load(&state_path).unwrap().expect("a state file");
+    assert_eq!(saved.reservations.len(), 1, "{saved:?}");
+    assert_eq!(saved.reservations[0].task_id, "restoring");
+    assert_eq!(saved.reservations[0].floor.as_deref(), Some("0c"));
+    assert_eq!(saved.reservations[0].protocol, 3);
+    // A newer backup, aged: without the reservation, rows below 0e could go.
     litestream.set_page(&progress_page(&[
         ("0b", aged()),
         ("0c", aged()),
@@ -362,76 +412,103 @@ async fn killed_during_a_restore_the_restarted_process_holds_cleanup_for_the_lea
             .contains("litestream_sidecar_backup_watermark{watermark=\"0e\"} 1")
     })
     .await;
-    // The process carries the learned delay on: it rewrites the file in its own form, with the same delay.
-    within("the state rewritten", Duration::from_secs(10), || async {
-        std::fs::read_to_string(&state_path).is_ok_and(|t| t.contains('\n'))
-    })
-    .await;
-    assert_eq!(
-        state::load(&state_path).unwrap().unwrap().cleanup_delay,
-        LEARNED
-    );
-    let page = first.metrics().await;
-    assert_eq!(
-        metric(&page, "litestream_sidecar_reservations_open"),
-        Some(1.0)
-    );
     first.kill();
-    // The restore's socket dies with the process, without a close.
+    // The restore's socket dies with the process, without a close; the view-syncer goes on restoring.
     assert_eq!(next_message(&mut restore).await, None);
-    let all = db.rows().await;
-    assert_eq!(db.watermarks().await, ["0a", "0b", "0c", "0d", "0e", "0f"]);
+    sessions_gone(&db).await;
 
     let second = Process::spawn(&config).await;
-    let restored = second.logged("state restored");
-    assert_eq!(restored.len(), 1, "{}", second.log_text());
-    assert_eq!(restored[0]["cleanup_delay"], "45s");
+    assert_eq!(
+        second.logged("state restored").len(),
+        1,
+        "{}",
+        second.log_text()
+    );
     let page = second.metrics().await;
     assert_eq!(
-        metric(&page, "litestream_sidecar_reservations_open"),
-        Some(0.0),
-        "the reservation is gone with the process"
-    );
-    assert_eq!(
-        metric(&page, "litestream_sidecar_cleanup_delay_seconds"),
-        Some(45.0),
+        metric(&page, "litestream_sidecar_reservations_kept"),
+        Some(1.0),
         "{page}"
     );
-    // Past the configured 30 s of uptime (counted from when it listened, after its start), and short of the
-    // learned 45 s (counted from the spawn, before its start), it still holds, with every row kept.
-    let past_configured = second.listening + Duration::from_millis(31_500);
-    tokio::time::sleep_until(past_configured.into()).await;
-    let page = second.metrics().await;
-    let checked = std::time::Instant::now();
-    assert!(
-        checked < second.spawned + LEARNED,
-        "checked only after the learned delay had passed: the machine is too slow for this case"
-    );
-    assert!(holds(&page, HoldReason::StartingUp) >= 1.0, "{page}");
+    let status = second.status().await;
     assert_eq!(
-        metric(&page, "litestream_sidecar_purge_runs_total"),
-        Some(0.0),
-        "{page}"
+        status["reservations"][0]["task_id"], "restoring",
+        "{status}"
     );
-    assert_eq!(
-        db.rows().await,
-        all,
-        "nothing purged within the learned delay"
-    );
-    let held = second.logged("cleanup held");
-    assert_eq!(held[0]["reason"], "starting up", "{}", second.log_text());
+    assert_eq!(status["reservations"][0]["kept"], true, "{status}");
+    assert_eq!(status["reservations"][0]["floor"], "0c", "{status}");
 
-    // Once the learned delay has passed since the start, it purges below the newest aged backup.
+    // Past its start-up wait it purges, but only below the kept reservation's floor.
     within(
-        "the purge past the old floor",
-        Duration::from_secs(40),
-        || async { db.watermarks().await == ["0e", "0f"] },
+        "a purge below the floor",
+        Duration::from_secs(60),
+        || async { db.watermarks().await == ["0c", "0d", "0e", "0f"] },
     )
     .await;
-    assert!(std::time::Instant::now() >= second.spawned + LEARNED);
-    let purged = second.logged("change log purged");
-    assert_eq!(purged.len(), 1, "{}", second.log_text());
-    assert_eq!(purged[0]["before"], "0e");
+    within("held at the floor", Duration::from_secs(10), || async {
+        second.status().await["cleanup"]["hold_reason"] == "reservation_floor"
+    })
+    .await;
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e", "0f"]);
+
+    // Restored, the view-syncer subscribes from the backup's watermark: every row from it is there, and its
+    // subscription ends the kept reservation.
+    let path =
+        "/replication/v3/changes?id=vs-restoring&taskID=restoring&replicaVersion=01&watermark=0c\
+                &initial=true&mode=serving";
+    let url = format!("ws://{}{path}", second.addr);
+    let (mut subscriber, mut conn) = tokio::join!(connect(&url), upstream.accept());
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e", "0f"]);
+    let status = conn.send_msg(1, r#"["status",{"tag":"status"}]"#).await;
+    assert_eq!(next_text(&mut subscriber).await, status);
+    within(
+        "the kept reservation ended",
+        Duration::from_secs(10),
+        || async {
+            second.status().await["reservations"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+        },
+    )
+    .await;
+    assert_eq!(
+        second.logged("reservation ended by its subscription").len(),
+        1
+    );
+    // The subscriber, tracked at 0c, still bounds cleanup: nothing at or above its watermark goes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e", "0f"]);
     drop(second);
     db.drop().await;
+}
+
+/// A real sidecar process's config with the settings a deployment keeps by default — the state file where
+/// systemd puts it ([`Process::spawn`] sets `STATE_DIRECTORY` to `dir`) — but for what a test must shorten: checks
+/// every second, discovery off, cleanup without relayed subscribers once a one-second grace has passed.
+fn write_default_process_config(
+    dir: &std::path::Path,
+    db: &TestSchema,
+    litestream: &MetricsServer,
+    upstream: &Upstream,
+) -> std::path::PathBuf {
+    let url = crate::common::pg::database_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{separator}application_name={}", db.application_name());
+    let text = format!(
+        "{}[server]\nlisten = \"127.0.0.1:0\"\n\
+         [litestream]\nbackup_url = \"file://{}/backup\"\nproxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n\
+         check_interval = \"1s\"\n\
+         [upstream]\naddress = \"{}\"\n\
+         [discovery]\nmode = \"off\"\n\
+         [backup]\nverify = false\n\
+         [cleanup]\nwithout_subscribers = \"after_grace\"\nreconnect_grace = \"1s\"\n\
+         [log]\nformat = \"json\"\n",
+        db.config_at(&url),
+        dir.display(),
+        litestream.url(),
+        upstream.addr,
+    );
+    let path = dir.join("sidecar.toml");
+    std::fs::write(&path, text).unwrap();
+    path
 }
