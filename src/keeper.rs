@@ -1,5 +1,5 @@
 //! Keeps the state file current: written within moments of every change of the open reservations, and of whatever
-//! else it keeps (see [`crate::state`]) within a second.
+//! else it keeps (see [`crate::state`]: subscribers' acks among it) within a second.
 //!
 //! A status is sent only once its reservation is on disk ([`Registry::durable`]): a view-syncer that starts to
 //! restore must not depend on a reservation a restart would forget. When the file cannot be written, statuses still
@@ -24,6 +24,9 @@ const RECHECK: Duration = Duration::from_secs(1);
 pub struct Keeper {
     pub path: PathBuf,
     pub registry: Registry,
+    pub subscribers: crate::subscribers::Subscribers,
+    /// `cleanup.reconnect_grace`: which departed subscribers are still tracked.
+    pub reconnect_grace: Duration,
     pub status: StatusHandle,
 }
 
@@ -95,6 +98,9 @@ impl Keeper {
             highest_backup: status.highest_backup,
             replica_version: status.replica_version,
             reservations: self.registry.to_keep(),
+            subscribers: self
+                .subscribers
+                .to_keep(tokio::time::Instant::now(), self.reconnect_grace),
             knows_reservations: true,
             restores_unknown_since: status.restores_unknown_since,
         }

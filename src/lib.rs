@@ -232,6 +232,14 @@ impl App {
                 std::time::SystemTime::now(),
             );
         }
+        let subscribers = Subscribers::default();
+        if !saved.subscribers.is_empty() {
+            info!(
+                subscribers = saved.subscribers.len(),
+                "subscribers of the previous run kept: each is waited for as if it had just left"
+            );
+            subscribers.keep(saved.subscribers.clone(), tokio::time::Instant::now());
+        }
         let resumed = monitor::Resumed {
             last_purge: saved.last_purge.clone(),
             highest_backup: saved.highest_backup.clone(),
@@ -255,7 +263,7 @@ impl App {
             instruments,
             config,
             registry,
-            subscribers: Subscribers::default(),
+            subscribers,
             status,
             discovery: discovery::StateHandle::default(),
             started: tokio::time::Instant::now(),
@@ -407,6 +415,8 @@ impl App {
             let keeper = keeper::Keeper {
                 path,
                 registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                reconnect_grace: self.config.cleanup.reconnect_grace,
                 status: self.status.clone(),
             };
             tracker.spawn(keeper.run(shutdown.clone()).instrument(info_span!("state")));

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cleanup::Backup;
 use crate::reservations::Kept;
+use crate::subscribers::KeptSubscriber;
 
 /// The file's format; a file of another version is refused like a corrupt one, but for version 1.
 const VERSION: u32 = 2;
@@ -36,6 +37,9 @@ pub struct Saved {
     pub replica_version: Option<String>,
     /// Open reservations, by task.
     pub reservations: Vec<Kept>,
+    /// Subscribers the cleanup policy tracked (connected, or departed and still expected back): a restart cuts
+    /// them off, and the next run waits for them as if they had just left.
+    pub subscribers: Vec<KeptSubscriber>,
     /// `false` for a version 1 file, which did not keep reservations: which restores were in flight is unknown.
     pub knows_reservations: bool,
     /// Since when (a start without a state file) which restores were in flight is unknown, while cleanup still
@@ -51,6 +55,7 @@ impl Default for Saved {
             highest_backup: None,
             replica_version: None,
             reservations: Vec::new(),
+            subscribers: Vec::new(),
             knows_reservations: true,
             restores_unknown_since: None,
         }
@@ -71,6 +76,20 @@ struct File {
     reservations: Option<Vec<FileReservation>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     restores_unknown_since_ms: Option<u64>,
+    #[serde(default)]
+    subscribers: Vec<FileSubscriber>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSubscriber {
+    id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    task_id: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    backup: bool,
+    replica_version: String,
+    acked: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -182,6 +201,17 @@ fn encode(saved: &Saved) -> Vec<u8> {
                 .collect(),
         ),
         restores_unknown_since_ms: saved.restores_unknown_since.map(millis),
+        subscribers: saved
+            .subscribers
+            .iter()
+            .map(|k| FileSubscriber {
+                id: k.id.clone(),
+                task_id: k.task_id.clone(),
+                backup: k.backup,
+                replica_version: k.replica_version.clone(),
+                acked: k.acked.clone(),
+            })
+            .collect(),
     };
     let mut text = serde_json::to_vec_pretty(&file).expect("plain data serializes");
     text.push(b'\n');
@@ -251,6 +281,22 @@ pub fn decode(text: &[u8]) -> Result<Saved, String> {
         replica_version: watermark(file.replica_version, "replica version")?,
         knows_reservations: file.reservations.is_some(),
         reservations,
+        subscribers: file
+            .subscribers
+            .into_iter()
+            .map(|f| {
+                if f.acked.is_empty() || f.replica_version.is_empty() {
+                    return Err(format!("subscriber {:?} without a watermark", f.id));
+                }
+                Ok(KeptSubscriber {
+                    id: f.id,
+                    task_id: f.task_id,
+                    backup: f.backup,
+                    replica_version: f.replica_version,
+                    acked: f.acked,
+                })
+            })
+            .collect::<Result<_, String>>()?,
         restores_unknown_since: file.restores_unknown_since_ms.map(at).transpose()?,
     })
 }
@@ -280,6 +326,22 @@ mod tests {
                     floor: None,
                     protocol: 3,
                     opened_at: UNIX_EPOCH + Duration::from_millis(1_764_000_200_000),
+                },
+            ],
+            subscribers: vec![
+                KeptSubscriber {
+                    id: "vs-a".into(),
+                    task_id: Some("task-a".into()),
+                    backup: false,
+                    replica_version: "618ocqq8".into(),
+                    acked: "718sh0nk7".into(),
+                },
+                KeptSubscriber {
+                    id: "rm".into(),
+                    task_id: None,
+                    backup: true,
+                    replica_version: "618ocqq8".into(),
+                    acked: "718sh0nk9".into(),
                 },
             ],
             knows_reservations: true,
@@ -330,6 +392,7 @@ mod tests {
             r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"reservations":[{"task_id":"a","floor":"","protocol":3,"opened_at_ms":1}]}"#,
             r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"reservations":[{"task_id":"a","floor":null,"protocol":3,"opened_at_ms":1},{"task_id":"a","floor":null,"protocol":3,"opened_at_ms":2}]}"#,
             r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"highest_backup":"","reservations":[]}"#,
+            r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"reservations":[],"subscribers":[{"id":"a","replica_version":"01","acked":""}]}"#,
             r#"{"version":2,"cleanup_delay_ms":-1,"last_purge":null,"reservations":[]}"#,
             r#"{"version":2,"cleanup_delay_ms":1,"last_purge":{"watermark":"","backed_up_at_ms":1},"reservations":[]}"#,
             r#"{"version":2,"cleanup_delay_ms":1,"last_purge":null,"reservations":[],"extra":true}"#,

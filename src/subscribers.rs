@@ -42,6 +42,17 @@ struct Seen {
     unacked_since: Option<Instant>,
 }
 
+/// A subscriber as the state file keeps it across a restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptSubscriber {
+    pub id: String,
+    pub task_id: Option<String>,
+    /// `mode=backup` (a replication-manager's backup replicator) rather than a serving view-syncer.
+    pub backup: bool,
+    pub replica_version: String,
+    pub acked: String,
+}
+
 /// A relayed subscriber as `/status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscriberView {
@@ -104,6 +115,61 @@ impl Subscribers {
             .values()
             .filter(|e| e.departed.is_none())
             .count()
+    }
+
+    /// The subscribers the policy tracks now (see [`Subscribers::for_policy`]), as the state file keeps them: after
+    /// a restart they are the previous run's, cut off by it, and still to be waited for.
+    pub fn to_keep(&self, now: Instant, grace: Duration) -> Vec<KeptSubscriber> {
+        let inner = self.lock();
+        let waiting = inner.upstream_lost;
+        let mut list: Vec<KeptSubscriber> = inner
+            .entries
+            .values()
+            .filter(|e| match e.departed {
+                None => true,
+                Some(at) => waiting || now.saturating_duration_since(at) < grace,
+            })
+            .map(|e| KeptSubscriber {
+                id: e.info.id.clone(),
+                task_id: e.info.task_id.clone(),
+                backup: e.info.mode == Mode::Backup,
+                replica_version: e.info.replica_version.clone(),
+                acked: e.acked.clone(),
+            })
+            .collect();
+        list.sort_by(|a, b| (&a.id, &a.acked).cmp(&(&b.id, &b.acked)));
+        list
+    }
+
+    /// Takes the subscribers the previous run tracked, departed at `now`: the restart cut each one off, and each
+    /// gets its reconnect grace from here (or longer, should the upstream turn out lost) to come back.
+    pub fn keep(&self, kept: Vec<KeptSubscriber>, now: Instant) {
+        let mut inner = self.lock();
+        for k in kept {
+            inner.next_id += 1;
+            let id = inner.next_id;
+            inner.entries.insert(
+                id,
+                Seen {
+                    info: SubscriberInfo {
+                        id: k.id,
+                        task_id: k.task_id,
+                        mode: if k.backup {
+                            Mode::Backup
+                        } else {
+                            Mode::Serving
+                        },
+                        replica_version: k.replica_version,
+                        watermark: k.acked.clone(),
+                    },
+                    acked: k.acked,
+                    connected: now,
+                    departed: Some(now),
+                    last_sent: None,
+                    unacked_since: None,
+                },
+            );
+        }
     }
 
     /// The upstream dropped a subscription or could not be reached: departed subscribers stay until it is back.

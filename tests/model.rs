@@ -8,6 +8,12 @@
 //! everything, reads `min(watermark)` and then pins, and a purge re-asks the ceiling before each batch while
 //! everything else goes on. What each actor needs is kept by the model itself, from the protocol rather than from
 //! the code under test, and checked after every step.
+//!
+//! It also reaches the edges of a run: restarts of the sidecar (its state file kept and read back, or lost),
+//! litestream restarting (its page without samples, maybe on an older backup) or unreadable at any moment, a
+//! purge included, resyncs that start a new change log below the old one, a second sidecar holding the purger
+//! lock, ownership moving away, subscribers between their handshake and the upstream's first frame, and steps of
+//! the wall clock.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,8 +21,8 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use litestream_sidecar::cleanup::{
-    self, Backlog, Ceiling, Decision, HeldReservation, Inputs, Ownership, ReservationMode,
-    WithoutSubscribers,
+    self, Backlog, Ceiling, Decision, Guards, HeldReservation, Inputs, Memory, Ownership,
+    ReservationMode, WithoutSubscribers,
 };
 use litestream_sidecar::monitor::purge_limit;
 use litestream_sidecar::protocol::Mode;
@@ -59,11 +65,10 @@ enum Event {
         own_replica: bool,
         pick: usize,
     },
-    /// The upstream answers a pending subscription: its relay registers the subscriber, then ends the task's
-    /// reservation (`both`: in one go, else the end at the next answer).
+    /// The upstream answers a pending subscription with its first frame: its relay ends the task's reservation
+    /// (the subscriber has been tracked since the handshake).
     Answer {
         pending: usize,
-        both: bool,
     },
     /// A subscriber that restores nothing (a replication manager's backup replicator) connects at the head.
     Join,
@@ -78,6 +83,24 @@ enum Event {
     Reconnect(usize),
     /// The upstream drops every subscription.
     UpstreamLost,
+    /// The sidecar process dies and starts again, its state file read back (`kept`) or lost.
+    Restart {
+        kept: bool,
+    },
+    /// Litestream restarts, maybe on an older backup (`older`), and its page has no sample until it uploads.
+    Blackout {
+        older: Option<usize>,
+    },
+    /// Litestream's page cannot be read (it answers 500, or not at all).
+    PageFails,
+    /// A resync: the change DB gets a new replica version and a new change log, below the old one.
+    Resync,
+    /// Another sidecar takes the shard's purger lock, or lets it go.
+    Standby(bool),
+    /// `ownerAddress` stops naming the sidecar, or names it again.
+    Registered(bool),
+    /// The wall clock steps forward by this many seconds; the monotonic clock does not.
+    ClockStep(u64),
     /// A new subscription cannot reach the upstream.
     UpstreamUnreachable,
     Advance(u64),
@@ -88,24 +111,33 @@ enum Event {
 
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
-        3 => (1..40u64).prop_map(Event::Commit),
-        3 => (0..90u64).prop_map(|lag| Event::Backup { lag }),
-        1 => (any::<usize>(), 0..90u64).prop_map(|(pick, lag)| Event::Regress { pick, lag }),
-        3 => (0..TASKS, any::<bool>()).prop_map(|(task, v4)| Event::Open { task, v4 }),
-        4 => (any::<usize>(), 1..4usize, prop::bool::weighted(0.2))
+        12 => (1..40u64).prop_map(Event::Commit),
+        12 => (0..90u64).prop_map(|lag| Event::Backup { lag }),
+        4 => (any::<usize>(), 0..90u64).prop_map(|(pick, lag)| Event::Regress { pick, lag }),
+        12 => (0..TASKS, any::<bool>()).prop_map(|(task, v4)| Event::Open { task, v4 }),
+        16 => (any::<usize>(), 1..4usize, prop::bool::weighted(0.2))
             .prop_map(|(held, steps, read_fails)| Event::Status { held, steps, read_fails }),
-        1 => any::<usize>().prop_map(Event::Close),
-        3 => (any::<usize>(), any::<bool>(), any::<usize>())
+        4 => any::<usize>().prop_map(Event::Close),
+        12 => (any::<usize>(), any::<bool>(), any::<usize>())
             .prop_map(|(held, own_replica, pick)| Event::Request { held, own_replica, pick }),
-        5 => (any::<usize>(), any::<bool>()).prop_map(|(pending, both)| Event::Answer { pending, both }),
-        2 => Just(Event::Join),
-        4 => (any::<usize>(), any::<usize>()).prop_map(|(sub, pick)| Event::Ack { sub, pick }),
-        2 => any::<usize>().prop_map(Event::Leave),
-        2 => any::<usize>().prop_map(Event::Reconnect),
-        1 => Just(Event::UpstreamLost),
-        1 => Just(Event::UpstreamUnreachable),
-        4 => (1..60u64).prop_map(Event::Advance),
-        6 => Just(Event::Monitor),
+        20 => any::<usize>().prop_map(|pending| Event::Answer { pending }),
+        8 => Just(Event::Join),
+        16 => (any::<usize>(), any::<usize>()).prop_map(|(sub, pick)| Event::Ack { sub, pick }),
+        8 => any::<usize>().prop_map(Event::Leave),
+        8 => any::<usize>().prop_map(Event::Reconnect),
+        4 => Just(Event::UpstreamLost),
+        4 => Just(Event::UpstreamUnreachable),
+        // The edges: rarer than the rest, and the states that hold cleanup rarer than their ends, so that most
+        // histories still purge.
+        1 => prop::bool::weighted(0.8).prop_map(|kept| Event::Restart { kept }),
+        1 => prop::option::of(any::<usize>()).prop_map(|older| Event::Blackout { older }),
+        1 => Just(Event::PageFails),
+        1 => Just(Event::Resync),
+        1 => prop::bool::weighted(0.3).prop_map(Event::Standby),
+        1 => prop::bool::weighted(0.7).prop_map(Event::Registered),
+        1 => (1..600u64).prop_map(Event::ClockStep),
+        16 => (1..60u64).prop_map(Event::Advance),
+        24 => Just(Event::Monitor),
     ]
 }
 
@@ -119,6 +151,8 @@ struct Settings {
     batch_rows: usize,
     /// The replica version, and the first position of the change log.
     start: u64,
+    /// `cleanup.restore_limit`, and `cleanup.hold_without_state` with it.
+    restore_limit: Duration,
 }
 
 fn settings() -> impl Strategy<Value = Settings> {
@@ -131,16 +165,18 @@ fn settings() -> impl Strategy<Value = Settings> {
         0..90u64,
         0..60u64,
         1..4usize,
-        1..40u64,
+        10..40u64,
+        120..1200u64,
     )
         .prop_map(
-            |(mode, without_subscribers, delay, grace, batch_rows, start)| Settings {
+            |(mode, without_subscribers, delay, grace, batch_rows, start, limit)| Settings {
                 mode,
                 without_subscribers,
                 initial_delay: Duration::from_secs(delay),
                 grace: Duration::from_secs(grace),
                 batch_rows,
                 start,
+                restore_limit: Duration::from_secs(limit),
             },
         )
 }
@@ -162,11 +198,17 @@ fn lexi(n: u64) -> String {
 
 /// An open reservation, and what its view-syncer needs: every row at or above `need` (`None`: every row).
 struct Held {
-    lease: Lease,
+    /// `None` once a restart took its socket: the view-syncer restores on, and only the state file kept it.
+    lease: Option<Lease>,
+    /// After a restart that lost the state file, the sidecar cannot know of it: it promises to hold cleanup for
+    /// `cleanup.hold_without_state`, until then, and no longer.
+    unknown_until: Option<Instant>,
     /// The model's own name for it, so that a subscription knows which reservation it was requested under.
     serial: u64,
     v4: bool,
     need: Option<String>,
+    /// Opened while the sidecar knew no backup: it protected every row then, and its status pins it later.
+    unpinned: bool,
     status: StatusStep,
     /// Where its replica stands once restored (or caught up): every subscription it asks for starts there.
     restored: Option<String>,
@@ -192,16 +234,24 @@ enum StatusStep {
     },
 }
 
-/// An `initial=true` subscription between its request and the end of its task's reservation.
+/// An `initial=true` subscription between its handshake (when the relay tracks its subscriber) and the upstream's
+/// first frame (when the relay ends its task's reservation).
 struct Pending {
     task: usize,
     serial: u64,
     ticket: Ticket,
-    watermark: String,
-    /// The index of its subscriber once registered.
-    registered: Option<usize>,
     /// Its view-syncer gave up on this restore (closed or retried the reservation): nothing waits for it.
     orphan: bool,
+}
+
+/// Litestream's metrics page as the monitor would read it now.
+#[derive(Debug, Clone, PartialEq)]
+enum Page {
+    Shows(String, SystemTime),
+    /// Readable, without a sample: litestream restarted and has not uploaded yet.
+    Nothing,
+    /// Unreadable.
+    Fails,
 }
 
 /// A subscriber as the relay holds it and as the model judges it.
@@ -214,6 +264,9 @@ struct Sub {
     grace_from: Option<Instant>,
     /// Departed within its grace, then the upstream was lost: it waits for the upstream's return.
     kept: bool,
+    /// A restart lost the state file that named it: the sidecar knows nothing of it, and its only protection is
+    /// the hold for restores it cannot know of, until this instant.
+    forgotten_until: Option<Instant>,
 }
 
 enum MonitorStep {
@@ -226,6 +279,8 @@ enum MonitorStep {
     Purging {
         before: String,
         reserved: bool,
+        /// The gauge's highest when the purge was decided: a page below it stops the purge.
+        highest: Option<String>,
     },
 }
 
@@ -254,6 +309,22 @@ struct World {
     upstream_lost: bool,
     monitor: MonitorStep,
     purges: usize,
+    page: Page,
+    /// Where litestream's position is unknown to the monitor (a page without samples, or unreadable).
+    position_unknown: bool,
+    /// Another sidecar holds the purger lock.
+    standby: bool,
+    /// `ownerAddress` names the sidecar.
+    registered: bool,
+    /// The change DB's replica version, and the one the monitor last read.
+    replica: String,
+    known_replica: Option<String>,
+    reset_at: Option<SystemTime>,
+    resyncs: u64,
+    /// The monotonic and wall clocks at this run's start: the monitor's steady wall clock.
+    anchor: (Instant, SystemTime),
+    restores_unknown_until: Option<Instant>,
+    restarts: usize,
 }
 
 impl World {
@@ -277,6 +348,21 @@ impl World {
             upstream_lost: false,
             monitor: MonitorStep::Idle,
             purges: 0,
+            page: Page::Nothing,
+            position_unknown: false,
+            standby: false,
+            registered: true,
+            replica: lexi(settings.start),
+            // The monitor's first check runs at the start.
+            known_replica: Some(lexi(settings.start)),
+            reset_at: None,
+            resyncs: 0,
+            anchor: (
+                Instant::now(),
+                UNIX_EPOCH + Duration::from_secs(1_750_000_000),
+            ),
+            restores_unknown_until: None,
+            restarts: 0,
             settings,
         }
     }
@@ -290,29 +376,97 @@ impl World {
     }
 
     fn tracked(&self, sub: &Sub) -> bool {
+        let now = Instant::now();
+        if sub.forgotten_until.is_some_and(|until| now < until) {
+            return true;
+        }
         match sub.grace_from {
             None => true,
-            Some(from) => {
-                sub.kept || Instant::now().saturating_duration_since(from) < self.settings.grace
-            }
+            Some(from) => sub.kept || now.saturating_duration_since(from) < self.settings.grace,
         }
     }
 
-    /// The monitor scraping a page whose gauge is at `watermark`, as `Monitor::scrape` passes it on.
-    fn scrape(&mut self, watermark: String, lag: u64) {
+    /// Litestream's backup is now at `watermark` (uploaded `lag` seconds ago by its clock), and its page says so.
+    fn litestream_at(&mut self, watermark: String, lag: u64) {
         let backed_up_at = self.wall() - Duration::from_secs(lag);
-        self.backlog.observe(&[(watermark.as_str(), backed_up_at)]);
-        if let Some(current) = self.backlog.current() {
-            self.registry.saw_backup(&current.watermark);
-        }
-        // A restore started from now on gets this backup, whatever a reservation was promised before.
+        self.truth(watermark.clone());
+        self.page = Page::Shows(watermark.clone(), backed_up_at);
+        self.reported.push(watermark);
+    }
+
+    /// What a restore started from now on gets, whatever a reservation was promised before.
+    fn truth(&mut self, watermark: String) {
         for held in self.held.iter_mut().flatten() {
             if let Some(need) = held.need.as_mut().filter(|n| **n > watermark) {
                 *need = watermark.clone();
             }
         }
-        self.reported.push(watermark.clone());
         self.gauge = Some(watermark);
+    }
+
+    /// `Monitor::scrape`: the page into the backlog, the position and the registry.
+    fn scrape(&mut self) {
+        let seen = match &self.page {
+            Page::Shows(watermark, at) if self.reset_at.is_none_or(|reset| *at >= reset) => {
+                Some((watermark.clone(), *at))
+            }
+            Page::Fails => {
+                if self.backlog.current().is_some() {
+                    self.position_unknown = true;
+                }
+                return;
+            }
+            Page::Shows(..) | Page::Nothing => None,
+        };
+        let Some((watermark, at)) = seen else {
+            if self.backlog.current().is_some() {
+                self.position_unknown = true;
+                self.registry.forget_backup();
+            }
+            return;
+        };
+        self.position_unknown = false;
+        self.backlog.observe(&[(watermark.as_str(), at)]);
+        if let Some(current) = self.backlog.current() {
+            self.registry.saw_backup(&current.watermark);
+        }
+    }
+
+    /// `Monitor::gauge_moved`, before every purge batch: whether the page still supports the purge.
+    fn gauge_holds(&mut self, highest: Option<&str>) -> bool {
+        match self.page.clone() {
+            Page::Fails => false,
+            Page::Shows(watermark, at) if self.reset_at.is_none_or(|reset| at >= reset) => {
+                self.registry.saw_backup(&watermark);
+                highest.is_none_or(|h| watermark.as_str() >= h)
+            }
+            Page::Shows(..) | Page::Nothing => {
+                self.registry.forget_backup();
+                false
+            }
+        }
+    }
+
+    /// `Monitor::read_replica`: a new replica version forgets everything about the old replica.
+    fn read_replica(&mut self) {
+        let old = self.known_replica.replace(self.replica.clone());
+        if old.is_some_and(|old| old != self.replica) {
+            self.reset_at = Some(self.wall());
+            self.backlog = Backlog::default();
+            self.registry.replica_reset();
+        }
+    }
+
+    fn guards(&self, now: Instant) -> Guards {
+        let (anchor, anchor_wall) = self.anchor;
+        Guards {
+            standby: self.standby,
+            memory: Memory::Kept,
+            restores_unknown_until: self.restores_unknown_until,
+            reset_at: self.reset_at,
+            position_unknown: self.position_unknown,
+            steady_now: Some(anchor_wall + now.saturating_duration_since(anchor)),
+        }
     }
 
     /// A relay reached the upstream.
@@ -331,7 +485,9 @@ impl World {
         self.subscribers.upstream_lost();
         self.upstream_lost = true;
         for i in 0..self.subs.len() {
-            if self.subs[i].grace_from.is_some() && self.tracked(&self.subs[i]) {
+            let sub = &self.subs[i];
+            let known = sub.forgotten_until.is_none();
+            if known && sub.grace_from.is_some() && self.tracked(sub) {
                 self.subs[i].kept = true;
             }
         }
@@ -358,7 +514,7 @@ impl World {
             id,
             task_id: task.map(|t| format!("t{t}")),
             mode: Mode::Serving,
-            replica_version: lexi(self.settings.start),
+            replica_version: self.replica.clone(),
             watermark: watermark.clone(),
         });
         self.subs.push(Sub {
@@ -367,6 +523,7 @@ impl World {
             needed,
             grace_from: None,
             kept: false,
+            forgotten_until: None,
         });
     }
 
@@ -379,75 +536,159 @@ impl World {
     /// One step of `status_frame` (src/reservations.rs) for `task`'s reservation.
     fn status_step(&mut self, task: usize, read_fails: bool) {
         let first = self.log[0].clone();
-        let gauge = self.gauge.clone();
+        // What the restore gets: where litestream's backup really is.
+        let truth = self.gauge.clone();
+        // Withheld until the registry knows a backup.
+        let known = self.registry.newest_backup();
         let Some(held) = self.held[task].as_mut() else {
             return;
         };
-        // Withheld until litestream reported a backup.
-        let Some(newest) = gauge else {
+        let Some(lease) = held.lease.as_mut() else {
+            return;
+        };
+        let (Some(newest), Some(truth)) = (known, truth) else {
             return;
         };
         match held.status.clone() {
             StatusStep::NotSent if !held.v4 => {
-                if held.lease.floor().is_none() {
-                    held.lease.set_floor(Some(newest.clone()));
+                if lease.floor().is_none() {
+                    lease.set_floor(Some(newest.clone()));
                 }
-                held.need.get_or_insert(newest);
+                // The restore starts now and gets where litestream is now.
+                held.need = match (std::mem::take(&mut held.unpinned), held.need.take()) {
+                    (false, Some(need)) => Some(need.min(truth)),
+                    _ => Some(truth),
+                };
                 held.status = StatusStep::Sent { min: None };
             }
             StatusStep::NotSent => {
-                let pinned = held.lease.floor();
-                held.lease.set_floor(None);
+                let pinned = lease.floor();
+                lease.set_floor(None);
                 held.status = StatusStep::Protected { pinned, newest };
             }
             StatusStep::Protected { pinned, .. } if read_fails => {
-                held.lease.set_floor(pinned);
+                lease.set_floor(pinned);
                 held.status = StatusStep::NotSent;
             }
             StatusStep::Protected { newest, .. } => {
                 held.status = StatusStep::Read { newest, min: first };
             }
             StatusStep::Read { newest, min } => {
-                held.lease.set_floor(Some(newest.min(min.clone())));
+                lease.set_floor(Some(newest.min(min.clone())));
                 // It catches up from its own replica at or above `min`, or restores the backup there now (or an
                 // older one, should the gauge go back).
-                let now = self.gauge.clone().unwrap_or_default();
-                held.need = Some(min.clone().min(now));
+                held.need = Some(min.clone().min(truth));
                 held.status = StatusStep::Sent { min: Some(min) };
             }
             StatusStep::Sent { .. } => {}
         }
     }
 
-    /// One step of the relay's `on_subscribed` for the `i`th pending subscription: registers its subscriber, or
-    /// (once registered) ends its task's reservation. Returns whether the subscription is still pending.
-    fn answer_step(&mut self, i: usize) -> bool {
-        match self.pending[i].registered {
-            None => {
-                let p = &self.pending[i];
-                let (id, task, watermark, needed) = (
-                    format!("vs{}-{}", p.task, p.serial),
-                    p.task,
-                    p.watermark.clone(),
-                    !p.orphan,
-                );
-                self.connect(id, Some(task), watermark, needed);
-                self.pending[i].registered = Some(self.subs.len() - 1);
-                true
+    /// The relay's `on_subscribed` for the `i`th pending subscription, at the upstream's first frame: it ends its
+    /// task's reservation (its subscriber was tracked from the handshake).
+    fn answer(&mut self, i: usize) {
+        let p = self.pending.remove(i);
+        self.registry
+            .end_by_subscription(&format!("t{}", p.task), p.ticket, Instant::now());
+        if !p.orphan {
+            // The snapshot socket closes; the subscriber carries on from here.
+            self.held[p.task] = None;
+        }
+    }
+
+    /// The sidecar process dies and starts again: every socket closes, every relayed subscription ends, and what
+    /// the new process knows is what the state file kept (`kept`), or nothing.
+    fn restart(&mut self, kept: bool) {
+        let now = Instant::now();
+        self.restarts += 1;
+        let saved = kept.then(|| {
+            (
+                self.registry.to_keep(),
+                self.registry.cleanup_delay(),
+                self.backlog.last_purged().map(str::to_owned),
+                self.backlog.highest().map(str::to_owned),
+                self.subscribers.to_keep(now, self.settings.grace),
+            )
+        });
+        self.monitor = MonitorStep::Idle;
+        // Subscriptions in flight die; their view-syncers keep restoring and will ask again.
+        self.pending.clear();
+        for i in 0..self.subs.len() {
+            let was_tracked = self.tracked(&self.subs[i]);
+            if self.subs[i].handle.is_some() {
+                self.depart(i);
             }
-            Some(_) => {
-                let p = self.pending.remove(i);
-                self.registry.end_by_subscription(
-                    &format!("t{}", p.task),
-                    p.ticket,
-                    Instant::now(),
-                );
-                if !p.orphan {
-                    // The snapshot socket closes; the subscriber carries on from here.
-                    self.held[p.task] = None;
+            let sub = &mut self.subs[i];
+            // The new process takes those it knew from the state file as departed now, or knows nothing of them.
+            if was_tracked {
+                if sub.forgotten_until.is_none() {
+                    sub.kept = false;
+                    sub.grace_from = Some(now);
                 }
-                false
+                if !kept {
+                    sub.forgotten_until = Some(now + self.settings.restore_limit);
+                }
             }
+        }
+        for task in 0..TASKS {
+            let Some(held) = self.held[task].as_mut() else {
+                continue;
+            };
+            if matches!(held.status, StatusStep::Sent { .. }) {
+                held.lease = None;
+                if !kept {
+                    held.unknown_until = Some(now + self.settings.restore_limit);
+                }
+            } else {
+                // No status yet: the view-syncer's socket closed, and it retries with a new reservation.
+                self.drop_held(task);
+            }
+        }
+        self.subscribers = Subscribers::default();
+        self.upstream_lost = false;
+        self.position_unknown = false;
+        self.started = now;
+        self.anchor = (now, self.wall());
+        match saved {
+            Some((reservations, delay, last_purged, highest, subscribers)) => {
+                self.registry = Registry::new(self.settings.initial_delay.max(delay));
+                self.registry.keep(reservations, now, SystemTime::now());
+                self.subscribers.keep(subscribers, now);
+                self.backlog = Backlog::resumed(last_purged.as_deref(), highest.as_deref());
+                // A hold for unknown restores still in force carries on.
+                self.restores_unknown_until = self.restores_unknown_until.filter(|u| *u > now);
+            }
+            None => {
+                self.registry = Registry::new(self.settings.initial_delay);
+                self.backlog = Backlog::default();
+                self.restores_unknown_until = Some(now + self.settings.restore_limit);
+                // The new process's first check, at its start, reads the replica version afresh.
+                self.known_replica = Some(self.replica.clone());
+                self.reset_at = None;
+            }
+        }
+    }
+
+    /// A resync: a new replica version, and a new change log below the old one. Every view-syncer and subscriber
+    /// of the old replica must start over (Zero resets them); litestream still shows the old replica's backup
+    /// until it uploads the new one.
+    fn resync(&mut self) {
+        self.resyncs += 1;
+        let replica = lexi(self.resyncs - 1);
+        self.replica = replica.clone();
+        self.log = vec![replica.clone()];
+        self.history = vec![replica];
+        self.deleted = None;
+        self.reported.clear();
+        self.pending.clear();
+        for task in 0..TASKS {
+            self.drop_held(task);
+        }
+        for i in 0..self.subs.len() {
+            if self.subs[i].handle.is_some() {
+                self.depart(i);
+            }
+            self.subs[i].needed = false;
         }
     }
 
@@ -460,39 +701,54 @@ impl World {
                 self.log.push(watermark.clone());
                 self.history.push(watermark);
             }
-            // Scrapes happen in the monitor's loop, never during its check or purge.
-            Event::Backup { lag } if idle => {
+            // Litestream moves at any time; the monitor reads its page at every check and before every batch
+            // (and here at once when idle, so that most histories see backups promptly).
+            Event::Backup { lag } => {
                 let head = self.head().to_owned();
-                if self.gauge.as_deref() != Some(head.as_str()) {
-                    self.scrape(head, lag);
+                if self.gauge.as_deref() != Some(head.as_str()) || self.page == Page::Nothing {
+                    self.litestream_at(head, lag);
+                    if idle {
+                        self.scrape();
+                    }
                 }
             }
+            // A move back is read before anything else happens: the monitor polls, and a restore that got an older
+            // backup between two reads of a page that then moved on is beyond what polling can see.
             Event::Regress { pick, lag } if idle => {
                 // Only to a backup whose rows are all still there: a gauge going back below a purge would make any
                 // restore from it impossible, whatever the sidecar did.
-                let first = self.log[0].clone();
-                let gauge = self.gauge.clone().unwrap_or_default();
-                let older: Vec<String> = self
-                    .reported
-                    .iter()
-                    .filter(|w| **w >= first && **w < gauge)
-                    .cloned()
-                    .collect();
+                let older = self.older_backups();
                 if !older.is_empty() {
-                    self.scrape(older[pick % older.len()].clone(), lag);
+                    self.litestream_at(older[pick % older.len()].clone(), lag);
+                    self.scrape();
                 }
             }
-            Event::Backup { .. } | Event::Regress { .. } => {}
+            Event::Blackout { older } if idle => {
+                let backups = self.older_backups();
+                if let (Some(pick), false) = (older, backups.is_empty()) {
+                    // Restores begun before it have what they got; those begun after it wait for a status until
+                    // the page shows the gauge again.
+                    self.gauge = Some(backups[pick % backups.len()].clone());
+                }
+                self.page = Page::Nothing;
+                self.scrape();
+            }
+            Event::Regress { .. } | Event::Blackout { .. } => {}
+            Event::PageFails => self.page = Page::Fails,
             Event::Open { task, v4 } => {
                 let lease = self.registry.open(&format!("t{task}"), Instant::now());
                 // A retry: the old reservation was replaced, its socket closes.
                 self.drop_held(task);
                 self.next_serial += 1;
                 self.held[task] = Some(Held {
-                    lease,
+                    lease: Some(lease),
+                    unknown_until: None,
                     serial: self.next_serial,
                     v4,
-                    need: self.gauge.clone(),
+                    // What the sidecar pins it at: the backup it knows now, or (none known, after a reset or a
+                    // blackout) every row still there.
+                    need: self.registry.newest_backup().or(Some(self.log[0].clone())),
+                    unpinned: self.registry.newest_backup().is_none(),
                     status: StatusStep::NotSent,
                     restored: None,
                 });
@@ -510,7 +766,10 @@ impl World {
             }
             Event::Close(held) => {
                 if let Some(task) = self.open_task(held) {
-                    self.drop_held(task);
+                    // A kept reservation has no socket to close.
+                    if self.held[task].as_ref().is_some_and(|h| h.lease.is_some()) {
+                        self.drop_held(task);
+                    }
                 }
             }
             Event::Request {
@@ -525,7 +784,7 @@ impl World {
                 let StatusStep::Sent { min } = &held.status else {
                     return Ok(());
                 };
-                // One subscription at a time per restore (another only once the upstream failed the first).
+                // One subscription at a time per restore (another only once the first failed).
                 if self.pending.iter().any(|p| p.serial == held.serial) {
                     return Ok(());
                 }
@@ -537,27 +796,24 @@ impl World {
                         from[pick % from.len()].clone()
                     }
                     // The backup it restored: where the gauge is (nothing tells it which one came first).
-                    (None, _) => self.gauge.clone().unwrap_or_default(),
+                    (None, _) => held.need.clone().or(self.gauge.clone()).unwrap_or_default(),
                 };
                 let serial = held.serial;
                 self.held[task].as_mut().unwrap().restored = Some(watermark.clone());
-                // As the relay does: the ticket first, then the upstream connection.
+                // As the relay does: the ticket first, then the upstream connection, and the subscriber tracked
+                // from the handshake, before the upstream says anything.
                 let ticket = self.registry.ticket();
                 self.reached();
+                self.connect(format!("vs{task}-{serial}"), Some(task), watermark, true);
                 self.pending.push(Pending {
                     task,
                     serial,
                     ticket,
-                    watermark,
-                    registered: None,
                     orphan: false,
                 });
             }
-            Event::Answer { pending, both } if !self.pending.is_empty() => {
-                let i = pending % self.pending.len();
-                if self.answer_step(i) && both {
-                    self.answer_step(i);
-                }
+            Event::Answer { pending } if !self.pending.is_empty() => {
+                self.answer(pending % self.pending.len());
             }
             Event::Answer { .. } => {}
             Event::Join => {
@@ -614,25 +870,52 @@ impl World {
                     }
                 }
                 // Subscriptions not answered yet fail; their view-syncers keep their reservations and retry.
-                self.pending.retain(|p| p.registered.is_some());
+                self.pending.clear();
             }
             Event::UpstreamUnreachable => self.lost(),
+            Event::Restart { kept } => self.restart(kept),
+            Event::Resync => self.resync(),
+            Event::Standby(standby) => self.standby = standby,
+            Event::Registered(registered) => self.registered = registered,
             // Gathering takes no time.
             Event::Advance(secs) if !matches!(self.monitor, MonitorStep::Gathered { .. }) => {
                 tokio::time::advance(Duration::from_secs(secs)).await;
                 self.wall_secs += secs;
             }
             Event::Advance(_) => {}
+            Event::ClockStep(secs) => self.wall_secs += secs,
             Event::Monitor => self.monitor_step()?,
         }
         Ok(())
     }
 
-    /// One step of `Monitor::run` and `ChangeDb::purge_into`.
+    /// Backups litestream reported whose rows are all still in the log, below where it is now.
+    fn older_backups(&self) -> Vec<String> {
+        let first = self.log[0].clone();
+        let gauge = self.gauge.clone().unwrap_or_default();
+        self.reported
+            .iter()
+            .filter(|w| **w >= first && **w < gauge)
+            .cloned()
+            .collect()
+    }
+
+    /// One step of `Monitor::run` and `ChangeDb::purge_within`.
     fn monitor_step(&mut self) -> Result<(), TestCaseError> {
         match std::mem::replace(&mut self.monitor, MonitorStep::Idle) {
             MonitorStep::Idle => {
-                // `Monitor::gather`: reservations first, then subscribers.
+                // `Monitor::run`: the replica version, the page, the kept reservations' limit, then `gather`:
+                // reservations first, then subscribers.
+                let now = Instant::now();
+                self.read_replica();
+                self.scrape();
+                for (task_id, _) in self.registry.expire_kept(now, self.settings.restore_limit) {
+                    // Outlived: no real restore takes this long, and the sidecar no longer waits for it.
+                    let task: usize = task_id[1..].parse().unwrap();
+                    if self.held[task].as_ref().is_some_and(|h| h.lease.is_none()) {
+                        self.drop_held(task);
+                    }
+                }
                 self.monitor = MonitorStep::Gathered {
                     cleanup_delay: self.registry.cleanup_delay(),
                     reservations: self.registry.for_policy(),
@@ -645,11 +928,14 @@ impl World {
                 let now = Instant::now();
                 let subscribers = self.subscribers.for_policy(now, self.settings.grace);
                 let decision = cleanup::decide(&Inputs {
-                    guards: cleanup::Guards::default(),
                     now,
                     wall_now: self.wall(),
                     started: self.started,
-                    ownership: Ownership::Unchecked,
+                    ownership: if self.registered {
+                        Ownership::Unchecked
+                    } else {
+                        Ownership::NotRegistered
+                    },
                     cleanup_delay,
                     reconnect_grace: self.settings.grace,
                     mode: self.settings.mode,
@@ -662,6 +948,7 @@ impl World {
                     current_backup: self.backlog.current().map(|b| b.watermark.as_str()),
                     // The model's backups exist where they are claimed: verification is tested on its own.
                     destination: cleanup::Destination::Unchecked,
+                    guards: self.guards(now),
                 });
                 if let Decision::Purge { before, .. } = decision {
                     // The running purge's ceiling would catch a decision past a subscriber, but the decision
@@ -677,20 +964,26 @@ impl World {
                     self.monitor = MonitorStep::Purging {
                         before,
                         reserved: false,
+                        highest: self.backlog.highest().map(str::to_owned),
                     };
                 }
             }
             MonitorStep::Purging {
                 before,
                 mut reserved,
+                highest,
             } => {
-                // The closure the monitor hands `ChangeDb::purge_into`.
-                let limit = purge_limit(
-                    self.settings.mode,
-                    &self.registry,
-                    &self.subscribers,
-                    self.settings.grace,
-                );
+                // The closure the monitor hands `ChangeDb::purge_within`: the page read again, then the ceiling.
+                let limit = if self.gauge_holds(highest.as_deref()) {
+                    purge_limit(
+                        self.settings.mode,
+                        &self.registry,
+                        &self.subscribers,
+                        self.settings.grace,
+                    )
+                } else {
+                    Ceiling::Everything
+                };
                 let target = match limit {
                     Ceiling::None => Some(before.clone()),
                     Ceiling::Everything => {
@@ -703,6 +996,13 @@ impl World {
                     }
                     Ceiling::Below(_) => Some(before.clone()),
                 };
+                // Each batch checks the owner and the purger lock, and refuses a target above the newest row.
+                let newest = self.log.last().unwrap().clone();
+                let target = target.filter(|target| {
+                    let allowed = self.registered && !self.standby && *target <= newest;
+                    reserved |= !allowed;
+                    allowed
+                });
                 let done = match target {
                     None => true,
                     Some(target) => {
@@ -720,7 +1020,11 @@ impl World {
                     }
                 };
                 if !done {
-                    self.monitor = MonitorStep::Purging { before, reserved };
+                    self.monitor = MonitorStep::Purging {
+                        before,
+                        reserved,
+                        highest,
+                    };
                 } else if !reserved {
                     self.backlog.purged(&before);
                     self.purges += 1;
@@ -736,8 +1040,13 @@ impl World {
         let Some(deleted) = &self.deleted else {
             return Ok(());
         };
+        let now = Instant::now();
         for (task, held) in self.held.iter().enumerate() {
             let Some(held) = held else { continue };
+            // A restore the sidecar could not know of is promised only `hold_without_state`.
+            if held.unknown_until.is_some_and(|until| now >= until) {
+                continue;
+            }
             match &held.need {
                 None => prop_assert!(
                     false,
@@ -750,7 +1059,7 @@ impl World {
                     need,
                     deleted,
                     held.status,
-                    held.lease.floor()
+                    held.lease.as_ref().map(Lease::floor)
                 ),
             }
         }
@@ -774,6 +1083,14 @@ impl World {
     }
 }
 
+/// How many histories the property runs: `MODEL_CASES`, else 2,000.
+fn model_cases() -> u32 {
+    std::env::var("MODEL_CASES")
+        .ok()
+        .map(|text| text.parse().expect("MODEL_CASES is a number of cases"))
+        .unwrap_or(2000)
+}
+
 fn run(settings: Settings, events: Vec<Event>) -> Result<usize, TestCaseError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -791,12 +1108,13 @@ fn run(settings: Settings, events: Vec<Event>) -> Result<usize, TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    // 2,000 histories in `make test`; `make fuzz` sets MODEL_CASES higher.
+    #![proptest_config(ProptestConfig { cases: model_cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn nothing_still_needed_is_ever_purged(
         settings in settings(),
-        events in prop::collection::vec(event(), 1..200),
+        events in prop::collection::vec(event(), 1..300),
     ) {
         run(settings, events)?;
     }
@@ -808,7 +1126,7 @@ fn random_histories_do_purge() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let histories = (settings(), prop::collection::vec(event(), 150..200));
+    let histories = (settings(), prop::collection::vec(event(), 250..300));
     let mut purged = 0;
     for _ in 0..40 {
         let (settings, events) = histories.new_tree(&mut runner).unwrap().current();
@@ -832,6 +1150,7 @@ fn a_subscriber_registered_behind_a_running_purge_holds_its_remaining_batches() 
         grace: Duration::from_secs(30),
         batch_rows: 1,
         start: 1,
+        restore_limit: Duration::from_secs(3600),
     };
     let events = vec![
         Commit(1),
@@ -858,10 +1177,7 @@ fn a_subscriber_registered_behind_a_running_purge_holds_its_remaining_batches() 
             own_replica: true,
             pick: 0,
         },
-        Answer {
-            pending: 0,
-            both: true,
-        },
+        Answer { pending: 0 },
         Monitor,
         Monitor,
         Monitor,
