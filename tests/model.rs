@@ -109,7 +109,9 @@ enum Event {
     Monitor,
 }
 
-fn event() -> impl Strategy<Value = Event> {
+/// The events of a history; `restarts` weighs the sidecar's restarts (1 to 4): the more of them, the less it
+/// purges (each starts a start-up wait), and the more restores and subscribers cross one.
+fn event(restarts: u32) -> impl Strategy<Value = Event> {
     prop_oneof![
         12 => (1..40u64).prop_map(Event::Commit),
         12 => (0..90u64).prop_map(|lag| Event::Backup { lag }),
@@ -129,14 +131,14 @@ fn event() -> impl Strategy<Value = Event> {
         4 => Just(Event::UpstreamUnreachable),
         // The edges: rarer than the rest, and the states that hold cleanup rarer than their ends, so that most
         // histories still purge.
-        1 => prop::bool::weighted(0.8).prop_map(|kept| Event::Restart { kept }),
+        restarts => prop::bool::weighted(0.9).prop_map(|kept| Event::Restart { kept }),
         1 => prop::option::of(any::<usize>()).prop_map(|older| Event::Blackout { older }),
         1 => Just(Event::PageFails),
         1 => Just(Event::Resync),
         1 => prop::bool::weighted(0.3).prop_map(Event::Standby),
         1 => prop::bool::weighted(0.7).prop_map(Event::Registered),
         1 => (1..600u64).prop_map(Event::ClockStep),
-        16 => (1..60u64).prop_map(Event::Advance),
+        32 => (1..60u64).prop_map(Event::Advance),
         24 => Just(Event::Monitor),
     ]
 }
@@ -166,7 +168,7 @@ fn settings() -> impl Strategy<Value = Settings> {
         0..60u64,
         1..4usize,
         10..40u64,
-        120..1200u64,
+        60..600u64,
     )
         .prop_map(
             |(mode, without_subscribers, delay, grace, batch_rows, start, limit)| Settings {
@@ -1114,7 +1116,7 @@ proptest! {
     #[test]
     fn nothing_still_needed_is_ever_purged(
         settings in settings(),
-        events in prop::collection::vec(event(), 1..300),
+        events in prop::collection::vec(event(4), 1..300),
     ) {
         run(settings, events)?;
     }
@@ -1126,7 +1128,7 @@ fn random_histories_do_purge() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let histories = (settings(), prop::collection::vec(event(), 250..300));
+    let histories = (settings(), prop::collection::vec(event(4), 250..300));
     let mut purged = 0;
     for _ in 0..40 {
         let (settings, events) = histories.new_tree(&mut runner).unwrap().current();
@@ -1134,7 +1136,8 @@ fn random_histories_do_purge() {
             purged += 1;
         }
     }
-    assert!(purged >= 8, "only {purged} of 40 histories purged");
+    // Restarts, resyncs and the other edges hold cleanup for a while each: about a sixth of the histories purge.
+    assert!(purged >= 6, "only {purged} of 40 histories purged");
 }
 
 /// A v4 view-syncer whose reservation announced the `minWatermark` of a half-purged log catches up from its own
