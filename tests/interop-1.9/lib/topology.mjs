@@ -165,6 +165,10 @@ initial_delay = "30s"
 reservations = "pin"
 reconnect_grace = "5s"
 without_subscribers = "${this.discovery === 'owner' ? 'after_grace' : 'hold'}"
+# Inside the deployment's directory, not the default under /var/lib. Each deployment here is a fresh one: no hold
+# for the first start without a state file.
+state_file = "${join(this.dir, 'sidecar', 'state.json')}"
+hold_without_state = "0s"
 
 [discovery]
 ${discovery}
