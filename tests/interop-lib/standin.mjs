@@ -1,6 +1,8 @@
 // What both litestream stand-ins (tests/interop/lib and tests/interop-1.9/lib litestream-standin.mjs) share: reading
-// Zero's litestream config, the file:// destination, litestream's number and address formats, and holding the first
-// upload back (INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: a slow initial snapshot, for the cold-start scenarios).
+// Zero's litestream config, the file:// destination, litestream's number and address formats, holding the first
+// upload back (INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: a slow initial snapshot, for the cold-start scenarios) and
+// holding a restore back (INTEROP_STANDIN_RESTORE_DELAY_MS, in the Zero 1.9 stand-in: a slow restore, for a sidecar
+// restart in the middle of one).
 // Node built-ins only: the stand-ins run from each suite's directory with that suite's node_modules.
 import {readFileSync} from 'node:fs';
 import {fileURLToPath} from 'node:url';
@@ -47,6 +49,19 @@ export async function holdFirstUpload(log) {
   const delay = Number(process.env.INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS ?? 0);
   if (delay > 0) {
     log(`holding the first upload back for ${delay} ms`);
+    await sleep(delay);
+  }
+}
+
+/**
+ * Waits INTEROP_STANDIN_RESTORE_DELAY_MS (default 0) between taking the backup and putting the restored file in
+ * place, logging first what was taken (`taken()`, asked only then): a slow restore, which delivers the backup as it
+ * was when the restore began, however far the destination moves meanwhile.
+ */
+export async function holdRestore(log, taken) {
+  const delay = Number(process.env.INTEROP_STANDIN_RESTORE_DELAY_MS ?? 0);
+  if (delay > 0) {
+    log(`restore: took the backup at ${taken()}; finishing in ${delay} ms`);
     await sleep(delay);
   }
 }

@@ -12,7 +12,9 @@
 //     snapshot, later ones as WAL segments (objects.jsonl beside the copy), with the time it was created.
 //     INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS holds the first upload back that long (a slow initial snapshot).
 //   litestream-standin.mjs restore [-if-db-not-exists] [-if-replica-exists] [-parallelism N] [...] <db path>
-//     Copies the backup back to <db path>.
+//     Copies the backup back to <db path>. INTEROP_STANDIN_RESTORE_DELAY_MS makes it that much slower: the backup
+//     is copied at once, then held back that long before it appears at <db path> (a restore that delivers an
+//     older backup than the destination has by the time it ends).
 //   litestream-standin.mjs snapshots [-config PATH] [-replica NAME] <db path | replica URL>
 //   litestream-standin.mjs wal [-config PATH] [-replica NAME] <db path | replica URL>
 //     List the destination's snapshots / WAL segments as litestream 0.3 does: a header row, then one row per
@@ -26,7 +28,7 @@ import {randomBytes} from 'node:crypto';
 import {createServer} from 'node:http';
 import {dirname, join} from 'node:path';
 import Database from '@rocicorp/zero-sqlite3';
-import {backupDir, goFloat, holdFirstUpload, readConfig, splitAddr} from '../../interop-lib/standin.mjs';
+import {backupDir, goFloat, holdFirstUpload, holdRestore, readConfig, splitAddr} from '../../interop-lib/standin.mjs';
 
 /** The destination's object listing, beside the copy. */
 const OBJECTS = 'objects.jsonl';
@@ -94,13 +96,7 @@ async function replicate() {
         } finally {
           db.close();
         }
-        const copy = new Database(tmp, {readonly: true, fileMustExist: true});
-        let watermark;
-        try {
-          watermark = copy.prepare('SELECT "stateVersion" FROM "_zero.replicationState"').pluck().get();
-        } finally {
-          copy.close();
-        }
+        const watermark = watermarkOf(tmp);
         renameSync(tmp, backupFile);
         copies++;
         if (watermark && watermark !== progress?.watermark) {
@@ -166,7 +162,17 @@ function list(command, args) {
   process.stdout.write(rows.map(r => r.join('\t')).join('\n') + '\n');
 }
 
-function restore(args) {
+/** `"_zero.replicationState".stateVersion` of a replica file. */
+function watermarkOf(file) {
+  const db = new Database(file, {readonly: true, fileMustExist: true});
+  try {
+    return db.prepare('SELECT "stateVersion" FROM "_zero.replicationState"').pluck().get();
+  } finally {
+    db.close();
+  }
+}
+
+async function restore(args) {
   const flags = new Set(args.filter(a => a.startsWith('-')));
   const dbPath = args[args.length - 1];
   const {replicaURL} = readConfig();
@@ -187,7 +193,11 @@ function restore(args) {
   mkdirSync(dirname(dbPath), {recursive: true});
   const tmp = `${dbPath}.tmp-${process.pid}`;
   copyFileSync(backupFile, tmp);
-  for (const suffix of ['-wal', '-wal2', '-shm']) rmSync(dbPath + suffix, {force: true});
+  await holdRestore(log, () => `watermark=${watermarkOf(tmp)}`);
+  // (Reading the copy's watermark leaves an empty WAL and a shared-memory file beside it.)
+  for (const file of [dbPath, tmp]) {
+    for (const suffix of ['-wal', '-wal2', '-shm']) rmSync(file + suffix, {force: true});
+  }
   renameSync(tmp, dbPath);
   log(`restored ${dbPath} from ${replicaURL}`);
 }
@@ -198,7 +208,7 @@ try {
   if (command === 'replicate') {
     await replicate();
   } else if (command === 'restore') {
-    restore(rest);
+    await restore(rest);
   } else if (command === 'snapshots' || command === 'wal') {
     list(command, rest);
   } else {

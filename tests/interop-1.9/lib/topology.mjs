@@ -33,6 +33,9 @@ export const APP_ID = 'zero';
 export const SHARD_NUM = 0;
 export const CDC = `"${APP_ID}_${SHARD_NUM}/cdc"`;
 export const ADMIN_PASSWORD = 'interop-admin-password';
+/** The sidecars' `cleanup.initial_delay` and `cleanup.reconnect_grace`, in ms: the waits of a sidecar that starts. */
+export const CLEANUP_DELAY_MS = 30_000;
+export const RECONNECT_GRACE_MS = 5_000;
 
 export {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/util.mjs';
 import {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/util.mjs';
@@ -161,10 +164,14 @@ url = "${this.changeURL}"
 
 [cleanup]
 enabled = true
-initial_delay = "30s"
+initial_delay = "${CLEANUP_DELAY_MS / 1000}s"
 reservations = "pin"
-reconnect_grace = "5s"
+reconnect_grace = "${RECONNECT_GRACE_MS / 1000}s"
 without_subscribers = "${this.discovery === 'owner' ? 'after_grace' : 'hold'}"
+# Inside the deployment's directory, not the default under /var/lib. Each deployment here is a fresh one: no hold
+# for the first start without a state file.
+state_file = "${join(this.dir, 'sidecar', 'state.json')}"
+hold_without_state = "0s"
 
 [discovery]
 ${discovery}
@@ -224,9 +231,10 @@ filter = "warn,litestream_sidecar=debug"
 
   /**
    * A view-syncer's fixed settings: its own directory (its "volume", kept across restarts), ports and task ID.
-   * `uri`: ZERO_CHANGE_STREAMER_URI (the URI topology); otherwise it discovers the change-streamer.
+   * `uri`: ZERO_CHANGE_STREAMER_URI (the URI topology); otherwise it discovers the change-streamer. `standinEnv`:
+   * extra environment for the litestream stand-in it runs to restore.
    */
-  async viewSyncer(name, {uri} = {}) {
+  async viewSyncer(name, {uri, standinEnv = {}} = {}) {
     let vs = this.viewSyncers.get(name);
     if (vs) return vs;
     const dir = join(this.dir, name);
@@ -236,6 +244,7 @@ filter = "warn,litestream_sidecar=debug"
       name,
       dir,
       uri,
+      standinEnv,
       taskID: `interop19-${this.name}-${name}`,
       replica: join(dir, 'replica.db'),
       litestreamConfig: join(dir, 'litestream.yml'),
@@ -249,6 +258,7 @@ filter = "warn,litestream_sidecar=debug"
   vsEnv(vs) {
     return {
       ...this.commonZeroEnv(),
+      ...vs.standinEnv,
       ZERO_TASK_ID: vs.taskID,
       ZERO_REPLICA_FILE: vs.replica,
       ...(vs.uri ? {ZERO_CHANGE_STREAMER_URI: vs.uri} : {ZERO_CHANGE_STREAMER_MODE: 'discover'}),
@@ -275,8 +285,9 @@ filter = "warn,litestream_sidecar=debug"
     return proc;
   }
 
-  stopSidecar() {
-    return this.procs.stop('sidecar');
+  /** `{signal: 'SIGKILL'}`: the sidecar dies without a shutdown of its own. */
+  stopSidecar(opts) {
+    return this.procs.stop('sidecar', opts);
   }
 
   startReplicationManager() {
@@ -353,6 +364,13 @@ filter = "warn,litestream_sidecar=debug"
       (await this.change.unsafe(`SELECT 1 FROM ${CDC}."changeLog" WHERE watermark = $1 AND change->>'tag' = 'commit'`,
         [watermark])).length === 1);
     return watermark;
+  }
+
+  /** The sidecar's `GET /status` document. */
+  async sidecarStatus() {
+    const res = await httpGet(`http://${this.sidecarAddress}/status`);
+    if (res.status !== 200) throw new Error(`GET /status: HTTP ${res.status}: ${res.body.slice(0, 200)}`);
+    return JSON.parse(res.body);
   }
 
   async standinPage() {
