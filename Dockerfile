@@ -1,7 +1,8 @@
 # litestream-sidecar container image: build with the Rust toolchain, run on a slim Debian as an unprivileged user.
 #
 #   docker build -t litestream-sidecar .
-#   docker run --rm -v $PWD/sidecar.toml:/etc/litestream-sidecar/sidecar.toml:ro litestream-sidecar
+#   docker run --rm -v $PWD/sidecar.toml:/etc/litestream-sidecar/sidecar.toml:ro \
+#     -v litestream-sidecar-state:/var/lib/litestream-sidecar litestream-sidecar
 #
 # Every config key can also come from the environment (LITESTREAM_SIDECAR__SECTION__KEY), which is how the
 # Kubernetes example in deploy/kubernetes/ passes the pod's own address and the change DB password.
@@ -20,6 +21,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/litestream-sidecar /usr/local/bin/litestream-sidecar
 COPY sidecar.toml /etc/litestream-sidecar/sidecar.toml
+# The state file (open reservations, subscribers' acks, the learned cleanup delay) must outlive the container: mount
+# a volume here, or a restart forgets the restores in flight and holds cleanup for cleanup.hold_without_state.
+RUN mkdir -p /var/lib/litestream-sidecar && chown 65532:65532 /var/lib/litestream-sidecar
+VOLUME /var/lib/litestream-sidecar
 USER 65532:65532
 # 4851: view-syncers (snapshot, changes); 4850: the metrics proxy Zero's BackupMonitor reads.
 EXPOSE 4851 4850
