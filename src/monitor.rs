@@ -818,15 +818,16 @@ impl Monitor {
     /// The position became unknown; `forget`: the backup itself may be gone or older, so statuses wait and new
     /// reservations protect every row until it is known again.
     fn position_unknown(&self, position: &mut Position, why: String, forget: bool) {
-        if position.unknown.as_deref() != Some(why.as_str()) {
-            if position.unknown.is_none() {
-                warn!(why = %why, "litestream's backed-up position unknown; cleanup holds until its page shows it");
-            }
-            position.unknown = Some(why.clone());
-        }
         if forget {
             self.registry.forget_backup();
         }
+        // The first reason stays until a page shows the gauge again: "litestream restarted" says more than the
+        // sample-less pages that follow it.
+        if position.unknown.is_some() {
+            return;
+        }
+        warn!(why = %why, "litestream's backed-up position unknown; cleanup holds until its page shows it");
+        position.unknown = Some(why.clone());
         self.status.update(|s| s.backup_unknown = Some(why));
     }
 

@@ -610,9 +610,123 @@ async fn a_second_sidecar_for_the_shard_is_standby_until_the_first_lets_go() {
         second.status.get().standby == Some(false)
     })
     .await;
-    let (code, body) = http(second.addr, "GET", "/keepalive").await;
-    assert_eq!(code, 200, "{body}");
+    eventually_async("the second is ready", || async {
+        http(second.addr, "GET", "/keepalive").await.0 == 200
+    })
+    .await;
     let page = scrape(&second).await;
     assert_eq!(value(&page, "litestream_sidecar_purger", None), Some(1.0));
     second.stop().await;
+}
+
+/// A resync: the change DB gets a new replica version and a new change log, below the old one, while litestream
+/// still shows the old replica's claims. The sidecar forgets every claim, the last purge and the highest watermark,
+/// holds until a backup of the new replica has aged, and deletes nothing of the new log meanwhile.
+#[tokio::test]
+async fn a_resync_forgets_the_old_replicas_claims_and_purges_nothing_of_the_new_log() {
+    let db = seeded().await;
+    let old = epoch_now() - 120.0;
+    let litestream = MetricsServer::start(&progress_page(&[("0c", old)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    eventually_async("purged below 0c", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
+    })
+    .await;
+    let first = sidecar.status.get().replica_version;
+    assert!(first.is_some());
+
+    // The resync: a new replica version, a new log from 05 up, and the old replica's claim at 0d still shown.
+    db.client
+        .batch_execute(&format!(
+            r#"UPDATE {} SET "replicaVersion" = '05'; DELETE FROM {}"#,
+            db.table("replicationConfig"),
+            db.table("changeLog")
+        ))
+        .await
+        .unwrap();
+    for w in ["05", "06", "07", "08"] {
+        db.insert_transaction(w, 2).await;
+    }
+    litestream.set_page(&progress_page(&[("0c", old), ("0d", old)]));
+    assert_eq!(
+        decisions(&sidecar, 3).await,
+        Decision::Hold(HoldReason::ReplicaReset)
+    );
+    let status = sidecar.status.get();
+    assert_eq!(status.replica_version.as_deref(), Some("05"));
+    assert_eq!(status.purged_through, None);
+    assert_eq!(status.highest_backup, None);
+    assert!(status.replica_reset.is_some());
+    // Nothing tracked is about the old replica, and nothing of the new log went.
+    assert!(
+        status.recent_backups.is_empty(),
+        "{:?}",
+        status.recent_backups
+    );
+    assert_eq!(db.watermarks().await, ["05", "06", "07", "08"]);
+    // Statuses wait for a backup of the new replica.
+    assert_eq!(sidecar.registry.newest_backup(), None);
+    let (code, body) = http(sidecar.addr, "GET", "/status").await;
+    assert_eq!(code, 200);
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["cleanup"]["replica_version"], "05");
+    assert!(json["cleanup"]["replica_reset_at"].is_string(), "{json}");
+    sidecar.stop().await;
+}
+
+/// litestream restarted (its page's process start time changed) and shows no backup yet: where its backup stands is
+/// unknown, so cleanup holds and statuses wait; the next page with a sample makes it known again.
+#[tokio::test]
+async fn a_restarted_litestream_without_a_sample_leaves_the_backup_unknown_until_it_reports_one() {
+    let db = seeded().await;
+    let old = epoch_now() - 120.0;
+    let page = |start: f64, samples: &[(&str, f64)]| {
+        format!(
+            "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {start}\n{}",
+            progress_page(samples)
+        )
+    };
+    let litestream = MetricsServer::start(&page(1.7e9, &[("0b", old)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0c"));
+    eventually_async("purged below 0b", || async {
+        db.watermarks().await == ["0b", "0c", "0d", "0e"]
+    })
+    .await;
+
+    litestream.set_page(&page(1.8e9, &[]));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::BackupUnknown)
+    );
+    let unknown = sidecar.status.get().backup_unknown.unwrap_or_default();
+    assert!(unknown.contains("litestream restarted"), "{unknown}");
+    let scrape = scrape(&sidecar).await;
+    assert_eq!(
+        value(&scrape, "litestream_sidecar_backup_position_known", None),
+        Some(0.0)
+    );
+    // A reservation opened now protects every row and gets no status yet.
+    let mut ws = connect(&sidecar.snapshot_url("vs-new")).await;
+    eventually("reserved", || sidecar.registry.len() == 1).await;
+    assert_eq!(sidecar.registry.open_reservations()[0].floor, None);
+
+    // The new process reports a backup: known again, the status goes out pinned there.
+    litestream.set_page(&page(1.8e9, &[("0c", old)]));
+    assert!(next_text(&mut ws).await.contains("backupURL"));
+    assert_eq!(
+        sidecar.registry.open_reservations()[0].floor.as_deref(),
+        Some("0c")
+    );
+    assert_eq!(sidecar.status.get().backup_unknown, None);
+    sidecar.stop().await;
 }

@@ -12,7 +12,7 @@ use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::subscribers::{SubscriberHandle, SubscriberInfo};
 
-use crate::common::pg::TestSchema;
+use crate::common::pg::{lexi, TestSchema};
 use crate::common::*;
 
 const STATUS: &str =
@@ -410,5 +410,58 @@ async fn a_gauge_gone_backwards_holds_cleanup_and_pins_reservations_no_higher_un
     drop(subscriber);
     sidecar.stop().await;
     litestream.stop();
+    db.drop().await;
+}
+
+/// litestream's gauge goes back while a long purge runs: the page is read again before every batch, so the purge
+/// stops at the next one, and no row at or above the regressed backup goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gauge_that_goes_back_mid_purge_stops_the_purge_before_its_next_batch() {
+    const TRANSACTIONS: u64 = 60;
+    let db = TestSchema::create(Some(5), None).await;
+    let watermarks: Vec<String> = (0..TRANSACTIONS).map(|i| lexi(60_000 + i)).collect();
+    db.insert_transactions(&watermarks, 50).await;
+    let target = watermarks[50].clone();
+    let back = watermarks[10].clone();
+    let litestream =
+        MetricsServer::start(&progress_page(&[(&back, aged()), (&target, aged())])).await;
+    let sidecar = start_aged(
+        config(&format!(
+            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
+             [cleanup]\nreconnect_grace = \"1s\"\nbatch_rows = 1\nwithout_subscribers = \"after_grace\"\n",
+            db.config(),
+            litestream.url()
+        )),
+        Duration::from_secs(600),
+    )
+    .await;
+    let total = db.rows().await.len();
+    eventually_async("the purge under way", || async {
+        db.rows().await.len() < total - 20
+    })
+    .await;
+    litestream.set_page(&progress_page(&[(&back, aged())]));
+    let after = db.rows().await.len();
+    eventually("the purge stopped", || {
+        sidecar.status.get().backup_regressed.is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rows = db.rows().await;
+    // At most the batch in flight when the page changed went after it; far from the target.
+    assert!(
+        rows.len() + 5 >= after,
+        "{} rows left of {after}",
+        rows.len()
+    );
+    assert!(
+        rows.iter().any(|(w, _)| *w < target),
+        "the purge ran on to its target"
+    );
+    assert_eq!(
+        sidecar.status.get().last_decision,
+        Some(Decision::Hold(HoldReason::BackupRegressed))
+    );
+    sidecar.stop().await;
     db.drop().await;
 }

@@ -512,3 +512,64 @@ fn write_default_process_config(
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// Across a restart the highest gauge and the last purge are kept: litestream coming back below the last purge (a
+/// restore of an older backup, a host rolled back) is a regression and an alarm, not a fresh start.
+#[tokio::test]
+async fn a_first_gauge_below_the_last_purge_after_a_restart_raises_the_alarm() {
+    let db = TestSchema::create(Some(5), None).await;
+    for w in ["0d", "0e", "0f"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    state::store(
+        &path,
+        &state::Saved {
+            cleanup_delay: Duration::from_secs(30),
+            last_purge: Some(litestream_sidecar::cleanup::Backup {
+                watermark: "0d".into(),
+                backed_up_at: std::time::SystemTime::now() - Duration::from_secs(900),
+            }),
+            highest_backup: Some("0e".into()),
+            ..state::Saved::default()
+        },
+    )
+    .unwrap();
+    let litestream = MetricsServer::start(&progress_page(&[("0b", aged())])).await;
+    let sidecar = start_aged(
+        config(&format!(
+            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
+             [cleanup]\nreconnect_grace = \"1s\"\nstate_file = \"{}\"\n",
+            db.config(),
+            litestream.url(),
+            path.display()
+        )),
+        Duration::from_secs(600),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("0f"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::BackupRegressed)
+    );
+    let status = sidecar.status.get();
+    assert_eq!(
+        status.backup_below_purge,
+        Some(("0d".to_string(), "0b".to_string()))
+    );
+    assert_eq!(
+        status.backup_regressed,
+        Some(("0e".to_string(), "0b".to_string()))
+    );
+    let problem = status.cleanup_problem().unwrap_or_default();
+    assert!(problem.contains("below the last purge (0d)"), "{problem}");
+    let (_, page) = http(sidecar.addr, "GET", "/metrics").await;
+    assert_eq!(
+        metric(&page, "litestream_sidecar_backup_below_last_purge"),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(db.watermarks().await, ["0d", "0e", "0f"]);
+    sidecar.stop().await;
+}
