@@ -80,6 +80,17 @@ struct Roster {
     newest_commit: Option<(String, Instant)>,
 }
 
+impl Seen {
+    /// Tracked by the policy at `now`: connected, departed within `grace`, or departed at any time while the
+    /// upstream is lost (`waiting`).
+    fn is_tracked(&self, waiting: bool, now: Instant, grace: Duration) -> bool {
+        match self.departed {
+            None => true,
+            Some(at) => waiting || now.saturating_duration_since(at) < grace,
+        }
+    }
+}
+
 impl Subscribers {
     fn lock(&self) -> std::sync::MutexGuard<'_, Roster> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -125,10 +136,7 @@ impl Subscribers {
         let mut list: Vec<KeptSubscriber> = inner
             .entries
             .values()
-            .filter(|e| match e.departed {
-                None => true,
-                Some(at) => waiting || now.saturating_duration_since(at) < grace,
-            })
+            .filter(|e| e.is_tracked(waiting, now, grace))
             .map(|e| KeptSubscriber {
                 id: e.info.id.clone(),
                 task_id: e.info.task_id.clone(),
@@ -196,10 +204,9 @@ impl Subscribers {
     pub fn for_policy(&self, now: Instant, grace: Duration) -> Vec<cleanup::Subscriber> {
         let mut inner = self.lock();
         let waiting = inner.upstream_lost;
-        inner.entries.retain(|_, e| match e.departed {
-            None => true,
-            Some(at) => waiting || now.saturating_duration_since(at) < grace,
-        });
+        inner
+            .entries
+            .retain(|_, e| e.is_tracked(waiting, now, grace));
         inner
             .entries
             .values()
@@ -221,10 +228,7 @@ impl Subscribers {
         let mut list: Vec<_> = inner
             .entries
             .values()
-            .filter(|e| match e.departed {
-                None => true,
-                Some(at) => waiting || now.saturating_duration_since(at) < grace,
-            })
+            .filter(|e| e.is_tracked(waiting, now, grace))
             .map(|e| SubscriberView {
                 info: e.info.clone(),
                 acked: e.acked.clone(),

@@ -624,19 +624,8 @@ async fn a_second_sidecar_for_the_shard_is_standby_until_the_first_lets_go() {
 /// holds until a backup of the new replica has aged, and deletes nothing of the new log meanwhile.
 #[tokio::test]
 async fn a_resync_forgets_the_old_replicas_claims_and_purges_nothing_of_the_new_log() {
-    let db = seeded().await;
+    let (db, litestream, sidecar, _sub) = purged_below_0c().await;
     let old = epoch_now() - 120.0;
-    let litestream = MetricsServer::start(&progress_page(&[("0c", old)])).await;
-    let sidecar = start_aged(
-        cleanup_config(&db, &litestream, ""),
-        Duration::from_secs(60),
-    )
-    .await;
-    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
-    eventually_async("purged below 0c", || async {
-        db.watermarks().await == ["0c", "0d", "0e"]
-    })
-    .await;
     let first = sidecar.status.get().replica_version;
     assert!(first.is_some());
 
@@ -729,4 +718,26 @@ async fn a_restarted_litestream_without_a_sample_leaves_the_backup_unknown_until
     );
     assert_eq!(sidecar.status.get().backup_unknown, None);
     sidecar.stop().await;
+}
+
+/// The seeded log purged below an aged backup at 0c, with a subscriber at 0e.
+async fn purged_below_0c() -> (
+    TestSchema,
+    MetricsServer,
+    Sidecar,
+    litestream_sidecar::subscribers::SubscriberHandle,
+) {
+    let db = seeded().await;
+    let litestream = MetricsServer::start(&progress_page(&[("0c", epoch_now() - 120.0)])).await;
+    let sidecar = start_aged(
+        cleanup_config(&db, &litestream, ""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    eventually_async("purged below 0c", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
+    })
+    .await;
+    (db, litestream, sidecar, sub)
 }

@@ -140,13 +140,7 @@ async fn a_state_file_that_cannot_be_written_holds_cleanup_until_it_can() {
     let blocked = dir.path().join("state.json.tmp");
     std::fs::create_dir(&blocked).unwrap();
     let sidecar = start_aged(
-        config(&format!(
-            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
-             [cleanup]\nreconnect_grace = \"1s\"\nstate_file = \"{}\"\n",
-            db.config(),
-            litestream.url(),
-            path.display()
-        )),
+        with_state(&db, &litestream, &path),
         Duration::from_secs(600),
     )
     .await;
@@ -538,13 +532,7 @@ async fn a_first_gauge_below_the_last_purge_after_a_restart_raises_the_alarm() {
     .unwrap();
     let litestream = MetricsServer::start(&progress_page(&[("0b", aged())])).await;
     let sidecar = start_aged(
-        config(&format!(
-            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
-             [cleanup]\nreconnect_grace = \"1s\"\nstate_file = \"{}\"\n",
-            db.config(),
-            litestream.url(),
-            path.display()
-        )),
+        with_state(&db, &litestream, &path),
         Duration::from_secs(600),
     )
     .await;
@@ -572,4 +560,19 @@ async fn a_first_gauge_below_the_last_purge_after_a_restart_raises_the_alarm() {
     );
     assert_eq!(db.watermarks().await, ["0d", "0e", "0f"]);
     sidecar.stop().await;
+}
+
+/// An in-process sidecar on `db` and `litestream`, checking every second, keeping its state in `path`.
+fn with_state(
+    db: &TestSchema,
+    litestream: &MetricsServer,
+    path: &std::path::Path,
+) -> litestream_sidecar::Config {
+    config(&format!(
+        "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
+         [cleanup]\nreconnect_grace = \"1s\"\nstate_file = \"{}\"\n",
+        db.config(),
+        litestream.url(),
+        path.display()
+    ))
 }
