@@ -797,6 +797,17 @@ pub fn render(report: &Report) -> String {
                 pairs.push(("problem", problem.clone()));
             }
             pairs.push(("delay", duration(cleanup.delay_seconds)));
+            if cleanup.role != "purger" {
+                pairs.push(("role", cleanup.role.clone()));
+            }
+            let state = match &cleanup.state_problem {
+                Some(problem) => format!("{}: {problem}", cleanup.state),
+                None => cleanup.state.clone(),
+            };
+            pairs.push(("state", state));
+            if let Some(since) = &cleanup.restores_unknown_since {
+                pairs.push(("unknown", format!("restores in flight since {since}")));
+            }
             pairs.push((
                 "purges",
                 format!(
@@ -866,6 +877,9 @@ mod tests {
     fn inputs(now: Instant, wall_now: SystemTime) -> Inputs {
         let status = Status {
             checks: 60,
+            standby: Some(true),
+            memory: crate::cleanup::Memory::Unwritable,
+            state_problem: Some("cannot write /var/lib/x/state.json: denied".into()),
             last_decision: Some(Decision::Hold(HoldReason::SubscriberBehind)),
             held_since: Some(HeldSince {
                 reason: HoldReason::SubscriberBehind,
@@ -1097,6 +1111,8 @@ mod tests {
             "decision  hold: subscriber behind backup (subscriber_behind)",
             "since     2025-06-15T15:01:40Z (5m)",
             "delay     2m",
+            "role      standby",
+            "state     unwritable: cannot write /var/lib/x/state.json: denied",
             "LAST PURGE",
             "below     0c",
             "rows      42",
