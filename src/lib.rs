@@ -25,8 +25,8 @@
 //! - [`metrics`]: the sidecar's own Prometheus metrics: instruments, the state read at scrape time, the page.
 //! - [`shared`]: state one loop writes and others read, and the rhythm of the periodic loops.
 //! - [`status`]: `GET /status` (the state as JSON) and the table `litestream-sidecar status` prints from it.
-//! - [`state`]: what survives a restart (open reservations, the learned delay, the last purge, the highest
-//!   watermark, the replica version): the file's format and its atomic replacement.
+//! - [`state`]: what survives a restart (open reservations, tracked subscribers, the learned delay, the last purge,
+//!   the highest watermark, the replica version): the file's format and its atomic replacement.
 //! - [`keeper`]: keeps the state file current as reservations open and end.
 //! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
 

@@ -1,8 +1,10 @@
-//! What the sidecar keeps across restarts: the open reservations, the cleanup delay learned from observed restores,
-//! the last purge, the highest watermark litestream reported, and the replica version all of that belongs to.
+//! What the sidecar keeps across restarts: the open reservations, the subscribers the policy tracks with their acks,
+//! the cleanup delay learned from observed restores, the last purge, the highest watermark litestream reported, and
+//! the replica version all of that belongs to.
 //!
 //! The reservations matter most: a view-syncer that has its status restores without ever opening its snapshot
-//! socket again, so after a restart only the kept reservation still protects the rows its restore needs. The delay
+//! socket again, so after a restart only the kept reservation still protects the rows its restore needs; a
+//! subscriber the restart cut off is waited for as if it had just left. The delay
 //! keeps the start-up wait as long as the restores seen; the highest watermark keeps a regression across a restart
 //! visible; the replica version tells a resync during the downtime.
 //!
