@@ -1575,14 +1575,16 @@ mod tests {
         );
         // Gone for longer than the grace: forgotten.
         assert_eq!(after_grace(vec![departed("09", 31)]).decide(), purge("0a"));
-        // A sidecar up for less than the grace waits for the subscribers of its previous run.
+        // A sidecar up for less than the grace waits for the subscribers of its previous run: its start-up wait
+        // covers the grace.
         let young = Case {
             started: NOW - 29,
             delay: 20,
             backups: vec![backup("0a", 120)],
             ..after_grace(vec![])
         };
-        assert_eq!(young.decide(), Decision::Hold(NoSubscribers));
+        assert_eq!(young.decide(), Decision::Hold(StartingUp));
+        assert_eq!(Case { started: NOW - 30, ..young }.decide(), purge("0a"));
         // Connected subscribers still bound the purge as always.
         let behind = Case {
             backups: vec![backup("0a", 300), backup("0c", 200)],
@@ -2161,8 +2163,8 @@ mod tests {
         /// Every rule, written independently of `decide`, for purging below `w`.
         fn violations(&self, w: &str) -> Vec<&'static str> {
             let mut broken = vec![];
-            if Duration::from_secs(self.clock) < self.delay {
-                broken.push("purge before uptime reached the delay");
+            if Duration::from_secs(self.clock) < self.delay.max(self.grace) {
+                broken.push("purge before uptime reached the delay and the reconnect grace");
             }
             if self.mode == ReservationMode::Pause && !self.reservations.is_empty() {
                 broken.push("purge in pause mode with a reservation open");
