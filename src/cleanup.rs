@@ -1584,7 +1584,14 @@ mod tests {
             ..after_grace(vec![])
         };
         assert_eq!(young.decide(), Decision::Hold(StartingUp));
-        assert_eq!(Case { started: NOW - 30, ..young }.decide(), purge("0a"));
+        assert_eq!(
+            Case {
+                started: NOW - 30,
+                ..young
+            }
+            .decide(),
+            purge("0a")
+        );
         // Connected subscribers still bound the purge as always.
         let behind = Case {
             backups: vec![backup("0a", 300), backup("0c", 200)],
