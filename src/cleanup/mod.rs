@@ -14,6 +14,14 @@
 //!
 //! Watermarks are compared as plain strings (byte-wise), never parsed (PROTOCOL.md §2).
 
+pub mod change_db;
+pub mod discovery;
+pub mod keeper;
+pub mod monitor;
+pub mod reservations;
+pub mod state;
+pub mod subscribers;
+
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
