@@ -249,7 +249,10 @@ impl App {
     pub fn reloader(&mut self) -> Result<Reloader, crate::net::tls::Error> {
         let tls = match &self.tls {
             Some(tls) => tls.clone(),
-            None => crate::net::tls::Tls::load(&self.config)?,
+            None => crate::net::tls::Tls::load(
+                self.config.server.tls.as_ref(),
+                self.config.upstream.tls.as_ref(),
+            )?,
         };
         self.tls = Some(tls.clone());
         Ok(Reloader {
@@ -274,7 +277,11 @@ impl App {
     ) -> Result<(), Error> {
         let tls = match self.tls.clone() {
             Some(tls) => tls,
-            None => crate::net::tls::Tls::load(&self.config).map_err(Error::Tls)?,
+            None => crate::net::tls::Tls::load(
+                self.config.server.tls.as_ref(),
+                self.config.upstream.tls.as_ref(),
+            )
+            .map_err(Error::Tls)?,
         };
         let tracker = TaskTracker::new();
         let litestream = &self.config.litestream;
@@ -322,13 +329,20 @@ impl App {
         // The change DB connection outlives the other tasks: it is closed after the drain below.
         let db_shutdown = CancellationToken::new();
         let change_db = crate::cleanup::change_db::ChangeDb::start(
-            self.config.change_db.pg.clone(),
+            self.config.change_db.url.clone(),
             &self.config.zero,
             crate::cleanup::change_db::Options::default(),
             db_shutdown.clone(),
         );
+        let config = &self.config;
         let monitor = crate::cleanup::monitor::Monitor::new(
-            &self.config,
+            crate::cleanup::monitor::MonitorConfig {
+                cleanup: &config.cleanup,
+                litestream: &config.litestream,
+                backup: &config.backup,
+                discovery: &config.discovery,
+                upstream_address: &config.upstream.advertised_address,
+            },
             self.registry.clone(),
             self.subscribers.clone(),
             change_db.clone(),
@@ -338,7 +352,7 @@ impl App {
         )
         .resuming(self.resumed.clone());
         let monitor = match self.backup_env.clone() {
-            Some(env) => monitor.with_backup_env(&self.config, env),
+            Some(env) => monitor.with_backup_env(&self.config.backup, env),
             None => monitor,
         };
         tracker.spawn(

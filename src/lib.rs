@@ -11,7 +11,8 @@
 //! - [`streamer`]: the change-streamer endpoints Zero's view-syncers use: `/snapshot` and the `/changes` relay.
 //! - [`proxy`]: litestream's metrics page for Zero, without the watermark gauge or with it clamped.
 //! - [`server`]: the listeners' routes and readiness.
-//! - [`config`]: `sidecar.toml` and environment overrides, validated into typed values.
+//! - [`keys`]: how a component reads its section of the config, every problem collected.
+//! - [`config`]: `sidecar.toml` and environment overrides, merged and read by each component.
 //! - [`app`]: the running sidecar, built from the config.
 
 // Denied rather than forbidden so that `net::sockopt` alone can allow it.
@@ -20,6 +21,7 @@
 pub mod app;
 pub mod cleanup;
 pub mod config;
+pub mod keys;
 pub mod litestream;
 pub mod net;
 pub mod ops;

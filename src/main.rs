@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use litestream_sidecar::config::{self, LogFormat};
+use litestream_sidecar::config;
+use litestream_sidecar::ops::log::{log_filter, LogConfig, LogFormat};
 use litestream_sidecar::App;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -83,9 +84,12 @@ fn main() -> ExitCode {
         // The files the config names are read too: a certificate that cannot be loaded stops the daemon as surely
         // as a bad key. Their errors come after the keys', which may explain them.
         let loaded = loaded.and_then(|(raw, config)| {
-            litestream_sidecar::net::tls::Tls::load(&config)
-                .map(|_| (raw, config))
-                .map_err(CheckError::Tls)
+            litestream_sidecar::net::tls::Tls::load(
+                config.server.tls.as_ref(),
+                config.upstream.tls.as_ref(),
+            )
+            .map(|_| (raw, config))
+            .map_err(CheckError::Tls)
         });
         return match loaded {
             Ok((raw, _)) => {
@@ -320,12 +324,12 @@ async fn wait_for_signal() -> &'static str {
     }
 }
 
-fn init_tracing(log: &config::LogConfig) {
+fn init_tracing(log: &LogConfig) {
     // `RUST_LOG` wins when it holds a valid filter; `log.filter` was checked with the config.
     let filter = std::env::var("RUST_LOG")
         .ok()
-        .and_then(|directives| config::log_filter(&directives).ok())
-        .or_else(|| config::log_filter(&log.filter).ok())
+        .and_then(|directives| log_filter(&directives).ok())
+        .or_else(|| log_filter(&log.filter).ok())
         .unwrap_or_default();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

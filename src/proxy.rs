@@ -20,7 +20,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
-use crate::config::{Filter, ProxyMode};
+use crate::litestream::config::{Filter, ProxyMode};
 use crate::litestream::{self, Scraper};
 use crate::net::http::plain;
 use crate::server::Handler;

@@ -67,7 +67,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn from_config(server: &crate::config::ServerConfig, admission: Admission) -> Self {
+    pub fn from_config(server: &crate::net::config::ServerConfig, admission: Admission) -> Self {
         Self {
             admission,
             header_read_timeout: server.header_read_timeout,
@@ -241,7 +241,7 @@ async fn serve_admitted<H: Handler, IO>(
 /// (unless discovery is off) `ownerAddress` naming the sidecar.
 pub struct Readiness {
     listening: AtomicBool,
-    discovery_mode: crate::config::DiscoveryMode,
+    discovery_mode: crate::cleanup::discovery::DiscoveryMode,
     discovery: crate::cleanup::discovery::StateHandle,
     /// Where the monitor says whether another sidecar holds the shard's purger lock.
     status: Option<crate::cleanup::monitor::StatusHandle>,
@@ -249,7 +249,7 @@ pub struct Readiness {
 
 impl Readiness {
     pub fn new(
-        discovery_mode: crate::config::DiscoveryMode,
+        discovery_mode: crate::cleanup::discovery::DiscoveryMode,
         discovery: crate::cleanup::discovery::StateHandle,
     ) -> Self {
         Self {
@@ -289,11 +289,12 @@ impl Readiness {
             missing.push("change DB unreachable or Zero's schema not there yet");
         } else if state.registration != Some(crate::cleanup::discovery::Registration::Registered) {
             match self.discovery_mode {
-                crate::config::DiscoveryMode::Off => {}
+                crate::cleanup::discovery::DiscoveryMode::Off => {}
                 // View-syncers reach the sidecar by URI whoever owns the log: serving them is what lets a new
                 // replication-manager take over, so only cleanup waits for the owner.
-                crate::config::DiscoveryMode::Owner => {}
-                crate::config::DiscoveryMode::Verify | crate::config::DiscoveryMode::Adopt => {
+                crate::cleanup::discovery::DiscoveryMode::Owner => {}
+                crate::cleanup::discovery::DiscoveryMode::Verify
+                | crate::cleanup::discovery::DiscoveryMode::Adopt => {
                     missing.push("ownerAddress does not name this sidecar")
                 }
             }

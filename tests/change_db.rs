@@ -11,7 +11,7 @@ use litestream_sidecar::cleanup::change_db::{
     purger_lock_key, ChangeDb, DbError, DbState, FailureClass, PurgeOutcome, PurgeStop, Purger,
     DEFAULT_PURGE_BATCH_ROWS,
 };
-use litestream_sidecar::config::ZeroConfig;
+use litestream_sidecar::protocol::shard::ZeroConfig;
 use tokio::net::TcpListener;
 use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;

@@ -31,7 +31,8 @@ use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 use tokio::io::{AsyncRead, ReadBuf};
 
 use litestream_sidecar::cleanup::state;
-use litestream_sidecar::config::{self, ConfigError, Filter};
+use litestream_sidecar::config::{self, ConfigError};
+use litestream_sidecar::litestream::config::Filter;
 use litestream_sidecar::litestream::{self, destination as backup};
 use litestream_sidecar::net::address;
 use litestream_sidecar::net::ws::{self, Assembler, Inbox, PeerClose, ReadError, Reads};
@@ -1694,7 +1695,7 @@ fn config_file() {
             Err(ConfigError::Invalid(problems)) => {
                 prop_assert!(!problems.is_empty());
                 for problem in &problems {
-                    message_is_clear(problem.key, &problem.problem)?;
+                    message_is_clear(&problem.key, &problem.problem)?;
                 }
             }
             Err(other) => prop_assert!(false, "validate failed without naming a key: {other}"),

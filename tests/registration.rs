@@ -170,7 +170,7 @@ async fn the_purge_rechecks_ownership_and_deletes_nothing_once_the_address_moved
     }
     db.set_owner_address(Some("10.1.1.1:4849")).await;
     let change_db = litestream_sidecar::cleanup::change_db::ChangeDb::start(
-        discovery_config(&db, "verify", "").change_db.pg,
+        discovery_config(&db, "verify", "").change_db.url,
         &discovery_config(&db, "verify", "").zero,
         Default::default(),
         Default::default(),

@@ -15,6 +15,7 @@
 //! Watermarks are compared as plain strings (byte-wise), never parsed (PROTOCOL.md §2).
 
 pub mod change_db;
+pub mod config;
 pub mod discovery;
 pub mod keeper;
 pub mod monitor;
@@ -27,7 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-pub use crate::config::{ReservationMode, WithoutSubscribers};
+pub use self::config::{ReservationMode, WithoutSubscribers};
 
 /// A watermark litestream reported as backed up, with the time it reported.
 #[derive(Debug, Clone, PartialEq, Eq)]

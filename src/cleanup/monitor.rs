@@ -13,15 +13,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Level};
 
 use crate::cleanup::change_db::{ChangeDb, DbError, Expected, FailureClass, PurgeOutcome};
+use crate::cleanup::config::CleanupConfig;
+use crate::cleanup::discovery::DiscoveryConfig;
 use crate::cleanup::reservations::Registry;
 use crate::cleanup::subscribers::Subscribers;
 use crate::cleanup::{
     self, Backlog, Backup, Decision, Destination, GaugeMove, HeldReservation, HoldReason, Inputs,
     Ownership, Subscriber,
 };
-use crate::config::Config;
+use crate::litestream::config::Filter;
+use crate::litestream::config::{BackupConfig, LitestreamConfig};
 use crate::litestream::destination::{self, ErrorKind, ListError, Listing};
-use crate::litestream::{Filter, Scraper};
+use crate::litestream::Scraper;
 
 /// A warning repeated at most this often while the same problem persists.
 const WARN_EVERY: Duration = Duration::from_secs(300);
@@ -341,7 +344,7 @@ pub struct Monitor {
     batch_rows: i64,
     /// When the sidecar started: restores that began before a restart are covered by waiting the cleanup delay.
     started: Instant,
-    discovery_mode: crate::config::DiscoveryMode,
+    discovery_mode: crate::cleanup::discovery::DiscoveryMode,
     discovery: crate::cleanup::discovery::StateHandle,
     /// The address purges check `ownerAddress` against in modes `verify` and `adopt`.
     advertise_address: String,
@@ -349,8 +352,8 @@ pub struct Monitor {
     upstream_address: String,
     /// What the previous run left in the state file.
     resumed: Resumed,
-    restore_limit: crate::config::RestoreLimit,
-    hold_without_state: crate::config::RestoreLimit,
+    restore_limit: crate::cleanup::config::RestoreLimit,
+    hold_without_state: crate::cleanup::config::RestoreLimit,
     /// The wall clock at an instant of this run: the base of [`cleanup::Guards::steady_now`].
     anchor: (Instant, SystemTime),
     /// `None`: `backup.verify` is off. `Err`: the client could not be built (an unusable `AWS_*` variable, say),
@@ -431,9 +434,20 @@ struct Replica {
     reset_at: Option<SystemTime>,
 }
 
+/// The parts of the config the loop acts on: its own section and those whose keys decide what it reads and checks.
+#[derive(Clone, Copy)]
+pub struct MonitorConfig<'a> {
+    pub cleanup: &'a CleanupConfig,
+    pub litestream: &'a LitestreamConfig,
+    pub backup: &'a BackupConfig,
+    pub discovery: &'a DiscoveryConfig,
+    /// `upstream.advertised_address`: what `ownerAddress` says while the replication-manager holds it.
+    pub upstream_address: &'a str,
+}
+
 impl Monitor {
     pub fn new(
-        config: &Config,
+        config: MonitorConfig<'_>,
         registry: Registry,
         subscribers: Subscribers,
         change_db: ChangeDb,
@@ -465,7 +479,7 @@ impl Monitor {
             discovery_mode: config.discovery.mode,
             discovery,
             advertise_address: config.discovery.advertise_address.clone(),
-            upstream_address: config.upstream.advertised_address.clone(),
+            upstream_address: config.upstream_address.to_string(),
             resumed: Resumed::default(),
             restore_limit: config.cleanup.restore_limit,
             hold_without_state: config.cleanup.hold_without_state,
@@ -485,12 +499,12 @@ impl Monitor {
 
     /// Replaces the destination's client, built with `env` instead of the process environment (tests give their
     /// S3 credentials this way).
-    pub fn with_backup_env(mut self, config: &Config, env: Vec<(String, String)>) -> Self {
-        if let Some(location) = config.backup.location.as_ref() {
+    pub fn with_backup_env(mut self, backup: &BackupConfig, env: Vec<(String, String)>) -> Self {
+        if let Some(location) = backup.location.as_ref() {
             self.destination = Some(destination::Destination::open(
                 location,
-                &config.backup.s3,
-                config.backup.list_timeout,
+                &backup.s3,
+                backup.list_timeout,
                 env,
             ));
         }
@@ -1037,7 +1051,7 @@ impl Monitor {
         // Registered but not yet stamped: counts as registered just now.
         let registered_since = registered.then(|| discovery.continuity.since().unwrap_or(now));
         let ownership = match (self.discovery_mode, registered_since) {
-            (crate::config::DiscoveryMode::Off, _) => Ownership::Unchecked,
+            (crate::cleanup::discovery::DiscoveryMode::Off, _) => Ownership::Unchecked,
             (_, None) => Ownership::NotRegistered,
             (_, Some(since)) => Ownership::RegisteredSince(since),
         };
@@ -1091,11 +1105,12 @@ impl Monitor {
         // Every batch re-checks who owns the change log: the sidecar's address (verify, adopt), or the
         // replication-manager's address held by the task discovery saw (owner).
         let expected = match self.discovery_mode {
-            crate::config::DiscoveryMode::Off => None,
-            crate::config::DiscoveryMode::Verify | crate::config::DiscoveryMode::Adopt => {
+            crate::cleanup::discovery::DiscoveryMode::Off => None,
+            crate::cleanup::discovery::DiscoveryMode::Verify
+            | crate::cleanup::discovery::DiscoveryMode::Adopt => {
                 Some(Expected::from(self.advertise_address.as_str()))
             }
-            crate::config::DiscoveryMode::Owner => Some(Expected {
+            crate::cleanup::discovery::DiscoveryMode::Owner => Some(Expected {
                 address: &self.upstream_address,
                 owner: observed.owner.as_deref(),
             }),

@@ -11,6 +11,7 @@
 //! these would corrupt it. `prometheus_parse::LineInfo` still classifies every other line, to tell a metrics page
 //! from something else (an HTML error page, say).
 
+pub mod config;
 pub mod destination;
 
 use std::borrow::Cow;
@@ -28,7 +29,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-pub use crate::config::Filter;
+pub use config::Filter;
 
 /// The gauge the rocicorp fork exports after every upload that carries the watermark (PROTOCOL.md §7).
 pub const PROGRESS_FAMILY: &str = "litestream_replica_progress";

@@ -10,6 +10,7 @@
 pub mod address;
 pub mod admission;
 pub mod allow;
+pub mod config;
 pub(crate) mod http;
 pub(crate) mod sockopt;
 pub mod tls;

@@ -25,8 +25,6 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
-use crate::config::{Config, ServerTlsFiles, UpstreamTlsConfig};
-
 /// The only protocol the listener and the relay speak over TLS: offering it through ALPN keeps a client or proxy
 /// that prefers HTTP/2 from choosing it.
 const ALPN_HTTP1: &[u8] = b"http/1.1";
@@ -54,6 +52,25 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// `server.tls_cert_file` and `server.tls_key_file`: only paths here; this module reads them at start and on
+/// SIGHUP, so that `status` and `--check-config` users need no access to the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    /// PEM: the certificate, then any intermediates.
+    pub cert_file: PathBuf,
+    /// PEM: the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+}
+
+/// `upstream.tls = true`: how the upstream's certificate is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTlsConfig {
+    /// PEM bundle of the CAs trusted instead of the system's; `None`: the system's trust store.
+    pub ca_file: Option<PathBuf>,
+    /// The name the certificate must carry, also sent as SNI (unless an IP address).
+    pub server_name: rustls::pki_types::ServerName<'static>,
+}
+
 /// The TLS material a config asks for, loaded.
 #[derive(Clone, Default)]
 pub struct Tls {
@@ -63,13 +80,16 @@ pub struct Tls {
 
 impl Tls {
     /// Reads every file the config names; an error here means the sidecar cannot serve as configured.
-    pub fn load(config: &Config) -> Result<Tls, Error> {
+    pub fn load(
+        server: Option<&ServerTlsFiles>,
+        upstream: Option<&UpstreamTlsConfig>,
+    ) -> Result<Tls, Error> {
         Ok(Tls {
-            server: match &config.server.tls {
+            server: match server {
                 Some(files) => Some(Arc::new(ServerTls::load(files.clone())?)),
                 None => None,
             },
-            upstream: match &config.upstream.tls {
+            upstream: match upstream {
                 Some(upstream) => Some(Arc::new(UpstreamTls::load(upstream.clone())?)),
                 None => None,
             },

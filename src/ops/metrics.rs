@@ -221,7 +221,7 @@ pub struct Sources {
     pub registry: crate::cleanup::reservations::Registry,
     pub subscribers: crate::cleanup::subscribers::Subscribers,
     pub status: crate::cleanup::monitor::StatusHandle,
-    pub discovery_mode: crate::config::DiscoveryMode,
+    pub discovery_mode: crate::cleanup::discovery::DiscoveryMode,
     pub discovery: crate::cleanup::discovery::StateHandle,
     /// The main listener's connection counts.
     pub admission: crate::net::admission::Admission,
@@ -252,9 +252,11 @@ impl Sources {
             purge_consecutive_failures: status.purge_failures.consecutive,
             purge_failing: status.purge_failures.last.as_ref().map(|l| l.class),
             holds: status.holds,
-            registered: (self.discovery_mode != crate::config::DiscoveryMode::Off).then(|| {
-                discovery.registration == Some(crate::cleanup::discovery::Registration::Registered)
-            }),
+            registered: (self.discovery_mode != crate::cleanup::discovery::DiscoveryMode::Off)
+                .then(|| {
+                    discovery.registration
+                        == Some(crate::cleanup::discovery::Registration::Registered)
+                }),
             change_db_up: discovery.db_up,
             scrape_errors: status.scrape_errors,
             held,

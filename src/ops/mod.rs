@@ -3,6 +3,7 @@
 //! - [`status`]: `GET /status` (the state as JSON) and the table `litestream-sidecar status` prints from it.
 //! - [`notify`]: systemd's readiness, status and watchdog notifications.
 
+pub mod log;
 pub mod metrics;
 pub mod notify;
 pub mod status;

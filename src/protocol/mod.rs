@@ -3,6 +3,7 @@
 //! query string is read and forwarded (PROTOCOL.md §3-§6).
 
 pub mod inspect;
+pub mod shard;
 
 use std::borrow::Cow;
 

@@ -3,5 +3,6 @@
 //! - [`relay`]: `/changes`, relayed to Zero's change-streamer while each subscriber's acks are watched.
 //! - [`wakeup`]: how many bytes of a subscriber's acks are worth waking the relay for, without I/O.
 
+pub mod config;
 pub mod relay;
 pub mod wakeup;

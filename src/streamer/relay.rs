@@ -44,7 +44,6 @@ use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::cleanup::reservations::{Registry, Ticket};
 use crate::cleanup::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
-use crate::config::{RelayConfig, UpstreamConfig};
 use crate::net::http::{accept_upgrade, plain, spawn_upgraded};
 use crate::net::tls::UpstreamTls;
 use crate::net::ws::{
@@ -52,6 +51,7 @@ use crate::net::ws::{
 };
 use crate::protocol::inspect::{inspect, Downstream};
 use crate::protocol::{self, close, SubscriberContext, Version};
+use crate::streamer::config::{RelayConfig, UpstreamConfig};
 use crate::streamer::wakeup::AckWakeups;
 
 /// Client messages longer than this are not acks; they are relayed without being read.

@@ -29,6 +29,7 @@
 //! file, so that each can be read and tested alone: `sql.rs` (the statements' text), `supervisor.rs` (keeping the
 //! one connection up) and `tls.rs` (the connector the connection string's `sslmode` asks for).
 
+pub mod config;
 mod sql;
 mod supervisor;
 pub(crate) mod tls;
@@ -45,8 +46,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::cleanup::Ceiling;
-use crate::config::ZeroConfig;
 use crate::net::address::same_address;
+use crate::protocol::shard::ZeroConfig;
 use sql::{byte_order_probe, Sql, WatermarkSql};
 use supervisor::{Link, Logged};
 use tls::Tls;

@@ -150,7 +150,7 @@ pub(super) fn byte_order_probe(collation: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ZeroConfig;
+    use crate::protocol::shard::ZeroConfig;
 
     #[test]
     fn schema_is_quoted_with_its_slash() {

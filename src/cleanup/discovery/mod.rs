@@ -15,8 +15,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::cleanup::change_db::{ChangeDb, DbState};
-use crate::config::DiscoveryMode;
+pub mod config;
+
 use crate::net::address::same_address;
+pub use config::{DiscoveryConfig, DiscoveryMode};
 
 /// `versionHistory.dataVersion` from which the change-streamer stores under row locks (PROTOCOL.md §12).
 pub const ROW_LOCK_DATA_VERSION: i32 = 6;

@@ -1,0 +1,207 @@
+//! `[litestream]` and `[backup]`: where litestream's page is read and what the proxy shows of it, and how its
+//! claims are checked against the backup destination.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::keys::{self, Section};
+use crate::litestream::destination::{Location, S3Settings};
+use crate::net::address::parse_host_port;
+
+/// `proxy_mode`: what Zero sees of the watermark gauge behind the metrics proxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    /// No `litestream_replica_progress` at all: Zero never schedules a purge (Zero 0.20's deployment).
+    #[default]
+    Hide,
+    /// One sample at the watermark the sidecar has already purged below, with its real backup time: Zero's backup
+    /// verification, staleness checks and readiness see a live backup, and a purge it schedules deletes nothing.
+    Clamp,
+}
+
+/// `db` / `name`: which samples count. With several databases or replicas on one litestream, only the configured
+/// one may drive cleanup (docs/protocol.md, "Several replicas on one litestream"). `None` accepts any value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Required value of label `db`.
+    pub db: Option<String>,
+    /// Required value of label `name`.
+    pub name: Option<String>,
+}
+
+impl Filter {
+    /// Whether a sample with these `db` and `name` labels (empty when absent) is taken.
+    pub fn matches(&self, db: &str, name: &str) -> bool {
+        self.db.as_deref().is_none_or(|want| want == db)
+            && self.name.as_deref().is_none_or(|want| want == name)
+    }
+}
+
+keys::section! {
+    /// `[litestream]`
+    pub struct LitestreamConfig(s) {
+        /// Sent verbatim as `backupURL` in every snapshot status; view-syncers restore from it.
+        backup_url: String = key("", |url: String| {
+            let url = url.trim();
+            if url.is_empty() {
+                Err("must not be empty: it is the backupURL every view-syncer restores from".into())
+            } else if url.chars().any(char::is_control) {
+                Err("must not contain control characters".into())
+            } else {
+                Ok(url.to_string())
+            }
+        }),
+        /// `host:port` where Zero's BackupMonitor fetches `/metrics`; every address the host resolves to is bound.
+        proxy_listen: String = key("localhost:4850", |text: String| {
+            parse_host_port(&text).map(|_| text.trim().to_string())
+        }),
+        /// litestream's own metrics page (its `addr:`), scraped for backed-up watermarks.
+        metrics_url: hyper::Uri = key("http://127.0.0.1:4860/metrics", |text: String| {
+            let url = http_url(&text)?;
+            match proxy_listen.as_deref().map(parse_host_port) {
+                Some(Ok((host, port))) => not_the_proxy(&url, &host, port).map(|()| url),
+                _ => Ok(url),
+            }
+        }),
+        /// How often litestream is scraped and cleanup decided.
+        check_interval: Duration = key("60s", |text: String| keys::at_least(text, Duration::from_secs(1))),
+        scrape_timeout: Duration = key("5s", |text: String| {
+            keys::duration(text).and_then(|d| {
+                if d.is_zero() {
+                    Err("must be above 0".to_string())
+                } else {
+                    Ok(d)
+                }
+            })
+        }),
+        /// A larger metrics page is refused rather than buffered.
+        max_page_bytes: usize = key(4u64 << 20, |n: u64| match usize::try_from(n) {
+            Ok(n) if n >= 1024 => Ok(n),
+            _ => Err(format!("{n} is not a size of at least 1024 bytes")),
+        }),
+        /// Only samples with these `db` / `name` labels count.
+        filter: Filter = from(Some(Filter {
+            db: s.get("db", String::new(), keys::optional)?,
+            name: s.get("name", String::new(), keys::optional)?,
+        })),
+        proxy_mode: ProxyMode = key(ProxyMode::Hide),
+    }
+}
+
+keys::section! {
+    /// `[backup]`: how litestream's claims are checked against the destination before a purge relies on them.
+    pub struct BackupConfig(s, backup_url: Option<&str>) {
+        /// Off: claims are trusted as litestream makes them, and snapshot statuses wait only for a first claim.
+        verify: bool = key(true),
+        /// A claim backed up at `T` is covered by an object last modified at or after `T - slack`.
+        slack: Duration = key("60s", keys::duration),
+        /// The destination is stale when its newest object is this much older than litestream's newest claim.
+        stale_after: Duration = key("15m", |text: String| {
+            keys::positive_duration(text.clone()).and_then(|d| match slack {
+                Some(slack) if d <= slack => Err(format!(
+                    "{text:?} must be longer than backup.slack ({slack:?})"
+                )),
+                _ => Ok(d),
+            })
+        }),
+        /// One listing, every page of it, gives up after this long; cleanup then holds.
+        list_timeout: Duration = key("10s", keys::positive_duration),
+        /// Where the backup lives, parsed from `litestream.backup_url` (`None` with `verify` off).
+        location: Option<Location> = from(match (backup_url, verify) {
+            (Some(url), Some(true)) => match Location::parse(url) {
+                Ok(location) => Some(Some(location)),
+                Err(problem) => s.problem_elsewhere("litestream.backup_url", problem),
+            },
+            _ => Some(None),
+        }),
+        s3: S3Settings = from(s3_settings(s)),
+    }
+}
+
+/// `endpoint`, `region`, `force_path_style` and `allow_http`: the S3 client's settings over `AWS_*`.
+fn s3_settings(s: &mut Section<'_>) -> Option<S3Settings> {
+    let allow_http = s.value("allow_http", false);
+    let endpoint = s.get("endpoint", String::new(), |text: String| {
+        match text.trim() {
+            "" => Ok(None),
+            endpoint => endpoint_url(endpoint, allow_http.unwrap_or(false)).map(Some),
+        }
+    });
+    let region = s.get("region", String::new(), keys::optional);
+    let force_path_style = s.value("force_path_style", false);
+    Some(S3Settings {
+        endpoint: endpoint?,
+        region: region?,
+        force_path_style: force_path_style?,
+        allow_http: allow_http?,
+    })
+}
+
+/// Scraping the proxy would read a page with the watermarks already removed: cleanup would never run.
+fn not_the_proxy(url: &hyper::Uri, proxy_host: &str, proxy_port: u16) -> Result<(), String> {
+    let local = |h: &str| {
+        matches!(
+            h,
+            "localhost" | "127.0.0.1" | "::1" | "[::1]" | "0.0.0.0" | "[::]"
+        )
+    };
+    let host = url.host().unwrap_or("");
+    let same_host = host == proxy_host || (local(host) && local(proxy_host));
+    if same_host && url.port_u16().unwrap_or(80) == proxy_port {
+        return Err(format!(
+            "{url} is the sidecar's own metrics proxy (litestream.proxy_listen): point it at litestream's real addr, \
+             e.g. http://127.0.0.1:4860/metrics"
+        ));
+    }
+    Ok(())
+}
+
+/// An `http://host:port/path` URL; litestream serves plain HTTP on loopback.
+fn http_url(text: &str) -> Result<hyper::Uri, String> {
+    // Errors show the URL without any `user:password@`.
+    let shown = keys::without_userinfo(text.trim());
+    let uri: hyper::Uri = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("{shown:?} is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        return Err(format!(
+            "{shown:?} must be an http:// URL with a host, e.g. http://127.0.0.1:4860/metrics"
+        ));
+    }
+    // The scraper is the judge of what it can scrape: whatever it would refuse once running is refused here.
+    crate::litestream::Scraper::new(uri.clone(), Duration::ZERO, 0).map_err(|e| e.to_string())?;
+    Ok(uri)
+}
+
+/// An `https://host[:port]` endpoint; `http://` only with `allow_http`, since request signatures and listings
+/// would cross the network in clear.
+fn endpoint_url(text: &str, allow_http: bool) -> Result<String, String> {
+    if keys::without_userinfo(text) != text {
+        // Shown without them: whatever is there may be a secret.
+        return Err(format!(
+            "{:?}: credentials in the endpoint are not used; they come from the environment \
+             (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...)",
+            keys::without_userinfo(text)
+        ));
+    }
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if url.host_str().is_none() || !matches!(url.path(), "" | "/") || url.query().is_some() {
+        return Err(format!(
+            "{text:?} must be scheme://host[:port] with no path, e.g. https://minio.internal:9000"
+        ));
+    }
+    match url.scheme() {
+        "https" => {}
+        "http" if allow_http => {}
+        "http" => {
+            return Err(format!(
+                "{text:?} is plain http: set backup.allow_http = true for a loopback or trusted-network endpoint"
+            ))
+        }
+        other => return Err(format!("{text:?}: scheme {other:?} is neither https nor http")),
+    }
+    Ok(text.trim_end_matches('/').to_string())
+}
