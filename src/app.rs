@@ -3,14 +3,13 @@
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-
-use crate::config::Config;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, info_span, warn, Instrument};
 
 use crate::cleanup::reservations::{Registry, SnapshotContext};
 use crate::cleanup::subscribers::Subscribers;
+use crate::config::Config;
 use crate::server::{Context, Readiness};
 use crate::streamer::relay::RelayContext;
 
@@ -284,48 +283,7 @@ impl App {
             .map_err(Error::Tls)?,
         };
         let tracker = TaskTracker::new();
-        let litestream = &self.config.litestream;
-        let scraper = crate::litestream::Scraper::new(
-            litestream.metrics_url.clone(),
-            litestream.scrape_timeout,
-            litestream.max_page_bytes,
-        )
-        .map_err(Error::MetricsUrl)?;
-        let proxy = Arc::new(crate::proxy::Proxy {
-            scraper,
-            mode: litestream.proxy_mode,
-            filter: litestream.filter.clone(),
-            status: self.status.clone(),
-        });
-        // The proxy only ever serves the local replication-manager: a small cap of its own, so that nothing on
-        // it can take places from view-syncers.
-        let proxy_limits = crate::server::Limits::from_config(
-            &self.config.server,
-            crate::net::admission::Admission::new(
-                PROXY_MAX_CONNECTIONS,
-                self.instruments.connections_refused.clone(),
-            ),
-        );
-        for listener in proxy_listeners {
-            let addr = listener.local_addr().map_err(Error::Listener)?;
-            info!(%addr, "metrics proxy listening");
-            tracker.spawn(
-                crate::server::serve_http(
-                    listener,
-                    None,
-                    proxy.clone(),
-                    proxy_limits.clone(),
-                    shutdown.clone(),
-                    tracker.clone(),
-                )
-                .instrument(info_span!("proxy", %addr)),
-            );
-        }
-        let admission = crate::net::admission::Admission::new(
-            self.config.server.max_connections,
-            self.instruments.connections_refused.clone(),
-        );
-
+        self.spawn_proxy(proxy_listeners, &shutdown, &tracker)?;
         // The change DB connection outlives the other tasks: it is closed after the drain below.
         let db_shutdown = CancellationToken::new();
         let change_db = crate::cleanup::change_db::ChangeDb::start(
@@ -334,109 +292,14 @@ impl App {
             crate::cleanup::change_db::Options::default(),
             db_shutdown.clone(),
         );
-        let config = &self.config;
-        let monitor = crate::cleanup::monitor::Monitor::new(
-            crate::cleanup::monitor::MonitorConfig {
-                cleanup: &config.cleanup,
-                litestream: &config.litestream,
-                backup: &config.backup,
-                discovery: &config.discovery,
-                upstream_address: &config.upstream.advertised_address,
-            },
-            self.registry.clone(),
-            self.subscribers.clone(),
-            change_db.clone(),
-            self.status.clone(),
-            self.started,
-            self.discovery.clone(),
-        )
-        .resuming(self.resumed.clone());
-        let monitor = match self.backup_env.clone() {
-            Some(env) => monitor.with_backup_env(&self.config.backup, env),
-            None => monitor,
-        };
-        tracker.spawn(
-            monitor
-                .run(shutdown.clone())
-                .instrument(info_span!("monitor")),
+        self.spawn_cleanup(&change_db, &shutdown, &tracker);
+
+        let admission = crate::net::admission::Admission::new(
+            self.config.server.max_connections,
+            self.instruments.connections_refused.clone(),
         );
-        // An unusable file is left as it is for the operator: writing over it would erase what it may still say.
-        if let (Some(path), false) = (
-            self.config.cleanup.state_file.clone(),
-            self.status.get().memory == crate::cleanup::Memory::Unreadable,
-        ) {
-            let keeper = crate::cleanup::keeper::Keeper {
-                path,
-                registry: self.registry.clone(),
-                subscribers: self.subscribers.clone(),
-                reconnect_grace: self.config.cleanup.reconnect_grace,
-                status: self.status.clone(),
-            };
-            tracker.spawn(keeper.run(shutdown.clone()).instrument(info_span!("state")));
-        }
-        let discovery = crate::cleanup::discovery::Discovery {
-            mode: self.config.discovery.mode,
-            ours: self.config.discovery.advertise_address.clone(),
-            upstream: self.config.upstream.advertised_address.clone(),
-            interval: self.config.discovery.interval,
-            db: change_db.clone(),
-            state: self.discovery.clone(),
-            started: self.started,
-        };
-        tracker.spawn(
-            discovery
-                .run(shutdown.clone())
-                .instrument(info_span!("discovery")),
-        );
-        let context = Arc::new(Context {
-            metrics: crate::ops::metrics::Sources {
-                instruments: self.instruments.clone(),
-                registry: self.registry.clone(),
-                subscribers: self.subscribers.clone(),
-                status: self.status.clone(),
-                discovery_mode: self.config.discovery.mode,
-                discovery: self.discovery.clone(),
-                admission: admission.clone(),
-            },
-            status: crate::ops::status::Sources {
-                registry: self.registry.clone(),
-                subscribers: self.subscribers.clone(),
-                status: self.status.clone(),
-                upstream: self.instruments.upstream.clone(),
-                upstream_address: self.config.upstream.address.clone(),
-                cleanup_enabled: self.config.cleanup.enabled,
-                reconnect_grace: self.config.cleanup.reconnect_grace,
-                started: self.started,
-            },
-            snapshot: SnapshotContext {
-                registry: self.registry.clone(),
-                change_db: Some(change_db.clone()),
-                backup_url: self.config.litestream.backup_url.as_str().into(),
-                ping_interval: self.config.server.ping_interval,
-                peer_timeout: self.config.server.peer_timeout,
-                shutdown: shutdown.clone(),
-            },
-            readiness: Readiness::new(self.config.discovery.mode, self.discovery.clone())
-                .with_status(self.status.clone()),
-            relay: RelayContext {
-                settings: Arc::new(crate::streamer::relay::Settings {
-                    upstream: self.config.upstream.clone(),
-                    upstream_tls: tls.upstream.clone(),
-                    relay: self.config.relay.clone(),
-                    ping_interval: self.config.server.ping_interval,
-                    peer_timeout: self.config.server.peer_timeout,
-                    max_message_bytes: self.config.server.max_message_bytes,
-                }),
-                registry: self.registry.clone(),
-                subscribers: self.subscribers.clone(),
-                instruments: self.instruments.clone(),
-                shutdown: shutdown.clone(),
-            },
-            allow: self.config.server.allow.clone(),
-            admission: admission.clone(),
-            shutdown: shutdown.clone(),
-            tracker: tracker.clone(),
-        });
+        let context =
+            Arc::new(self.router(&tls, change_db, admission.clone(), &shutdown, &tracker));
         let addr = listener.local_addr().map_err(Error::Listener)?;
         info!(%addr, tls = tls.server.is_some(), "listening");
         context.readiness.set_listening(true);
@@ -476,6 +339,177 @@ impl App {
         db_shutdown.cancel();
         info!("stopped");
         Ok(())
+    }
+
+    /// The metrics proxy for Zero on each of `listeners`: `[litestream]`, and a small cap of its own so that
+    /// nothing on it can take places from view-syncers (it only ever serves the local replication-manager).
+    fn spawn_proxy(
+        &self,
+        listeners: Vec<TcpListener>,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Result<(), Error> {
+        let litestream = &self.config.litestream;
+        let scraper = crate::litestream::Scraper::new(
+            litestream.metrics_url.clone(),
+            litestream.scrape_timeout,
+            litestream.max_page_bytes,
+        )
+        .map_err(Error::MetricsUrl)?;
+        let proxy = Arc::new(crate::proxy::Proxy {
+            scraper,
+            mode: litestream.proxy_mode,
+            filter: litestream.filter.clone(),
+            status: self.status.clone(),
+        });
+        let limits = crate::server::Limits::from_config(
+            &self.config.server,
+            crate::net::admission::Admission::new(
+                PROXY_MAX_CONNECTIONS,
+                self.instruments.connections_refused.clone(),
+            ),
+        );
+        for listener in listeners {
+            let addr = listener.local_addr().map_err(Error::Listener)?;
+            info!(%addr, "metrics proxy listening");
+            tracker.spawn(
+                crate::server::serve_http(
+                    listener,
+                    None,
+                    proxy.clone(),
+                    limits.clone(),
+                    shutdown.clone(),
+                    tracker.clone(),
+                )
+                .instrument(info_span!("proxy", %addr)),
+            );
+        }
+        Ok(())
+    }
+
+    /// The cleanup loop, the state file's keeper and discovery: `[cleanup]`, `[discovery]`, `[litestream]`,
+    /// `[backup]`, and the upstream's advertised address.
+    fn spawn_cleanup(
+        &self,
+        change_db: &crate::cleanup::change_db::ChangeDb,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+    ) {
+        let config = &self.config;
+        let monitor = crate::cleanup::monitor::Monitor::new(
+            crate::cleanup::monitor::MonitorConfig {
+                cleanup: &config.cleanup,
+                litestream: &config.litestream,
+                backup: &config.backup,
+                discovery: &config.discovery,
+                upstream_address: &config.upstream.advertised_address,
+            },
+            self.registry.clone(),
+            self.subscribers.clone(),
+            change_db.clone(),
+            self.status.clone(),
+            self.started,
+            self.discovery.clone(),
+        )
+        .resuming(self.resumed.clone());
+        let monitor = match self.backup_env.clone() {
+            Some(env) => monitor.with_backup_env(&config.backup, env),
+            None => monitor,
+        };
+        tracker.spawn(
+            monitor
+                .run(shutdown.clone())
+                .instrument(info_span!("monitor")),
+        );
+        // An unusable file is left as it is for the operator: writing over it would erase what it may still say.
+        if let (Some(path), false) = (
+            config.cleanup.state_file.clone(),
+            self.status.get().memory == crate::cleanup::Memory::Unreadable,
+        ) {
+            let keeper = crate::cleanup::keeper::Keeper {
+                path,
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                reconnect_grace: config.cleanup.reconnect_grace,
+                status: self.status.clone(),
+            };
+            tracker.spawn(keeper.run(shutdown.clone()).instrument(info_span!("state")));
+        }
+        let discovery = crate::cleanup::discovery::Discovery {
+            mode: config.discovery.mode,
+            ours: config.discovery.advertise_address.clone(),
+            upstream: config.upstream.advertised_address.clone(),
+            interval: config.discovery.interval,
+            db: change_db.clone(),
+            state: self.discovery.clone(),
+            started: self.started,
+        };
+        tracker.spawn(
+            discovery
+                .run(shutdown.clone())
+                .instrument(info_span!("discovery")),
+        );
+    }
+
+    /// What the main listener's routes serve from: `[server]`, `[upstream]`, `[relay]` and the shared handles.
+    fn router(
+        &self,
+        tls: &crate::net::tls::Tls,
+        change_db: crate::cleanup::change_db::ChangeDb,
+        admission: crate::net::admission::Admission,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Context {
+        let config = &self.config;
+        Context {
+            metrics: crate::ops::metrics::Sources {
+                instruments: self.instruments.clone(),
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                status: self.status.clone(),
+                discovery_mode: config.discovery.mode,
+                discovery: self.discovery.clone(),
+                admission: admission.clone(),
+            },
+            status: crate::ops::status::Sources {
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                status: self.status.clone(),
+                upstream: self.instruments.upstream.clone(),
+                upstream_address: config.upstream.address.clone(),
+                cleanup_enabled: config.cleanup.enabled,
+                reconnect_grace: config.cleanup.reconnect_grace,
+                started: self.started,
+            },
+            snapshot: SnapshotContext {
+                registry: self.registry.clone(),
+                change_db: Some(change_db),
+                backup_url: config.litestream.backup_url.as_str().into(),
+                ping_interval: config.server.ping_interval,
+                peer_timeout: config.server.peer_timeout,
+                shutdown: shutdown.clone(),
+            },
+            readiness: Readiness::new(config.discovery.mode, self.discovery.clone())
+                .with_status(self.status.clone()),
+            relay: RelayContext {
+                settings: Arc::new(crate::streamer::relay::Settings {
+                    upstream: config.upstream.clone(),
+                    upstream_tls: tls.upstream.clone(),
+                    relay: config.relay.clone(),
+                    ping_interval: config.server.ping_interval,
+                    peer_timeout: config.server.peer_timeout,
+                    max_message_bytes: config.server.max_message_bytes,
+                }),
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                instruments: self.instruments.clone(),
+                shutdown: shutdown.clone(),
+            },
+            allow: config.server.allow.clone(),
+            admission,
+            shutdown: shutdown.clone(),
+            tracker: tracker.clone(),
+        }
     }
 }
 
