@@ -22,10 +22,10 @@ pub const ENV_SEPARATOR: &str = "__";
 pub const DEFAULT_PATHS: [&str; 2] = ["./sidecar.toml", "/etc/litestream-sidecar/sidecar.toml"];
 
 /// Zero's client drops a socket that has seen neither a ping nor a message within 33 s of opening it
-/// (PROTOCOL.md §4.4), so a longer ping interval would lose every idle reservation.
+/// (docs/protocol.md, "Liveness"), so a longer ping interval would lose every idle reservation.
 const MAX_PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Zero's server drops a client only after a whole 30 s ping interval without a pong or message, about 60 s after
-/// its last sign of life at worst (PROTOCOL.md §4.4): the sidecar's default is no stricter.
+/// its last sign of life at worst (docs/protocol.md, "Liveness"): the sidecar's default is no stricter.
 const DEFAULT_PEER_TIMEOUT: &str = "60s";
 /// Zero's `ws` peers accept 100 MiB messages; a smaller limit would break large transactions.
 const MIN_MESSAGE_BYTES: u64 = 100 << 20;
@@ -172,8 +172,9 @@ pub struct RawLog {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WithoutSubscribers {
-    /// Hold (Zero's own rule, W1): with Zero 0.20 the replication-manager's backup replicator is relayed too, so no
-    /// relayed subscriber means nothing shows that the replication-manager is past the backup.
+    /// Hold (Zero's own rule; docs/protocol.md, "Cleanup that stops for good"): with Zero 0.20 the
+    /// replication-manager's backup replicator is relayed too, so no relayed subscriber means nothing shows that the
+    /// replication-manager is past the backup.
     #[default]
     Hold,
     /// Purge below aged backups once `reconnect_grace` has passed since the last relayed subscriber left (and since
@@ -202,7 +203,8 @@ pub enum ReservationMode {
     /// open reservation's floor, so a restore never loses the rows after the backup it restores.
     #[default]
     Pin,
-    /// Zero's own rule: any open reservation pauses all cleanup (PROTOCOL.md §5.3 3, W5).
+    /// Zero's own rule: any open reservation pauses all cleanup (docs/protocol.md, "How a reservation ends" and
+    /// "Cleanup starved by open reservations").
     Pause,
 }
 
@@ -419,7 +421,8 @@ pub struct LitestreamConfig {
     pub scrape_timeout: Duration,
     /// A larger metrics page is refused rather than buffered.
     pub max_page_bytes: usize,
-    /// Only samples with these `db` / `name` labels count (PROTOCOL.md W13: with several replicas, pick one).
+    /// Only samples with these `db` / `name` labels count (with several replicas, pick one: docs/protocol.md, "A
+    /// watermark counted once one replica has it").
     pub filter: Filter,
     /// `host:port` where Zero's BackupMonitor fetches `/metrics`; every address the host resolves to is bound.
     pub proxy_listen: String,
@@ -467,7 +470,7 @@ pub struct ZeroConfig {
 }
 
 impl ZeroConfig {
-    /// The change DB schema, e.g. `zero_0/cdc`, unquoted (PROTOCOL.md §8.1).
+    /// The change DB schema, e.g. `zero_0/cdc`, unquoted (docs/protocol.md, "Schema and app ID").
     pub fn cdc_schema(&self) -> String {
         format!("{}_{}/cdc", self.app_id, self.shard_num)
     }
@@ -491,7 +494,8 @@ impl fmt::Debug for ChangeDbConfig {
 pub struct CleanupConfig {
     /// Off: the sidecar decides and reports, but never deletes.
     pub enabled: bool,
-    /// Lower bound of the cleanup delay, raised by long reservations (PROTOCOL.md §9.1); never below 30 s.
+    /// Lower bound of the cleanup delay, raised by long reservations (docs/protocol.md, "Zero 0.20's backup
+    /// monitor"); never below 30 s.
     pub initial_delay: Duration,
     pub reservations: ReservationMode,
     /// How long a departed subscriber's ack still holds cleanup back: Zero's clients reconnect within 10 s.
@@ -580,7 +584,7 @@ pub struct UpstreamTlsConfig {
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// Forward `initial=false` instead of `initial=true` so that Zero does not schedule its own change-log purge
-    /// (PROTOCOL.md §11.6, W2).
+    /// (docs/protocol.md, "Two purgers" and "The purge-on-subscribe signal").
     pub suppress_upstream_cleanup: bool,
     /// Bytes queued toward one socket before the relay stops reading the other: a slow reader slows only its own
     /// stream. A single larger frame still passes, one at a time.
@@ -1284,7 +1288,8 @@ pub fn log_filter(directives: &str) -> Result<tracing_subscriber::EnvFilter, Str
     tracing_subscriber::EnvFilter::try_new(trimmed.join(",")).map_err(|e| e.to_string())
 }
 
-/// Zero refuses other app IDs (PROTOCOL.md §8.1); the ID also becomes part of a quoted SQL identifier.
+/// Zero refuses other app IDs (docs/protocol.md, "Schema and app ID"); the ID also becomes part of a quoted SQL
+/// identifier.
 pub fn validate_app_id(app_id: &str) -> Result<(), String> {
     if app_id.is_empty() {
         return Err("must not be empty".into());
@@ -1920,7 +1925,7 @@ mod tests {
             .unwrap()
             .validate()
             .unwrap();
-        // Zero drops a client about 60 s after its last pong or message at worst (PROTOCOL.md §4.4).
+        // Zero drops a client about 60 s after its last pong or message at worst (docs/protocol.md, "Liveness").
         assert!(config.server.peer_timeout >= Duration::from_secs(60));
         assert!(config.server.peer_timeout > config.server.ping_interval);
         assert_eq!(config.relay.write_stall_timeout, Duration::from_secs(60));
