@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::address::{host_port, parse_host_port, validate_host_port, validate_owner_address};
+use crate::net::address::{host_port, parse_host_port, validate_host_port, validate_owner_address};
 
 /// Prefix of the environment variables that override file keys: `LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL`
 /// overrides `[litestream] backup_url`.
@@ -384,7 +384,7 @@ pub struct ServerConfig {
     /// How long shutdown waits for connections to close before exiting anyway.
     pub shutdown_grace: Duration,
     /// Who may open `/snapshot` and `/changes`; the plain endpoints stay open to everyone.
-    pub allow: crate::allow::AllowList,
+    pub allow: crate::net::allow::AllowList,
     /// Connections open at once on the main listener, WebSockets included; past it new ones get a 503.
     pub max_connections: usize,
     /// A request head must arrive whole within this long of the connection opening or of the previous response,
@@ -400,7 +400,7 @@ pub struct ServerConfig {
     pub tls: Option<ServerTlsFiles>,
 }
 
-/// `server.tls_cert_file` and `server.tls_key_file`: only paths here; [`crate::tls`] reads them at start and on
+/// `server.tls_cert_file` and `server.tls_key_file`: only paths here; [`crate::net::tls`] reads them at start and on
 /// SIGHUP, so that `status` and `--check-config` users need no access to the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerTlsFiles {
@@ -459,8 +459,8 @@ pub struct BackupConfig {
     /// One listing, every page of it, gives up after this long; cleanup then holds.
     pub list_timeout: Duration,
     /// Where the backup lives, parsed from `litestream.backup_url` (`None` with `verify` off).
-    pub location: Option<crate::backup::Location>,
-    pub s3: crate::backup::S3Settings,
+    pub location: Option<crate::litestream::destination::Location>,
+    pub s3: crate::litestream::destination::S3Settings,
 }
 
 #[derive(Debug, Clone)]
@@ -504,7 +504,7 @@ pub struct CleanupConfig {
     /// Rows per DELETE statement, so no statement holds locks or writes WAL without bound.
     pub batch_rows: i64,
     /// Where open reservations, the learned cleanup delay, the last purge and litestream's highest watermark
-    /// survive a restart (see [`crate::state`]); `None`: the operator chose to keep nothing (`"none"`).
+    /// survive a restart (see [`crate::cleanup::state`]); `None`: the operator chose to keep nothing (`"none"`).
     pub state_file: Option<std::path::PathBuf>,
     /// How long a restore may take: a reservation kept across a restart is honoured this long after it opened.
     pub restore_limit: RestoreLimit,
@@ -600,7 +600,7 @@ pub struct RelayConfig {
     /// held.
     pub ack_batch_window: Duration,
     /// Most bytes of a subscriber's acks the relay asks the kernel to gather before waking it (`SO_RCVLOWAT`,
-    /// [`crate::ack_wakeup`]); 0 wakes it for each. It waits only for acks that are sure to come.
+    /// [`crate::streamer::wakeup`]); 0 wakes it for each. It waits only for acks that are sure to come.
     pub ack_wakeup_bytes: u64,
     /// Longest a subscriber's acks wait in the kernel for the rest of theirs: past it the relay reads what came,
     /// so a subscriber that stalls mid-transaction, or closes, is heard anyway.
@@ -819,7 +819,7 @@ impl RawConfig {
         );
         let allow = problems.field(
             "server.allow",
-            crate::allow::AllowList::parse(&self.server.allow),
+            crate::net::allow::AllowList::parse(&self.server.allow),
         );
         let max_connections = problems.field(
             "server.max_connections",
@@ -951,7 +951,7 @@ impl RawConfig {
         let location = problems.field(
             "litestream.backup_url",
             match (&backup_url, self.backup.verify) {
-                (Some(url), true) => crate::backup::Location::parse(url).map(Some),
+                (Some(url), true) => crate::litestream::destination::Location::parse(url).map(Some),
                 _ => Ok(None),
             },
         );
@@ -1170,7 +1170,7 @@ impl RawConfig {
                     stale_after: stale_after?,
                     list_timeout: list_timeout?,
                     location: location?,
-                    s3: crate::backup::S3Settings {
+                    s3: crate::litestream::destination::S3Settings {
                         endpoint: endpoint?,
                         region,
                         force_path_style: self.backup.force_path_style,
@@ -1976,7 +1976,7 @@ mod tests {
         assert_eq!(config.backup.stale_after, Duration::from_secs(900));
         assert_eq!(
             config.backup.location,
-            Some(crate::backup::Location::S3 {
+            Some(crate::litestream::destination::Location::S3 {
                 bucket: "bucket".into(),
                 prefix: "replica".into()
             })

@@ -83,7 +83,7 @@ fn main() -> ExitCode {
         // The files the config names are read too: a certificate that cannot be loaded stops the daemon as surely
         // as a bad key. Their errors come after the keys', which may explain them.
         let loaded = loaded.and_then(|(raw, config)| {
-            litestream_sidecar::tls::Tls::load(&config)
+            litestream_sidecar::net::tls::Tls::load(&config)
                 .map(|_| (raw, config))
                 .map_err(CheckError::Tls)
         });
@@ -169,7 +169,7 @@ enum CheckError {
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     #[error(transparent)]
-    Tls(litestream_sidecar::tls::Error),
+    Tls(litestream_sidecar::net::tls::Error),
 }
 
 /// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came. Only the address and the TLS
@@ -180,7 +180,7 @@ fn status(
     json: bool,
     timeout: std::time::Duration,
 ) -> ExitCode {
-    use litestream_sidecar::status;
+    use litestream_sidecar::ops::status;
     // With --addr, a config is read only when --config names one, and only for its TLS settings.
     let config = if addr.is_none() || config_path.is_some() {
         let path = config::resolve_path(config_path);
@@ -204,7 +204,7 @@ fn status(
         .and_then(|config| config.server.tls.as_ref())
     {
         None => None,
-        Some(files) => match litestream_sidecar::tls::status_connector(files) {
+        Some(files) => match litestream_sidecar::net::tls::status_connector(files) {
             Ok(connector) => Some(connector),
             Err(err) => {
                 eprintln!("litestream-sidecar status: {err}");

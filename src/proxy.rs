@@ -21,8 +21,8 @@ use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
 use crate::config::{Filter, ProxyMode};
-use crate::http::plain;
 use crate::litestream::{self, Scraper};
+use crate::net::http::plain;
 use crate::server::Handler;
 
 /// The Prometheus text format litestream serves by default.
@@ -63,7 +63,7 @@ pub struct Proxy {
     pub mode: ProxyMode,
     pub filter: Filter,
     /// Where `clamp` reads the watermark purged below and its backup time.
-    pub status: crate::monitor::StatusHandle,
+    pub status: crate::cleanup::monitor::StatusHandle,
 }
 
 impl Handler for Proxy {

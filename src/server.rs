@@ -2,11 +2,11 @@
 //! listener's router with its plain endpoints.
 //!
 //! - `GET /` — liveness: 200 `OK` whenever the process serves requests.
-//! - `GET /metrics` — the sidecar's own Prometheus metrics ([`crate::metrics`]).
-//! - `GET /status` — the sidecar's state as JSON ([`crate::status`]): backups, reservations, subscribers, cleanup.
+//! - `GET /metrics` — the sidecar's own Prometheus metrics ([`crate::ops::metrics`]).
+//! - `GET /status` — the sidecar's state as JSON ([`crate::ops::status`]): backups, reservations, subscribers, cleanup.
 //! - `GET /keepalive` — readiness: 200 `OK` when every readiness condition holds, else 503 naming what is missing.
-//! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::reservations::serve`]).
-//! - `GET /replication/v{N}/changes?…` — the change-stream relay ([`crate::relay::serve`]), v1 to v6.
+//! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::cleanup::reservations::serve`]).
+//! - `GET /replication/v{N}/changes?…` — the change-stream relay ([`crate::streamer::relay::serve`]), v1 to v6.
 //!
 //! Each WebSocket job checks its request, upgrades it and starts its connection itself; the router only sends
 //! there the upgrade requests for its paths, and refuses anything else on them with HTTP 400. The metrics proxy
@@ -32,12 +32,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, warn, Instrument};
 
-use crate::admission::{read_head, Admission, Head, Refusal, Rewind};
-use crate::http::plain;
+use crate::cleanup::reservations::{self, SnapshotContext};
+use crate::net::admission::{read_head, Admission, Head, Refusal, Rewind};
+use crate::net::http::plain;
+use crate::net::sockopt::ClientSocket;
 use crate::protocol::{self, Route};
-use crate::relay::{self, RelayContext};
-use crate::reservations::{self, SnapshotContext};
-use crate::sockopt::ClientSocket;
+use crate::streamer::relay::{self, RelayContext};
 
 /// Why a standby is not ready and refuses WebSocket work.
 const STANDBY: &str = "standby: another sidecar holds the shard's purger lock";
@@ -118,7 +118,7 @@ pub async fn serve_http<H: Handler>(
             Some(tls) => tracker.spawn(
                 async move {
                     let within = limits.header_read_timeout;
-                    let accepted = crate::tls::accept(&tls, stream, within, &shutdown).await;
+                    let accepted = crate::net::tls::accept(&tls, stream, within, &shutdown).await;
                     if let Some(stream) = accepted {
                         serve_connection(stream, peer, socket, handler, limits, shutdown).await;
                     }
@@ -242,15 +242,15 @@ async fn serve_admitted<H: Handler, IO>(
 pub struct Readiness {
     listening: AtomicBool,
     discovery_mode: crate::config::DiscoveryMode,
-    discovery: crate::discovery::StateHandle,
+    discovery: crate::cleanup::discovery::StateHandle,
     /// Where the monitor says whether another sidecar holds the shard's purger lock.
-    status: Option<crate::monitor::StatusHandle>,
+    status: Option<crate::cleanup::monitor::StatusHandle>,
 }
 
 impl Readiness {
     pub fn new(
         discovery_mode: crate::config::DiscoveryMode,
-        discovery: crate::discovery::StateHandle,
+        discovery: crate::cleanup::discovery::StateHandle,
     ) -> Self {
         Self {
             listening: AtomicBool::new(false),
@@ -262,7 +262,7 @@ impl Readiness {
 
     /// Also not ready while standby: another sidecar of the shard holds the purger lock, and reservations or
     /// subscriptions served here would be invisible to the one that purges.
-    pub fn with_status(mut self, status: crate::monitor::StatusHandle) -> Self {
+    pub fn with_status(mut self, status: crate::cleanup::monitor::StatusHandle) -> Self {
         self.status = Some(status);
         self
     }
@@ -287,7 +287,7 @@ impl Readiness {
         let state = self.discovery.get();
         if !state.db_up {
             missing.push("change DB unreachable or Zero's schema not there yet");
-        } else if state.registration != Some(crate::discovery::Registration::Registered) {
+        } else if state.registration != Some(crate::cleanup::discovery::Registration::Registered) {
             match self.discovery_mode {
                 crate::config::DiscoveryMode::Off => {}
                 // View-syncers reach the sidecar by URI whoever owns the log: serving them is what lets a new
@@ -307,13 +307,13 @@ impl Readiness {
 
 /// What the main listener's requests read: the router's [`Handler`].
 pub struct Context {
-    pub metrics: crate::metrics::Sources,
-    pub status: crate::status::Sources,
+    pub metrics: crate::ops::metrics::Sources,
+    pub status: crate::ops::status::Sources,
     pub snapshot: SnapshotContext,
     pub relay: RelayContext,
     pub readiness: Readiness,
     /// Who may open the WebSocket paths (`server.allow`).
-    pub allow: crate::allow::AllowList,
+    pub allow: crate::net::allow::AllowList,
     /// The main listener's connection counts, where refusals are counted.
     pub admission: Admission,
     pub shutdown: CancellationToken,

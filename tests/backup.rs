@@ -10,11 +10,11 @@ use std::time::{Duration, SystemTime};
 use common::moto::Moto;
 use common::pg::TestSchema;
 use common::*;
-use litestream_sidecar::backup::S3Settings;
-use litestream_sidecar::backup::{self, ErrorKind, Listing, Location};
+use litestream_sidecar::cleanup::subscribers::SubscriberInfo;
 use litestream_sidecar::cleanup::{self, Decision, HoldReason};
+use litestream_sidecar::litestream::destination::S3Settings;
+use litestream_sidecar::litestream::destination::{self, ErrorKind, Listing, Location};
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::subscribers::SubscriberInfo;
 
 const SLACK: Duration = Duration::from_secs(60);
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -51,7 +51,7 @@ fn ltx_layout(dir: &Path, age: Duration) {
 }
 
 async fn list_dir(dir: &Path) -> Listing {
-    backup::Destination::open(
+    destination::Destination::open(
         &Location::Local(dir.to_path_buf()),
         &S3Settings::default(),
         TIMEOUT,
@@ -83,7 +83,7 @@ async fn file_destinations_in_both_layouts_cover_only_claims_their_objects_reach
         assert_eq!((empty.objects, empty.newest), (0, None));
         assert!(!empty.is_restorable());
         assert!(!covers(&empty, now - hour));
-        assert!(backup::is_stale(
+        assert!(destination::is_stale(
             empty.newest,
             now,
             15 * 60 * Duration::from_secs(1)
@@ -98,13 +98,17 @@ async fn file_destinations_in_both_layouts_cover_only_claims_their_objects_reach
         assert!(covers(&old, now - hour + SLACK));
         assert!(!covers(&old, now - hour + SLACK + Duration::from_secs(5)));
         assert!(!covers(&old, now));
-        assert!(backup::is_stale(old.newest, now, Duration::from_secs(900)));
+        assert!(destination::is_stale(
+            old.newest,
+            now,
+            Duration::from_secs(900)
+        ));
 
         // A fresh object anywhere under the path covers a claim made now.
         layout(dir.path(), Duration::ZERO);
         let fresh = list_dir(dir.path()).await;
         assert!(covers(&fresh, now));
-        assert!(!backup::is_stale(
+        assert!(!destination::is_stale(
             fresh.newest,
             now,
             Duration::from_secs(900)
@@ -141,8 +145,8 @@ async fn list_s3(
     endpoint: &str,
     env: Vec<(String, String)>,
     timeout: Duration,
-) -> Result<Listing, backup::ListError> {
-    backup::Destination::open(
+) -> Result<Listing, destination::ListError> {
+    destination::Destination::open(
         &Location::parse(url).unwrap(),
         &s3_settings(endpoint),
         timeout,

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::pg::{self, expected_rows, lexi, TestSchema};
-use litestream_sidecar::change_db::{
+use litestream_sidecar::cleanup::change_db::{
     purger_lock_key, ChangeDb, DbError, DbState, FailureClass, PurgeOutcome, PurgeStop, Purger,
     DEFAULT_PURGE_BATCH_ROWS,
 };

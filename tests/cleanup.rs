@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use common::pg::TestSchema;
 use common::*;
+use litestream_sidecar::cleanup::subscribers::SubscriberInfo;
 use litestream_sidecar::cleanup::{Bound, Decision, HoldReason};
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::subscribers::SubscriberInfo;
 
 /// Fast checks; the 30 s minimum delay is satisfied by backup times in the past and a start time moved back.
 fn cleanup_config(
@@ -726,7 +726,7 @@ async fn purged_below_0c() -> (
     TestSchema,
     MetricsServer,
     Sidecar,
-    litestream_sidecar::subscribers::SubscriberHandle,
+    litestream_sidecar::cleanup::subscribers::SubscriberHandle,
 ) {
     let db = seeded().await;
     let litestream = MetricsServer::start(&progress_page(&[("0c", epoch_now() - 120.0)])).await;

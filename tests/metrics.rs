@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use common::pg::TestSchema;
 use common::*;
+use litestream_sidecar::cleanup::subscribers::SubscriberInfo;
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::subscribers::SubscriberInfo;
 
 #[tokio::test]
 async fn reservations_and_their_durations() {

@@ -20,14 +20,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
+use litestream_sidecar::cleanup::monitor::purge_limit;
+use litestream_sidecar::cleanup::reservations::{Lease, Registry, Ticket};
+use litestream_sidecar::cleanup::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
 use litestream_sidecar::cleanup::{
     self, Backlog, Ceiling, Decision, Guards, HeldReservation, Inputs, Memory, Ownership,
     ReservationMode, WithoutSubscribers,
 };
-use litestream_sidecar::monitor::purge_limit;
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::reservations::{Lease, Registry, Ticket};
-use litestream_sidecar::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
 
 /// View-syncer tasks: few, so that retries with the same taskID are common.
 const TASKS: usize = 3;

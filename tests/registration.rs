@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use common::pg::{self, TestSchema};
 use common::*;
+use litestream_sidecar::cleanup::discovery::Registration;
+use litestream_sidecar::cleanup::subscribers::SubscriberInfo;
 use litestream_sidecar::cleanup::{Decision, HoldReason};
-use litestream_sidecar::discovery::Registration;
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::subscribers::SubscriberInfo;
 
 const OURS: &str = "127.0.0.1:4851";
 
@@ -169,7 +169,7 @@ async fn the_purge_rechecks_ownership_and_deletes_nothing_once_the_address_moved
         db.insert_transaction(w, 1).await;
     }
     db.set_owner_address(Some("10.1.1.1:4849")).await;
-    let change_db = litestream_sidecar::change_db::ChangeDb::start(
+    let change_db = litestream_sidecar::cleanup::change_db::ChangeDb::start(
         discovery_config(&db, "verify", "").change_db.pg,
         &discovery_config(&db, "verify", "").zero,
         Default::default(),
@@ -522,7 +522,7 @@ async fn the_purge_rechecks_the_owner_task_and_deletes_nothing_after_a_takeover(
     }
     let (change_db, shutdown) = db.connected().await;
     let stop = Default::default();
-    let taken_over = litestream_sidecar::change_db::Expected {
+    let taken_over = litestream_sidecar::cleanup::change_db::Expected {
         address: RM,
         owner: Some("rm-task-0"),
     };
@@ -534,13 +534,15 @@ async fn the_purge_rechecks_the_owner_task_and_deletes_nothing_after_a_takeover(
         (outcome.rows, outcome.stopped),
         (
             0,
-            Some(litestream_sidecar::change_db::PurgeStop::OwnerChanged {
-                found: Some("rm-task-1".into())
-            })
+            Some(
+                litestream_sidecar::cleanup::change_db::PurgeStop::OwnerChanged {
+                    found: Some("rm-task-1".into())
+                }
+            )
         )
     );
     assert_eq!(db.watermarks().await, ["0a", "0b", "0c"]);
-    let current = litestream_sidecar::change_db::Expected {
+    let current = litestream_sidecar::cleanup::change_db::Expected {
         address: RM,
         owner: Some("rm-task-1"),
     };

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::pg::TestSchema;
 use common::*;
+use litestream_sidecar::cleanup::subscribers::SubscriberInfo;
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::subscribers::SubscriberInfo;
 use serde_json::Value;
 
 async fn status(sidecar: &Sidecar) -> Value {

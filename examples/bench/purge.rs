@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use litestream_sidecar::change_db::{ChangeDb, DbState, Options, DEFAULT_PURGE_BATCH_ROWS};
+use litestream_sidecar::cleanup::change_db::{
+    ChangeDb, DbState, Options, DEFAULT_PURGE_BATCH_ROWS,
+};
 use litestream_sidecar::config::ZeroConfig;
 use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;

@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use litestream_sidecar::reservations::Registry;
-use litestream_sidecar::subscribers::Subscribers;
+use litestream_sidecar::cleanup::reservations::Registry;
+use litestream_sidecar::cleanup::subscribers::Subscribers;
 use litestream_sidecar::{config, App, Config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -60,8 +60,8 @@ pub struct Sidecar {
     pub proxy_addr: SocketAddr,
     pub registry: Registry,
     pub subscribers: Subscribers,
-    pub status: litestream_sidecar::monitor::StatusHandle,
-    pub discovery: litestream_sidecar::discovery::StateHandle,
+    pub status: litestream_sidecar::cleanup::monitor::StatusHandle,
+    pub discovery: litestream_sidecar::cleanup::discovery::StateHandle,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), litestream_sidecar::Error>>,
 }

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use litestream_sidecar::change_db::{ChangeDb, Options};
+use litestream_sidecar::cleanup::change_db::{ChangeDb, Options};
 use litestream_sidecar::config::ZeroConfig;
 use tokio_postgres::{Client, NoTls};
 use tokio_util::sync::CancellationToken;

@@ -8,9 +8,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use litestream_sidecar::cleanup::subscribers::{SubscriberHandle, SubscriberInfo};
 use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::subscribers::{SubscriberHandle, SubscriberInfo};
 
 use crate::common::pg::{lexi, TestSchema};
 use crate::common::*;

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use litestream_sidecar::change_db::FailureClass;
+use litestream_sidecar::cleanup::change_db::FailureClass;
+use litestream_sidecar::cleanup::subscribers::{SubscriberHandle, SubscriberInfo};
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::subscribers::{SubscriberHandle, SubscriberInfo};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;

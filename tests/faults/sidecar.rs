@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use litestream_sidecar::cleanup::state;
+use litestream_sidecar::cleanup::subscribers::SubscriberInfo;
 use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::state;
-use litestream_sidecar::subscribers::SubscriberInfo;
 
 use crate::common::pg::{lexi, TestSchema};
 use crate::common::process::{metric, Process};

@@ -16,7 +16,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::change_db::FailureClass;
+use crate::cleanup::change_db::FailureClass;
 use crate::cleanup::HoldReason;
 
 /// Which way a relayed frame went.
@@ -74,8 +74,8 @@ pub struct Instruments {
     pub relay_write_stalls: Counter,
     /// The relay's last attempt to reach the upstream change-streamer.
     pub upstream: crate::shared::Cell<UpstreamHealth>,
-    /// Connections and requests turned away, by [`crate::admission::Refusal`].
-    pub connections_refused: Family<crate::admission::RefusalLabel, Counter>,
+    /// Connections and requests turned away, by [`crate::net::admission::Refusal`].
+    pub connections_refused: Family<crate::net::admission::RefusalLabel, Counter>,
     /// SIGHUP re-reads of TLS files, by outcome: a failed one leaves the sidecar on certificates that may expire.
     pub tls_reloads: Family<ResultLabel, Counter>,
 }
@@ -83,7 +83,7 @@ pub struct Instruments {
 impl Default for Instruments {
     fn default() -> Self {
         Self {
-            reservation_seconds: crate::reservations::duration_histogram(),
+            reservation_seconds: crate::cleanup::reservations::duration_histogram(),
             relay_frames: Family::default(),
             relay_bytes: Family::default(),
             upstream_connect_errors: Counter::default(),
@@ -182,7 +182,7 @@ pub struct BackupFigures {
     /// The newest object's last-modified time (epoch seconds) at the last listing that found one.
     pub newest_object: Option<f64>,
     pub stale: bool,
-    pub errors: HashMap<crate::backup::ErrorKind, u64>,
+    pub errors: HashMap<crate::litestream::destination::ErrorKind, u64>,
 }
 
 /// The outcome of the relay's last attempt to reach the upstream change-streamer. No periodic probe: every
@@ -218,13 +218,13 @@ impl UpstreamHealth {
 /// Where a scrape reads its figures: the instruments, and the handles whose state goes into a [`Snapshot`].
 pub struct Sources {
     pub instruments: Instruments,
-    pub registry: crate::reservations::Registry,
-    pub subscribers: crate::subscribers::Subscribers,
-    pub status: crate::monitor::StatusHandle,
+    pub registry: crate::cleanup::reservations::Registry,
+    pub subscribers: crate::cleanup::subscribers::Subscribers,
+    pub status: crate::cleanup::monitor::StatusHandle,
     pub discovery_mode: crate::config::DiscoveryMode,
-    pub discovery: crate::discovery::StateHandle,
+    pub discovery: crate::cleanup::discovery::StateHandle,
     /// The main listener's connection counts.
-    pub admission: crate::admission::Admission,
+    pub admission: crate::net::admission::Admission,
 }
 
 impl Sources {
@@ -253,7 +253,7 @@ impl Sources {
             purge_failing: status.purge_failures.last.as_ref().map(|l| l.class),
             holds: status.holds,
             registered: (self.discovery_mode != crate::config::DiscoveryMode::Off).then(|| {
-                discovery.registration == Some(crate::discovery::Registration::Registered)
+                discovery.registration == Some(crate::cleanup::discovery::Registration::Registered)
             }),
             change_db_up: discovery.db_up,
             scrape_errors: status.scrape_errors,
@@ -548,7 +548,7 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
             gauge(if backup.stale { 1.0 } else { 0.0 }),
         );
         let errors = Family::<KindLabel, Counter>::default();
-        for kind in crate::backup::ErrorKind::ALL {
+        for kind in crate::litestream::destination::ErrorKind::ALL {
             errors
                 .get_or_create(&KindLabel {
                     kind: kind.as_str(),
@@ -609,7 +609,7 @@ mod tests {
         instruments.relay_write_stalls.inc();
         instruments
             .connections_refused
-            .get_or_create(&crate::admission::Refusal::NotAllowed.label())
+            .get_or_create(&crate::net::admission::Refusal::NotAllowed.label())
             .inc_by(3);
         instruments.tls_reloaded(true);
         instruments.tls_reloaded(false);
@@ -636,7 +636,7 @@ mod tests {
                 verified: false,
                 newest_object: Some(1_746_600_000.5),
                 stale: true,
-                errors: [(crate::backup::ErrorKind::Timeout, 2)]
+                errors: [(crate::litestream::destination::ErrorKind::Timeout, 2)]
                     .into_iter()
                     .collect(),
             }),

@@ -19,9 +19,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::cleanup::reservations::Kept;
+use crate::cleanup::subscribers::KeptSubscriber;
 use crate::cleanup::Backup;
-use crate::reservations::Kept;
-use crate::subscribers::KeptSubscriber;
 
 /// The file's format; a file of another version is refused like a corrupt one, but for version 1.
 const VERSION: u32 = 2;

@@ -2,6 +2,8 @@
 //! the exact rejection texts Zero uses, the snapshot status frame, strict ack decoding, and how a `/changes`
 //! query string is read and forwarded (docs/protocol.md, "Paths and versions" to "The change stream").
 
+pub mod inspect;
+
 use std::borrow::Cow;
 
 /// Protocol versions whose `/snapshot` status this sidecar can produce. v3 is Zero 0.20; v4+ add fields the

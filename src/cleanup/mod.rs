@@ -16,6 +16,14 @@
 //!
 //! Watermarks are compared as plain strings (byte-wise), never parsed (docs/protocol.md, "Watermarks").
 
+pub mod change_db;
+pub mod discovery;
+pub mod keeper;
+pub mod monitor;
+pub mod reservations;
+pub mod state;
+pub mod subscribers;
+
 use std::fmt;
 use std::time::{Duration, SystemTime};
 

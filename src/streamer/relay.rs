@@ -21,7 +21,7 @@
 //! (through an [`Assembler`]) are looked at. A source is read only while the
 //! outbox toward the other side holds less than `relay.max_buffered_bytes`, so a subscriber that reads slowly
 //! stops the reads from its upstream and TCP does the rest; nothing else is buffered beyond the frame being read.
-//! The subscriber's socket is woken only once the acks sure to come are there ([`crate::ack_wakeup`]), so a
+//! The subscriber's socket is woken only once the acks sure to come are there ([`crate::streamer::wakeup`]), so a
 //! transaction's acks are read and forwarded in one go.
 
 use std::collections::VecDeque;
@@ -44,17 +44,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use crate::ack_wakeup::AckWakeups;
+use crate::cleanup::reservations::{Registry, Ticket};
+use crate::cleanup::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
 use crate::config::{RelayConfig, UpstreamConfig};
-use crate::http::{accept_upgrade, plain, spawn_upgraded};
-use crate::inspect::{inspect, Downstream};
-use crate::protocol::{self, close, SubscriberContext, Version};
-use crate::reservations::{Registry, Ticket};
-use crate::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
-use crate::tls::UpstreamTls;
-use crate::ws::{
+use crate::net::http::{accept_upgrade, plain, spawn_upgraded};
+use crate::net::tls::UpstreamTls;
+use crate::net::ws::{
     self, Assembler, CloseWith, Inbox, Io, Liveness, Outbox, PeerClose, Reads, WriteStall,
 };
+use crate::protocol::inspect::{inspect, Downstream};
+use crate::protocol::{self, close, SubscriberContext, Version};
+use crate::streamer::wakeup::AckWakeups;
 
 /// Client messages longer than this are not acks; they are relayed without being read.
 const ACK_INSPECT_LIMIT: usize = 256;
@@ -69,7 +69,7 @@ pub struct RelayContext {
     pub registry: Registry,
     pub subscribers: Subscribers,
     /// Relayed frames and bytes, counted once per read.
-    pub instruments: crate::metrics::Instruments,
+    pub instruments: crate::ops::metrics::Instruments,
     pub shutdown: CancellationToken,
 }
 
@@ -78,7 +78,7 @@ pub struct RelayContext {
 pub struct Settings {
     pub upstream: UpstreamConfig,
     /// `upstream.tls`, loaded: the relay connects with `wss://`.
-    pub upstream_tls: Option<Arc<crate::tls::UpstreamTls>>,
+    pub upstream_tls: Option<Arc<crate::net::tls::UpstreamTls>>,
     pub relay: RelayConfig,
     /// How often the subscriber is pinged (`server.ping_interval`); its write progress is checked as often.
     pub ping_interval: Duration,
@@ -142,7 +142,7 @@ pub async fn serve(
     );
     let socket = req
         .extensions()
-        .get::<crate::sockopt::ClientSocket>()
+        .get::<crate::net::sockopt::ClientSocket>()
         .map(|socket| socket.0);
     let span = info_span!("relay", %peer, upstream = %settings.upstream.address);
     let upstream = match connect(
@@ -453,8 +453,8 @@ struct Relay<'a> {
 
 /// The relay counters of both directions.
 struct Counted {
-    downstream: crate::metrics::RelayCounters,
-    upstream: crate::metrics::RelayCounters,
+    downstream: crate::ops::metrics::RelayCounters,
+    upstream: crate::ops::metrics::RelayCounters,
 }
 
 impl<'a> Relay<'a> {
@@ -479,10 +479,10 @@ impl<'a> Relay<'a> {
             counted: Counted {
                 downstream: ctx
                     .instruments
-                    .relay_counters(crate::metrics::Direction::Downstream),
+                    .relay_counters(crate::ops::metrics::Direction::Downstream),
                 upstream: ctx
                     .instruments
-                    .relay_counters(crate::metrics::Direction::Upstream),
+                    .relay_counters(crate::ops::metrics::Direction::Upstream),
             },
             outcome: None,
         }
@@ -937,7 +937,7 @@ async fn handle_changes(
         if let Some(fd) = client_socket {
             if let Some(wanted) = relay.ack_wakeup_threshold().filter(|w| *w != low_water) {
                 let bytes = wanted.try_into().unwrap_or(u32::MAX);
-                match crate::sockopt::set_receive_low_water(fd, bytes) {
+                match crate::net::sockopt::set_receive_low_water(fd, bytes) {
                     Ok(()) => low_water = wanted,
                     Err(err) => {
                         // Not expected of a TCP socket; the relay then wakes as the kernel decides.
@@ -1285,7 +1285,7 @@ mod tests {
             }),
             registry: Registry::new(Duration::ZERO),
             subscribers: Subscribers::default(),
-            instruments: crate::metrics::Instruments::default(),
+            instruments: crate::ops::metrics::Instruments::default(),
             shutdown: CancellationToken::new(),
         }
     }
@@ -1325,7 +1325,7 @@ mod tests {
                 .map(|m| whole(TEXT, m))
                 .collect::<Vec<_>>()
         };
-        let awaited = |first, last| Some(crate::ack_wakeup::ack_bytes(first, last));
+        let awaited = |first, last| Some(crate::streamer::wakeup::ack_bytes(first, last));
         vec![
             Row {
                 name: "the subscriber's socket waits for the acks in flight; a ping, the wait limit and a close lower it",

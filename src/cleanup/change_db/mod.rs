@@ -45,9 +45,9 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::address::same_address;
 use crate::cleanup::Ceiling;
 use crate::config::ZeroConfig;
+use crate::net::address::same_address;
 use sql::{byte_order_probe, Sql, WatermarkSql};
 use supervisor::{Link, Logged};
 use tls::Tls;

@@ -262,7 +262,7 @@ async fn newest_of(
     Ok(listing)
 }
 
-/// S3 connection settings from the file; credentials come only from the environment (see [`crate::backup`]).
+/// S3 connection settings from the file; credentials come only from the environment (see [`crate::litestream::destination`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct S3Settings {
     /// An S3-compatible endpoint such as `https://minio.internal:9000`; `None`: AWS (or `AWS_ENDPOINT`).

@@ -77,15 +77,16 @@ impl Tls {
     }
 
     /// What SIGHUP does: re-reads the listener's certificate and key and the upstream's trusted CAs. Each part
-    /// that fails is logged and keeps what it had; each part's outcome is counted in `instruments`.
-    pub fn reload(&self, instruments: &crate::metrics::Instruments) {
+    /// that fails is logged and keeps what it had; each part's outcome is handed to `outcome` (true: re-read), which
+    /// counts it.
+    pub fn reload(&self, mut outcome: impl FnMut(bool)) {
         if self.server.is_none() && self.upstream.is_none() {
             info!("reload: no TLS configured, nothing to re-read");
             return;
         }
         if let Some(server) = &self.server {
             let result = server.reload();
-            instruments.tls_reloaded(result.is_ok());
+            outcome(result.is_ok());
             match result {
                 Ok(chain) => info!(
                     cert_file = %server.files.cert_file.display(),
@@ -100,7 +101,7 @@ impl Tls {
         }
         if let Some(upstream) = &self.upstream {
             let result = upstream.reload();
-            instruments.tls_reloaded(result.is_ok());
+            outcome(result.is_ok());
             match result {
                 Ok(roots) => info!(roots, "upstream TLS trust reloaded"),
                 Err(err) => error!(
@@ -326,7 +327,7 @@ fn client_connector(config: &UpstreamTlsConfig) -> Result<(TlsConnector, usize),
             }
         }
         None => {
-            roots = crate::change_db::tls::system_roots().0;
+            roots = crate::cleanup::change_db::tls::system_roots().0;
             if roots.is_empty() {
                 return Err(Error::NoRoots);
             }

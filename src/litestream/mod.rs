@@ -12,6 +12,8 @@
 //! these would corrupt it. `prometheus_parse::LineInfo` still classifies every other line, to tell a metrics page
 //! from something else (an HTML error page, say).
 
+pub mod destination;
+
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -944,8 +946,8 @@ mod tests {
 
     use super::*;
 
-    const FORK: &str = include_str!("../tests/fixtures/litestream/zero-fork.prom");
-    const UPSTREAM: &str = include_str!("../tests/fixtures/litestream/upstream-0.5.17.prom");
+    const FORK: &str = include_str!("../../tests/fixtures/litestream/zero-fork.prom");
+    const UPSTREAM: &str = include_str!("../../tests/fixtures/litestream/upstream-0.5.17.prom");
     const TYPE_GAUGE: &str = "# TYPE litestream_replica_progress gauge\n";
 
     fn parse(page: &str) -> Parsed {

@@ -15,9 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::address::same_address;
-use crate::change_db::{ChangeDb, DbState};
+use crate::cleanup::change_db::{ChangeDb, DbState};
 use crate::config::DiscoveryMode;
+use crate::net::address::same_address;
 
 /// `versionHistory.dataVersion` from which the change-streamer stores under row locks (docs/protocol.md, "What each
 /// Zero release changed").

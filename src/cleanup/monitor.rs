@@ -12,16 +12,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Level};
 
-use crate::backup::{self, ErrorKind, ListError, Listing};
-use crate::change_db::{ChangeDb, DbError, Expected, FailureClass, PurgeOutcome};
+use crate::cleanup::change_db::{ChangeDb, DbError, Expected, FailureClass, PurgeOutcome};
+use crate::cleanup::reservations::Registry;
+use crate::cleanup::subscribers::Subscribers;
 use crate::cleanup::{
     self, Backlog, Backup, Decision, Destination, GaugeMove, HeldReservation, HoldReason, Inputs,
     Ownership, Subscriber,
 };
 use crate::config::Config;
+use crate::litestream::destination::{self, ErrorKind, ListError, Listing};
 use crate::litestream::{Filter, Scraper};
-use crate::reservations::Registry;
-use crate::subscribers::Subscribers;
 
 /// A warning repeated at most this often while the same problem persists.
 const WARN_EVERY: Duration = Duration::from_secs(300);
@@ -111,7 +111,7 @@ pub struct LastPurge {
 /// The change log's size as read at `read_at`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChangeLogReading {
-    pub size: crate::change_db::ChangeLogSize,
+    pub size: crate::cleanup::change_db::ChangeLogSize,
     pub read_at: SystemTime,
 }
 
@@ -342,7 +342,7 @@ pub struct Monitor {
     /// When the sidecar started: restores that began before a restart are covered by waiting the cleanup delay.
     started: Instant,
     discovery_mode: crate::config::DiscoveryMode,
-    discovery: crate::discovery::StateHandle,
+    discovery: crate::cleanup::discovery::StateHandle,
     /// The address purges check `ownerAddress` against in modes `verify` and `adopt`.
     advertise_address: String,
     /// The replication-manager's own `ownerAddress`, which purges check in mode `owner`.
@@ -355,7 +355,7 @@ pub struct Monitor {
     anchor: (Instant, SystemTime),
     /// `None`: `backup.verify` is off. `Err`: the client could not be built (an unusable `AWS_*` variable, say),
     /// reported as a failed listing at every check.
-    destination: Option<Result<backup::Destination, String>>,
+    destination: Option<Result<destination::Destination, String>>,
     slack: Duration,
     stale_after: Duration,
 }
@@ -439,7 +439,7 @@ impl Monitor {
         change_db: ChangeDb,
         status: StatusHandle,
         started: Instant,
-        discovery: crate::discovery::StateHandle,
+        discovery: crate::cleanup::discovery::StateHandle,
     ) -> Self {
         let litestream = &config.litestream;
         let scraper = Scraper::new(
@@ -471,7 +471,7 @@ impl Monitor {
             hold_without_state: config.cleanup.hold_without_state,
             anchor: (Instant::now(), SystemTime::now()),
             destination: config.backup.location.as_ref().map(|location| {
-                backup::Destination::open(
+                destination::Destination::open(
                     location,
                     &config.backup.s3,
                     config.backup.list_timeout,
@@ -487,7 +487,7 @@ impl Monitor {
     /// S3 credentials this way).
     pub fn with_backup_env(mut self, config: &Config, env: Vec<(String, String)>) -> Self {
         if let Some(location) = config.backup.location.as_ref() {
-            self.destination = Some(backup::Destination::open(
+            self.destination = Some(destination::Destination::open(
                 location,
                 &config.backup.s3,
                 config.backup.list_timeout,
@@ -622,7 +622,7 @@ impl Monitor {
     async fn claim_purger(&self) {
         let claimed = tokio::time::timeout(SIZE_TIMEOUT, self.change_db.claim_purger()).await;
         let standby = match claimed {
-            Ok(Ok(purger)) => purger == crate::change_db::Purger::Standby,
+            Ok(Ok(purger)) => purger == crate::cleanup::change_db::Purger::Standby,
             Ok(Err(err)) => {
                 debug!(error = %err, "purger lock not asked about: the change DB did not answer");
                 return;
@@ -1004,7 +1004,7 @@ impl Monitor {
         let fact = listed(known);
         let newest = known.and_then(|l| l.newest);
         let stale =
-            backup::is_stale(newest, claimed, self.stale_after).then_some((newest, claimed));
+            destination::is_stale(newest, claimed, self.stale_after).then_some((newest, claimed));
         let was_stale = self.status.get().backup.stale.is_some();
         match (was_stale, stale) {
             (false, Some(_)) => error!(
@@ -1032,7 +1032,8 @@ impl Monitor {
     /// Everything else the policy reads, at one instant.
     fn gather(&self, now: Instant, reset_at: Option<SystemTime>) -> Gathered {
         let discovery = self.discovery.get();
-        let registered = discovery.registration == Some(crate::discovery::Registration::Registered);
+        let registered =
+            discovery.registration == Some(crate::cleanup::discovery::Registration::Registered);
         // Registered but not yet stamped: counts as registered just now.
         let registered_since = registered.then(|| discovery.continuity.since().unwrap_or(now));
         let ownership = match (self.discovery_mode, registered_since) {

@@ -13,11 +13,11 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::cleanup::monitor::Status;
+use crate::cleanup::reservations::Reservation;
+use crate::cleanup::subscribers::SubscriberView;
 use crate::cleanup::{Backup, Decision};
-use crate::metrics::UpstreamHealth;
-use crate::monitor::Status;
-use crate::reservations::Reservation;
-use crate::subscribers::SubscriberView;
+use crate::ops::metrics::UpstreamHealth;
 
 /// The whole `/status` document.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -28,7 +28,7 @@ pub struct Report {
     pub generated_at: String,
     pub uptime_seconds: f64,
     /// The newest backed-up watermarks litestream reported and the sidecar still tracks, newest first (at most
-    /// [`crate::monitor::RECENT_BACKUPS`]), plus the gauge's current one if it is not among them.
+    /// [`crate::cleanup::monitor::RECENT_BACKUPS`]), plus the gauge's current one if it is not among them.
     pub backups: Vec<BackupEntry>,
     /// How many backups are tracked in all (not yet purged below).
     pub backups_tracked: usize,
@@ -358,7 +358,7 @@ pub fn build(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Report {
 fn backup_entry(
     backup: &Backup,
     current: Option<&str>,
-    destination: &crate::monitor::BackupStatus,
+    destination: &crate::cleanup::monitor::BackupStatus,
     wall_now: SystemTime,
 ) -> BackupEntry {
     let verified = destination
@@ -382,7 +382,7 @@ fn backup_entry(
 }
 
 fn destination_entry(
-    destination: &crate::monitor::BackupStatus,
+    destination: &crate::cleanup::monitor::BackupStatus,
     wall_now: SystemTime,
 ) -> Option<DestinationEntry> {
     let newest = destination.listing.and_then(|l| l.newest);
@@ -450,9 +450,9 @@ fn cleanup(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Cleanup {
 
 /// What `/status` reads: the handles of the state the loops keep, and the configuration it reports.
 pub struct Sources {
-    pub registry: crate::reservations::Registry,
-    pub subscribers: crate::subscribers::Subscribers,
-    pub status: crate::monitor::StatusHandle,
+    pub registry: crate::cleanup::reservations::Registry,
+    pub subscribers: crate::cleanup::subscribers::Subscribers,
+    pub status: crate::cleanup::monitor::StatusHandle,
     pub upstream: crate::shared::Cell<UpstreamHealth>,
     pub upstream_address: String,
     pub cleanup_enabled: bool,
@@ -864,10 +864,10 @@ pub fn render(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cleanup::monitor::{HeldSince, LastPurge as Purged};
+    use crate::cleanup::subscribers::SubscriberInfo;
     use crate::cleanup::{Bound, HoldReason};
-    use crate::monitor::{HeldSince, LastPurge as Purged};
     use crate::protocol::Mode;
-    use crate::subscribers::SubscriberInfo;
 
     fn secs(n: u64) -> Duration {
         Duration::from_secs(n)
@@ -906,8 +906,8 @@ mod tests {
                 },
             ],
             backups_tracked: 2,
-            change_log: Some(crate::monitor::ChangeLogReading {
-                size: crate::change_db::ChangeLogSize {
+            change_log: Some(crate::cleanup::monitor::ChangeLogReading {
+                size: crate::cleanup::change_db::ChangeLogSize {
                     rows: 1234,
                     exact: true,
                 },
@@ -1062,11 +1062,11 @@ mod tests {
         let now = Instant::now();
         let wall_now = SystemTime::UNIX_EPOCH + secs(1_750_000_000);
         let mut inputs = inputs(now, wall_now);
-        inputs.status.backup = crate::monitor::BackupStatus {
+        inputs.status.backup = crate::cleanup::monitor::BackupStatus {
             verifying: true,
             slack: secs(60),
             // Written 5 minutes ago: covers the claim of 11m 40s ago, not the one of 1m 30s ago.
-            listing: Some(crate::backup::Listing {
+            listing: Some(crate::litestream::destination::Listing {
                 objects: 3,
                 newest: Some(wall_now - secs(300)),
             }),

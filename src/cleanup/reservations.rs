@@ -11,7 +11,7 @@
 //! (docs/protocol.md, "A snapshot socket closed before its status"), while a refused upgrade makes it fail and
 //! restart.
 //!
-//! The socket is read, assembled and written with [`crate::ws`]'s pieces, as the relay's are: an idle reservation
+//! The socket is read, assembled and written with [`crate::net::ws`]'s pieces, as the relay's are: an idle reservation
 //! keeps neither a read nor a write buffer, since thousands may wait for hours.
 
 use std::collections::HashMap;
@@ -30,11 +30,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, info_span, warn};
 
-use crate::http::{accept_upgrade, plain, spawn_upgraded};
-use crate::protocol::{self, close, Version};
-use crate::ws::{
+use crate::net::http::{accept_upgrade, plain, spawn_upgraded};
+use crate::net::ws::{
     self, Assembler, CloseWith, Inbox, Liveness, Outbox, OwnedFrame, PeerClose, ReadError, Reads,
 };
+use crate::protocol::{self, close, Version};
 
 /// Zero's `MIN_CLEANUP_DELAY_MS`: the delay never goes below what a reconnecting subscriber needs.
 pub const MIN_CLEANUP_DELAY: Duration = Duration::from_secs(30);
@@ -523,7 +523,7 @@ impl Drop for Lease {
 pub struct SnapshotContext {
     pub registry: Registry,
     /// Where v4+ statuses read `replicaVersion` and `minWatermark`.
-    pub change_db: Option<crate::change_db::ChangeDb>,
+    pub change_db: Option<crate::cleanup::change_db::ChangeDb>,
     pub backup_url: Arc<str>,
     pub ping_interval: Duration,
     /// A peer silent this long is dropped (`server.peer_timeout`).

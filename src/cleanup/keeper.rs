@@ -1,5 +1,5 @@
 //! Keeps the state file current: written within moments of every change of the open reservations, and of whatever
-//! else it keeps (see [`crate::state`]: subscribers' acks among it) within a second.
+//! else it keeps (see [`crate::cleanup::state`]: subscribers' acks among it) within a second.
 //!
 //! A status is sent only once its reservation is on disk ([`Registry::durable`]): a view-syncer that starts to
 //! restore must not depend on a reservation a restart would forget. When the file cannot be written, statuses still
@@ -12,10 +12,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::cleanup::monitor::StatusHandle;
+use crate::cleanup::reservations::{Registry, Written};
+use crate::cleanup::state::{self, Saved, StateError};
 use crate::cleanup::Memory;
-use crate::monitor::StatusHandle;
-use crate::reservations::{Registry, Written};
-use crate::state::{self, Saved, StateError};
 
 /// How often what the monitor keeps (the last purge, the highest watermark, the replica version) is compared with
 /// what was written; reservations are written at once.
@@ -24,7 +24,7 @@ const RECHECK: Duration = Duration::from_secs(1);
 pub struct Keeper {
     pub path: PathBuf,
     pub registry: Registry,
-    pub subscribers: crate::subscribers::Subscribers,
+    pub subscribers: crate::cleanup::subscribers::Subscribers,
     /// `cleanup.reconnect_grace`: which departed subscribers are still tracked.
     pub reconnect_grace: Duration,
     pub status: StatusHandle,

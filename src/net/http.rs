@@ -14,7 +14,7 @@ use hyper::{Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
 use tracing::{debug, Instrument, Span};
 
-use crate::ws::Io;
+use crate::net::ws::Io;
 
 /// A `text/plain` response: every answer the sidecar writes itself, refusals included.
 pub(crate) fn plain(status: StatusCode, body: impl Into<Bytes>) -> Answer {

@@ -1,0 +1,480 @@
+//! The running sidecar: its components built from the config, and the tasks that serve and clean up until shutdown.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, info_span, warn, Instrument};
+
+use crate::cleanup::reservations::{Registry, SnapshotContext};
+use crate::cleanup::subscribers::Subscribers;
+use crate::server::{Context, Readiness};
+use crate::streamer::relay::RelayContext;
+
+/// Connections the metrics proxy holds at once: Zero's BackupMonitor fetches one page at a time.
+const PROXY_MAX_CONNECTIONS: usize = 64;
+
+/// Why [`App::run`] stopped with an error rather than after a drain; `main` exits 1 on any of them.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `litestream.metrics_url` cannot be scraped (not an `http://` URL with a host): neither the monitor nor the
+    /// metrics proxy could work.
+    #[error("litestream.metrics_url: {0}")]
+    MetricsUrl(#[source] crate::litestream::ScrapeError),
+    /// A listener handed to [`App::run`] cannot say its address.
+    #[error("listener: {0}")]
+    Listener(#[source] std::io::Error),
+    /// A certificate, key or CA file the config names cannot be used.
+    #[error(transparent)]
+    Tls(crate::net::tls::Error),
+}
+
+/// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
+fn status_line(missing: &[&str], status: &crate::cleanup::monitor::Status) -> String {
+    if !missing.is_empty() {
+        return format!("waiting: {}", missing.join("; "));
+    }
+    if let Some(problem) = status.cleanup_problem() {
+        return format!("ready; {problem}");
+    }
+    match status.last_decision.as_ref() {
+        None => "ready; first cleanup check pending".to_string(),
+        Some(crate::cleanup::Decision::Hold(reason)) => format!("ready; cleanup held: {reason}"),
+        Some(crate::cleanup::Decision::Purge { before, bound }) => {
+            format!("ready; last cleanup decision: purge below {before} (bound by {bound})")
+        }
+    }
+}
+
+/// What the previous run left in the state file, as the start needs it.
+struct Start {
+    saved: Option<crate::cleanup::state::Saved>,
+    memory: crate::cleanup::Memory,
+    /// Why the file cannot be used, when it cannot.
+    problem: Option<String>,
+    /// No file says which restores were in flight: this start is when that became so.
+    restores_unknown: bool,
+}
+
+/// Reads the state the previous run left in `path` (`None`: the operator keeps none). A file that cannot be read is
+/// no reason not to start, but nothing is guessed around it: cleanup holds until the operator has looked.
+fn restore_state(path: Option<&std::path::Path>) -> Start {
+    let Some(path) = path else {
+        info!(
+            "cleanup.state_file = \"none\": open reservations and the learned cleanup delay will not survive a \
+             restart; each start holds cleanup for cleanup.hold_without_state"
+        );
+        return Start {
+            saved: None,
+            memory: crate::cleanup::Memory::OptedOut,
+            problem: None,
+            restores_unknown: true,
+        };
+    };
+    match crate::cleanup::state::load(path) {
+        Ok(Some(saved)) => {
+            info!(
+                path = %path.display(),
+                cleanup_delay = ?saved.cleanup_delay,
+                last_purge = saved.last_purge.as_ref().map_or("", |b| b.watermark.as_str()),
+                highest_backup = saved.highest_backup.as_deref().unwrap_or(""),
+                replica_version = saved.replica_version.as_deref().unwrap_or(""),
+                reservations = saved.reservations.len(),
+                "state restored"
+            );
+            Start {
+                restores_unknown: !saved.knows_reservations,
+                saved: Some(saved),
+                memory: crate::cleanup::Memory::Kept,
+                problem: None,
+            }
+        }
+        Ok(None) => {
+            warn!(
+                path = %path.display(),
+                "no state file (a first start, or the file was lost): a restore begun before this start may be in \
+                 flight unseen, so cleanup holds for cleanup.hold_without_state"
+            );
+            Start {
+                saved: None,
+                memory: crate::cleanup::Memory::Kept,
+                problem: None,
+                restores_unknown: true,
+            }
+        }
+        Err(err) => {
+            let problem = format!(
+                "{err}; which restores were in flight is unknown. Once no view-syncer is restoring, move the file \
+                 aside and restart (cleanup then holds for cleanup.hold_without_state)"
+            );
+            error!(error = %problem, "state file unusable: cleanup holds; the sidecar serves on");
+            Start {
+                saved: None,
+                memory: crate::cleanup::Memory::Unreadable,
+                problem: Some(problem),
+                restores_unknown: true,
+            }
+        }
+    }
+}
+
+/// The sidecar's components, built from a validated config. Tests keep clones of the handles (such as
+/// [`App::registry`]) before calling [`App::run`].
+pub struct App {
+    config: Config,
+    registry: Registry,
+    subscribers: Subscribers,
+    status: crate::cleanup::monitor::StatusHandle,
+    discovery: crate::cleanup::discovery::StateHandle,
+    instruments: crate::ops::metrics::Instruments,
+    started: tokio::time::Instant,
+    /// What the previous run left in the state file.
+    resumed: crate::cleanup::monitor::Resumed,
+    /// Where the backup destination's `AWS_*` settings come from; `None`: the process environment.
+    backup_env: Option<Vec<(String, String)>>,
+    /// The TLS files the config names, once read ([`App::reloader`]); [`App::run`] reads them if nobody did.
+    tls: Option<crate::net::tls::Tls>,
+}
+
+impl App {
+    /// Reads the state file, if any: a cleanup delay learned before a restart still protects restores that began
+    /// before it.
+    pub fn new(config: Config) -> Self {
+        let instruments = crate::ops::metrics::Instruments::default();
+        let start = restore_state(config.cleanup.state_file.as_deref());
+        let saved = start.saved.unwrap_or_default();
+        let registry = Registry::with_durations(
+            config.cleanup.initial_delay.max(saved.cleanup_delay),
+            instruments.reservation_seconds.clone(),
+        );
+        let status = crate::cleanup::monitor::StatusHandle::default();
+        status.update(|s| {
+            s.memory = start.memory;
+            s.state_problem = start.problem;
+        });
+        if !saved.reservations.is_empty() {
+            for kept in &saved.reservations {
+                info!(
+                    task_id = %kept.task_id,
+                    floor = kept.floor.as_deref().unwrap_or(""),
+                    opened_at = %humantime::format_rfc3339_seconds(kept.opened_at),
+                    "reservation kept from before the restart: honoured until its task subscribes or \
+                     cleanup.restore_limit passes"
+                );
+            }
+            registry.keep(
+                saved.reservations.clone(),
+                tokio::time::Instant::now(),
+                std::time::SystemTime::now(),
+            );
+        }
+        let subscribers = Subscribers::default();
+        if !saved.subscribers.is_empty() {
+            info!(
+                subscribers = saved.subscribers.len(),
+                "subscribers of the previous run kept: each is waited for as if it had just left"
+            );
+            subscribers.keep(saved.subscribers.clone(), tokio::time::Instant::now());
+        }
+        let resumed = crate::cleanup::monitor::Resumed {
+            last_purge: saved.last_purge.clone(),
+            highest_backup: saved.highest_backup.clone(),
+            replica_version: saved.replica_version.clone(),
+            // A first start, a lost file, an old one, or none kept: which restores were in flight is unknown from
+            // now, or still from an earlier start whose hold a restart interrupted.
+            restores_unknown_since: if start.restores_unknown {
+                Some(std::time::SystemTime::now())
+            } else {
+                saved.restores_unknown_since
+            },
+        };
+        // A status waits for a listing that finds something to restore.
+        if config.backup.verify {
+            registry.set_restorable(false);
+        }
+        Self {
+            backup_env: None,
+            tls: None,
+            resumed,
+            instruments,
+            config,
+            registry,
+            subscribers,
+            status,
+            discovery: crate::cleanup::discovery::StateHandle::default(),
+            started: tokio::time::Instant::now(),
+        }
+    }
+
+    /// When the sidecar counts itself as started. Cleanup waits a full cleanup delay after it, so that restores
+    /// that began before a restart are covered; tests move it back instead of waiting.
+    pub fn started_at(mut self, started: tokio::time::Instant) -> Self {
+        self.started = started;
+        self
+    }
+
+    /// Takes the destination's `AWS_*` settings (credentials, region, endpoint) from `env` instead of the process
+    /// environment: tests run side by side in one process.
+    pub fn backup_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.backup_env = Some(env);
+        self
+    }
+
+    pub fn status(&self) -> &crate::cleanup::monitor::StatusHandle {
+        &self.status
+    }
+
+    pub fn discovery(&self) -> &crate::cleanup::discovery::StateHandle {
+        &self.discovery
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The relayed subscribers and their acknowledged watermarks.
+    pub fn subscribers(&self) -> &Subscribers {
+        &self.subscribers
+    }
+
+    /// Reads the TLS files the config names, now rather than in [`App::run`], so that a process can refuse to
+    /// start on them; the handle re-reads them (SIGHUP) while the app runs.
+    pub fn reloader(&mut self) -> Result<Reloader, crate::net::tls::Error> {
+        let tls = match &self.tls {
+            Some(tls) => tls.clone(),
+            None => crate::net::tls::Tls::load(&self.config)?,
+        };
+        self.tls = Some(tls.clone());
+        Ok(Reloader {
+            tls,
+            instruments: self.instruments.clone(),
+        })
+    }
+
+    /// Binds the metrics proxy's listeners (every address `litestream.proxy_listen` resolves to).
+    pub async fn bind_proxy(&self) -> std::io::Result<Vec<TcpListener>> {
+        crate::proxy::bind(&self.config.litestream.proxy_listen).await
+    }
+
+    /// Serves on `listener` (and the proxy on `proxy_listeners`) until `shutdown` is cancelled, then closes every
+    /// WebSocket (1001) and waits up to `server.shutdown_grace` for connections to finish. Every long-lived task
+    /// runs in its own span on one [`TaskTracker`], which the drain waits for.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        proxy_listeners: Vec<TcpListener>,
+        shutdown: CancellationToken,
+    ) -> Result<(), Error> {
+        let tls = match self.tls.clone() {
+            Some(tls) => tls,
+            None => crate::net::tls::Tls::load(&self.config).map_err(Error::Tls)?,
+        };
+        let tracker = TaskTracker::new();
+        let litestream = &self.config.litestream;
+        let scraper = crate::litestream::Scraper::new(
+            litestream.metrics_url.clone(),
+            litestream.scrape_timeout,
+            litestream.max_page_bytes,
+        )
+        .map_err(Error::MetricsUrl)?;
+        let proxy = Arc::new(crate::proxy::Proxy {
+            scraper,
+            mode: litestream.proxy_mode,
+            filter: litestream.filter.clone(),
+            status: self.status.clone(),
+        });
+        // The proxy only ever serves the local replication-manager: a small cap of its own, so that nothing on
+        // it can take places from view-syncers.
+        let proxy_limits = crate::server::Limits::from_config(
+            &self.config.server,
+            crate::net::admission::Admission::new(
+                PROXY_MAX_CONNECTIONS,
+                self.instruments.connections_refused.clone(),
+            ),
+        );
+        for listener in proxy_listeners {
+            let addr = listener.local_addr().map_err(Error::Listener)?;
+            info!(%addr, "metrics proxy listening");
+            tracker.spawn(
+                crate::server::serve_http(
+                    listener,
+                    None,
+                    proxy.clone(),
+                    proxy_limits.clone(),
+                    shutdown.clone(),
+                    tracker.clone(),
+                )
+                .instrument(info_span!("proxy", %addr)),
+            );
+        }
+        let admission = crate::net::admission::Admission::new(
+            self.config.server.max_connections,
+            self.instruments.connections_refused.clone(),
+        );
+
+        // The change DB connection outlives the other tasks: it is closed after the drain below.
+        let db_shutdown = CancellationToken::new();
+        let change_db = crate::cleanup::change_db::ChangeDb::start(
+            self.config.change_db.pg.clone(),
+            &self.config.zero,
+            crate::cleanup::change_db::Options::default(),
+            db_shutdown.clone(),
+        );
+        let monitor = crate::cleanup::monitor::Monitor::new(
+            &self.config,
+            self.registry.clone(),
+            self.subscribers.clone(),
+            change_db.clone(),
+            self.status.clone(),
+            self.started,
+            self.discovery.clone(),
+        )
+        .resuming(self.resumed.clone());
+        let monitor = match self.backup_env.clone() {
+            Some(env) => monitor.with_backup_env(&self.config, env),
+            None => monitor,
+        };
+        tracker.spawn(
+            monitor
+                .run(shutdown.clone())
+                .instrument(info_span!("monitor")),
+        );
+        // An unusable file is left as it is for the operator: writing over it would erase what it may still say.
+        if let (Some(path), false) = (
+            self.config.cleanup.state_file.clone(),
+            self.status.get().memory == crate::cleanup::Memory::Unreadable,
+        ) {
+            let keeper = crate::cleanup::keeper::Keeper {
+                path,
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                reconnect_grace: self.config.cleanup.reconnect_grace,
+                status: self.status.clone(),
+            };
+            tracker.spawn(keeper.run(shutdown.clone()).instrument(info_span!("state")));
+        }
+        let discovery = crate::cleanup::discovery::Discovery {
+            mode: self.config.discovery.mode,
+            ours: self.config.discovery.advertise_address.clone(),
+            upstream: self.config.upstream.advertised_address.clone(),
+            interval: self.config.discovery.interval,
+            db: change_db.clone(),
+            state: self.discovery.clone(),
+            started: self.started,
+        };
+        tracker.spawn(
+            discovery
+                .run(shutdown.clone())
+                .instrument(info_span!("discovery")),
+        );
+        let context = Arc::new(Context {
+            metrics: crate::ops::metrics::Sources {
+                instruments: self.instruments.clone(),
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                status: self.status.clone(),
+                discovery_mode: self.config.discovery.mode,
+                discovery: self.discovery.clone(),
+                admission: admission.clone(),
+            },
+            status: crate::ops::status::Sources {
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                status: self.status.clone(),
+                upstream: self.instruments.upstream.clone(),
+                upstream_address: self.config.upstream.address.clone(),
+                cleanup_enabled: self.config.cleanup.enabled,
+                reconnect_grace: self.config.cleanup.reconnect_grace,
+                started: self.started,
+            },
+            snapshot: SnapshotContext {
+                registry: self.registry.clone(),
+                change_db: Some(change_db.clone()),
+                backup_url: self.config.litestream.backup_url.as_str().into(),
+                ping_interval: self.config.server.ping_interval,
+                peer_timeout: self.config.server.peer_timeout,
+                shutdown: shutdown.clone(),
+            },
+            readiness: Readiness::new(self.config.discovery.mode, self.discovery.clone())
+                .with_status(self.status.clone()),
+            relay: RelayContext {
+                settings: Arc::new(crate::streamer::relay::Settings {
+                    upstream: self.config.upstream.clone(),
+                    upstream_tls: tls.upstream.clone(),
+                    relay: self.config.relay.clone(),
+                    ping_interval: self.config.server.ping_interval,
+                    peer_timeout: self.config.server.peer_timeout,
+                    max_message_bytes: self.config.server.max_message_bytes,
+                }),
+                registry: self.registry.clone(),
+                subscribers: self.subscribers.clone(),
+                instruments: self.instruments.clone(),
+                shutdown: shutdown.clone(),
+            },
+            allow: self.config.server.allow.clone(),
+            admission: admission.clone(),
+            shutdown: shutdown.clone(),
+            tracker: tracker.clone(),
+        });
+        let addr = listener.local_addr().map_err(Error::Listener)?;
+        info!(%addr, tls = tls.server.is_some(), "listening");
+        context.readiness.set_listening(true);
+        crate::ops::notify::ready("listening");
+        {
+            let context = context.clone();
+            let status = self.status.clone();
+            tracker.spawn(
+                crate::ops::notify::run(shutdown.clone(), move || {
+                    status_line(&context.readiness.missing(), &status.get())
+                })
+                .instrument(info_span!("notify")),
+            );
+        }
+        crate::server::serve_http(
+            listener,
+            tls.server.as_ref().map(|server| server.acceptor()),
+            context.clone(),
+            crate::server::Limits::from_config(&self.config.server, admission),
+            shutdown.clone(),
+            tracker.clone(),
+        )
+        .instrument(info_span!("server", %addr))
+        .await;
+        context.readiness.set_listening(false);
+        crate::ops::notify::stopping();
+
+        tracker.close();
+        let grace = self.config.server.shutdown_grace;
+        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+            warn!(
+                still_running = tracker.len(),
+                grace = ?grace,
+                "connections still open after the shutdown grace period; exiting anyway"
+            );
+        }
+        db_shutdown.cancel();
+        info!("stopped");
+        Ok(())
+    }
+}
+
+/// Re-reads the TLS files of a running [`App`] (SIGHUP), counting each outcome in its metrics.
+#[derive(Clone)]
+pub struct Reloader {
+    tls: crate::net::tls::Tls,
+    instruments: crate::ops::metrics::Instruments,
+}
+
+impl Reloader {
+    pub fn reload(&self) {
+        self.tls
+            .reload(|reloaded| self.instruments.tls_reloaded(reloaded));
+    }
+}

@@ -1,0 +1,16 @@
+//! The network edge, below every endpoint:
+//! - [`address`]: what a `host:port` is and when two addresses name the same endpoint.
+//! - [`allow`]: which peers may connect at all.
+//! - [`admission`]: connection limits and the request head read before hyper sees it.
+//! - [`sockopt`]: the socket a request came in on, and the option the ack threshold is set with (the only `unsafe`).
+//! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
+//! - `http`: the answers the router and the handlers write themselves: plain text, and WebSocket upgrades.
+//! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads and flushes, limits, liveness, closing).
+
+pub mod address;
+pub mod admission;
+pub mod allow;
+pub(crate) mod http;
+pub(crate) mod sockopt;
+pub mod tls;
+pub mod ws;
