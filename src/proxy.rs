@@ -4,8 +4,8 @@
 //!
 //! Zero 0.20's replication-manager polls `http://localhost:{ZERO_LITESTREAM_PORT}/metrics` and purges the change
 //! log on its own, blind to the reservations the sidecar holds. Behind this proxy it sees a healthy litestream
-//! and never a watermark, so the sidecar alone decides cleanup (PROTOCOL.md §11.6). When litestream cannot be
-//! read the proxy answers 502, as a dead litestream would look to Zero.
+//! and never a watermark, so the sidecar alone decides cleanup (docs/protocol.md, "Two purgers"). When litestream
+//! cannot be read the proxy answers 502, as a dead litestream would look to Zero.
 //!
 //! [`bind`] opens its listeners; [`crate::server::serve_http`] serves them with the [`Proxy`] handler.
 

@@ -276,7 +276,7 @@ fn lossy(bytes: Vec<u8>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// A canonical lexi-version of `n` (PROTOCOL.md §2): base-36 digits after their count minus one.
+/// A canonical lexi-version of `n` (docs/protocol.md, "Watermarks"): base-36 digits after their count minus one.
 fn lexi(n: u64) -> String {
     let mut digits = Vec::new();
     let mut rest = n;

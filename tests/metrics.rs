@@ -221,7 +221,7 @@ async fn relayed_frames_bytes_subscribers_and_connect_errors() {
     sidecar.stop().await;
 }
 
-/// The alerting rules shipped for operators (README, "Alerting").
+/// The alerting rules shipped for operators (docs/operations.md, "Alerting").
 const RULES: &str = include_str!("../deploy/prometheus/litestream-sidecar.rules.yml");
 
 /// Every `litestream_sidecar_…` name in the rules file: expressions, annotations and comments alike.

@@ -183,7 +183,8 @@ fn settings() -> impl Strategy<Value = Settings> {
         )
 }
 
-/// The LexiVersion of `n` (PROTOCOL.md §2): watermarks of varying length that sort byte-wise as numbers.
+/// The LexiVersion of `n` (docs/protocol.md, "Watermarks"): watermarks of varying length that sort byte-wise as
+/// numbers.
 fn lexi(n: u64) -> String {
     let mut digits = Vec::new();
     let mut rest = n;

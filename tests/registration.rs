@@ -253,8 +253,8 @@ async fn v4_status_is_held_back_with_pings_until_the_change_db_answers() {
 }
 
 /// Zero 0.20's storer: SERIALIZABLE, reads replicationState at `begin`, inserts the transaction's changes, then
-/// updates "lastWatermark" at `commit` (PROTOCOL.md §8.5). Nothing the sidecar does in `verify` mode — reading the
-/// address every 100 ms, purging — may make that commit fail with 40001.
+/// updates "lastWatermark" at `commit` (docs/protocol.md, "The storer's transactions"). Nothing the sidecar does in
+/// `verify` mode — reading the address every 100 ms, purging — may make that commit fail with 40001.
 #[tokio::test]
 async fn verify_mode_never_aborts_zeros_serializable_storer() {
     let db = TestSchema::create(Some(5), None).await;

@@ -379,7 +379,7 @@ async fn subscribe(relay: SocketAddr, id: &str) -> Client {
 }
 
 /// Reads `count` messages, acking each in order as Zero's client does: one ack per message, written on its own as
-/// soon as the message is consumed (PROTOCOL.md §4.1). Then closes.
+/// soon as the message is consumed (docs/protocol.md, "Frames and acks"). Then closes.
 async fn read_all(ws: Client, count: usize) {
     let (mut sink, mut messages) = ws.split();
     let mut seen = 0usize;

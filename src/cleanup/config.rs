@@ -11,7 +11,7 @@ use crate::keys;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WithoutSubscribers {
-    /// Hold (Zero's own rule): with Zero 0.20 the replication-manager's backup replicator is relayed too, so no
+    /// Hold (Zero's own rule; docs/protocol.md, "Cleanup that stops for good"): with Zero 0.20 the replication-manager's backup replicator is relayed too, so no
     /// relayed subscriber means nothing shows that the replication-manager is past the backup.
     #[default]
     Hold,
@@ -29,7 +29,8 @@ pub enum ReservationMode {
     /// open reservation's floor, so a restore never loses the rows after the backup it restores.
     #[default]
     Pin,
-    /// Zero's own rule: any open reservation pauses all cleanup (docs/protocol.md, "Cleanup").
+    /// Zero's own rule: any open reservation pauses all cleanup (docs/protocol.md, "How a reservation ends" and
+    /// "Cleanup starved by open reservations").
     Pause,
 }
 
@@ -74,8 +75,8 @@ keys::section! {
     pub struct CleanupConfig(s) {
         /// Off: the sidecar decides and reports, but never deletes.
         enabled: bool = key(true),
-        /// Lower bound of the cleanup delay, raised by long reservations (docs/protocol.md, "Cleanup"); never
-        /// below 30 s.
+        /// Lower bound of the cleanup delay, raised by long reservations (docs/protocol.md, "Zero 0.20's backup
+        /// monitor"); never below 30 s.
         initial_delay: Duration = key("30s", keys::duration),
         reservations: ReservationMode = key(ReservationMode::Pin),
         /// How long a departed subscriber's ack still holds cleanup back: Zero's clients reconnect within 10 s.

@@ -4,15 +4,17 @@
 //! monitor loop gathers the inputs (registration, litestream scrape, reservation registry, relay acks), calls it once
 //! per interval, logs the [`HoldReason`] or the [`Bound`] of the purge, and runs it. Every rule lives here, the
 //! registration checks included; not owned here: growing the cleanup delay (the reservation registry), and keeping
-//! the purge at or below the newest `changeLog` watermark (the purge itself, PROTOCOL.md W8a).
+//! the purge at or below the newest `changeLog` watermark (the purge itself: docs/protocol.md, "Purging the newest
+//! transaction").
 //!
-//! Zero 0.20 pauses all cleanup while any reservation is open (W5), purges past a restore in progress through the
-//! legacy signal (W2), stalls for good after one check without subscribers (W1) and can stream a gap to a subscriber
-//! still at the replica version (W8b). Here every rule is re-evaluated from scratch on each call, reservations pin a
-//! floor instead of pausing (unless configured to pause), and the chosen watermark is the largest one that every rule
-//! allows.
+//! Zero 0.20 pauses all cleanup while any reservation is open, purges past a restore in progress through the
+//! purge-on-subscribe signal, stalls for good after one check without subscribers, and can stream a gap to a
+//! subscriber still at the replica version (docs/protocol.md: "Cleanup starved by open reservations", "The
+//! purge-on-subscribe signal", "Cleanup that stops for good", "A gap at the replica version"). Here every rule is
+//! re-evaluated from scratch on each call, reservations pin a floor instead of pausing (unless configured to pause),
+//! and the chosen watermark is the largest one that every rule allows.
 //!
-//! Watermarks are compared as plain strings (byte-wise), never parsed (PROTOCOL.md §2).
+//! Watermarks are compared as plain strings (byte-wise), never parsed (docs/protocol.md, "Watermarks").
 
 pub mod change_db;
 pub mod config;
@@ -253,7 +255,8 @@ pub enum Ownership {
 pub struct Subscriber {
     /// Zero's subscriber `id`, for logs.
     pub id: String,
-    /// Acknowledged watermark (PROTOCOL.md §6.8): the subscriber resumes at or after it.
+    /// Acknowledged watermark (docs/protocol.md, "A subscriber's acknowledged watermark"): the subscriber resumes at
+    /// or after it.
     pub acked: String,
     /// The `replicaVersion` the subscriber asked for.
     pub replica_version: String,
@@ -282,7 +285,8 @@ impl Subscriber {
 }
 
 /// What the backup destination (`litestream.backup_url`) shows behind litestream's claims, as the monitor last
-/// listed it. The gauge alone is no proof: a wedged litestream has advanced it without uploading (PROTOCOL.md W3).
+/// listed it. The gauge alone is no proof: a wedged litestream has advanced it without uploading (docs/protocol.md,
+/// "Backup claims without an upload").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Destination {
     /// `backup.verify = false`: claims are trusted as litestream makes them.
@@ -520,7 +524,7 @@ pub enum HoldReason {
     /// No subscriber is connected, so nothing confirms what the subscribers still need.
     NoSubscribers,
     /// A connected or recently departed subscriber is still at the replica version; Zero would stream it a gap
-    /// instead of an error once the log is purged past it (W8b).
+    /// instead of an error once the log is purged past it (docs/protocol.md, "A gap at the replica version").
     SubscriberAtReplicaVersion,
     /// No tracked backup is newer than the last purge.
     NothingNew,
@@ -528,7 +532,7 @@ pub enum HoldReason {
     BackupTooRecent,
     /// No aged backup newer than the last purge is covered by the destination: it holds no object written at or
     /// after the backup's claimed time minus the slack, or it could not be listed. Purging on litestream's word
-    /// alone is how a wedged litestream lost data (PROTOCOL.md W3).
+    /// alone is how a wedged litestream lost data (docs/protocol.md, "Backup claims without an upload").
     BackupUnverified,
     /// Every aged backup newer than the last purge is above some reservation's floor.
     ReservationFloor,
@@ -1517,7 +1521,8 @@ mod tests {
     #[test]
     fn the_gauge_is_the_newest_sample_of_a_page() {
         let mut backlog = Backlog::default();
-        // Two replicas: the one ahead is where the gauge is (a watermark counts once one replica has it, W13).
+        // Two replicas: the one ahead is where the gauge is (docs/protocol.md, "A watermark counted once one replica
+        // has it").
         backlog.observe(&seen(&[backup("0c", 20), backup("0e", 10)]));
         assert_eq!(backlog.current(), Some(&backup("0e", 10)));
         assert_eq!(backlog.regression(), None);
@@ -1866,8 +1871,9 @@ mod tests {
         assert_eq!(reservation("b", None).to_string(), "b=none");
     }
 
-    // PROTOCOL.md §9.3, adapted: the sidecar starts with the RM restore at 00:00 with a 4 min delay; litestream
-    // uploads W1="0w" at 00:10; V reserves at 00:12 and subscribes at 00:19 (the delay becomes 7 min).
+    // docs/protocol.md, "A worked timeline", adapted: the sidecar starts with the RM restore at 00:00 with a 4 min
+    // delay; litestream uploads W="0w" at 00:10; V reserves at 00:12 and subscribes at 00:19 (the delay becomes
+    // 7 min).
     #[test]
     fn worked_timeline() {
         let min = |m: u64| m * 60;
@@ -1893,7 +1899,7 @@ mod tests {
             // 00:03: still starting up.
             let d = timeline(min(3), min(4), mode, vec![], vec![rm_backup()]);
             assert_eq!(d, Decision::Hold(StartingUp));
-            // 00:13, V reserving: W1 is 3 min old.
+            // 00:13, V reserving: W is 3 min old.
             let d = timeline(min(13), min(4), mode, v_reserved(), vec![rm_backup()]);
             let expected = match mode {
                 ReservationMode::Pin => BackupTooRecent,
@@ -1907,7 +1913,7 @@ mod tests {
                 ReservationMode::Pause => Decision::Hold(ReservationsOpen),
             };
             assert_eq!(d, expected);
-            // 00:20: V subscribed at W1, its reservation ended, the delay is 7 min; W1 (00:10) is aged.
+            // 00:20: V subscribed at W, its reservation ended, the delay is 7 min; W (00:10) is aged.
             let d = timeline(min(20), min(7), mode, vec![], vec![rm_backup(), sub("0w")]);
             assert_eq!(d, purge("0w"));
         }
@@ -1940,7 +1946,7 @@ mod tests {
 
     // Property tests: a model of the monitor's view over random event sequences.
 
-    /// The LexiVersion of `n` (PROTOCOL.md §2), to produce watermarks of varying length.
+    /// The LexiVersion of `n` (docs/protocol.md, "Watermarks"), to produce watermarks of varying length.
     fn lexi(n: u64) -> String {
         let mut digits = Vec::new();
         let mut rest = n;

@@ -4,11 +4,12 @@
 //! A reservation protects a view-syncer's restore: while it is open, change-log rows the restored backup may need
 //! must stay. It ends when its socket closes, when a retry with the same taskID replaces it, or when the task's
 //! first `initial=true` subscription arrives — only that last way proves how long a restore takes, so only it can
-//! raise the cleanup delay (PROTOCOL.md §5.3).
+//! raise the cleanup delay (docs/protocol.md, "How a reservation ends").
 //!
 //! Requests Zero would reject are refused with HTTP 400 *before* the upgrade, with Zero's own message as the body:
 //! a 0.20 view-syncer whose snapshot socket is accepted and then closed without a status waits forever
-//! (PROTOCOL.md W9), while a refused upgrade makes it fail and restart.
+//! (docs/protocol.md, "A snapshot socket closed before its status"), while a refused upgrade makes it fail and
+//! restart.
 //!
 //! The socket is read, assembled and written with [`crate::net::ws`]'s pieces, as the relay's are: an idle reservation
 //! keeps neither a read nor a write buffer, since thousands may wait for hours.
@@ -298,7 +299,8 @@ impl Registry {
     }
 
     /// Whether the backup destination was seen holding at least one object: a status sends a view-syncer to restore
-    /// from it, and with nothing there its restore fails (PROTOCOL.md §11.7, Zero 1.8.0 withholds the status too).
+    /// from it, and with nothing there its restore fails (Zero 1.8.0 withholds the status too: docs/protocol.md,
+    /// "The snapshot status").
     /// True unless [`Registry::set_restorable`] said otherwise: with `backup.verify` off nothing is listed.
     pub fn is_restorable(&self) -> bool {
         self.lock().restorable
@@ -529,8 +531,9 @@ pub struct SnapshotContext {
     pub shutdown: CancellationToken,
 }
 
-/// Largest frame (and message) a reservation's client may send. It only ever sends acks (`{"ack":1}`, PROTOCOL.md
-/// §4), so a few KiB is generous, and a socket claiming more is closed (1009) before it costs anything.
+/// Largest frame (and message) a reservation's client may send. It only ever sends acks (`{"ack":1}`,
+/// docs/protocol.md, "Frames and acks"), so a few KiB is generous, and a socket claiming more is closed (1009)
+/// before it costs anything.
 pub const MAX_CLIENT_FRAME: usize = 4096;
 
 /// Answers a `/snapshot` upgrade request: refused (HTTP 400 with Zero's message, 503 while shutting down), or
@@ -627,7 +630,8 @@ async fn build_status(ctx: &SnapshotContext, version: u64, lease: &mut Lease) ->
             }
         };
         match db.min_watermark().await {
-            // An empty change log can be caught up from the replica version itself (PROTOCOL.md §12).
+            // An empty change log can be caught up from the replica version itself (docs/protocol.md, "Fresh
+            // replicas refused by Zero 0.25").
             Ok(min) => Some((replica_version.clone(), min.unwrap_or(replica_version))),
             Err(err) => {
                 debug!(error = %err, "snapshot status waits for the change DB");
@@ -720,7 +724,8 @@ where
                 break (ReservationEnd::Shutdown, Leave::Linger);
             }
             reason = lease.ended() => {
-                // Zero closes an ended or replaced reservation without a status code (PROTOCOL.md §5.3).
+                // Zero closes an ended or replaced reservation without a status code (docs/protocol.md, "How a
+                // reservation ends").
                 outbox.push_close(None);
                 break (ReservationEnd::Ended(reason), Leave::Linger);
             }

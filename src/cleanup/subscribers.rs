@@ -1,5 +1,5 @@
 //! Relayed subscribers and how far each has acknowledged: the cleanup policy's view of who still needs which
-//! change-log rows (PROTOCOL.md §6.8).
+//! change-log rows (docs/protocol.md, "A subscriber's acknowledged watermark").
 //!
 //! The relay registers a subscriber when the upstream accepts it, advances its acked watermark as commits are
 //! acknowledged, and drops the handle when the connection ends; the departure is remembered for the reconnect
@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::cleanup;
 use crate::protocol::Mode;
 
-/// What a subscription said about itself in its query string (PROTOCOL.md §6.1).
+/// What a subscription said about itself in its query string (docs/protocol.md, "Subscription parameters").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscriberInfo {
     /// Zero's `id` parameter, for logs.

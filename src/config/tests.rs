@@ -457,7 +457,7 @@ fn peers_get_at_least_zeros_leniency_by_default() {
         .unwrap()
         .validate()
         .unwrap();
-    // Zero drops a client about 60 s after its last pong or message at worst (PROTOCOL.md §4.4).
+    // Zero drops a client about 60 s after its last pong or message at worst (docs/protocol.md, "Liveness").
     assert!(config.server.peer_timeout >= Duration::from_secs(60));
     assert!(config.server.peer_timeout > config.server.ping_interval);
     assert_eq!(config.relay.write_stall_timeout, Duration::from_secs(60));

@@ -22,7 +22,7 @@ pub enum ProxyMode {
 }
 
 /// `db` / `name`: which samples count. With several databases or replicas on one litestream, only the configured
-/// one may drive cleanup (docs/protocol.md, "Several replicas on one litestream"). `None` accepts any value.
+/// one may drive cleanup (docs/protocol.md, "A watermark counted once one replica has it"). `None` accepts any value.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     /// Required value of label `db`.

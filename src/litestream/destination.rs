@@ -1,5 +1,6 @@
 //! The backup destination (`litestream.backup_url`) as the sidecar checks it: litestream's gauge only claims that
-//! a watermark was uploaded, and a wedged litestream has advanced it without uploading anything (PROTOCOL.md W3).
+//! a watermark was uploaded, and a wedged litestream has advanced it without uploading anything (docs/protocol.md,
+//! "Backup claims without an upload").
 //! Before a purge relies on a claim, and before a snapshot status sends a view-syncer to restore, the destination
 //! is listed and its newest object's last-modified time becomes a fact for the policy ([`crate::cleanup::Destination`]).
 //!

@@ -1,5 +1,6 @@
-//! Litestream's metrics page: reading the `litestream_replica_progress` gauge of the rocicorp fork (PROTOCOL.md §7),
-//! and removing that family from the page the metrics proxy hands to Zero's own BackupMonitor (§11.6).
+//! Litestream's metrics page: reading the `litestream_replica_progress` gauge of the rocicorp fork
+//! (docs/protocol.md, "litestream's progress gauge"), and removing that family from the page the metrics proxy hands
+//! to Zero's own BackupMonitor (docs/protocol.md, "Two purgers").
 //!
 //! Pure parts first: [`is_lexi_version`], [`parse_progress`] and [`strip_progress_family`] read no clock and do no
 //! I/O. [`Scraper`] is the I/O shell: one plain HTTP/1.1 GET per call, no connection reuse. Not owned here: how
@@ -31,12 +32,14 @@ use tracing::debug;
 
 pub use config::Filter;
 
-/// The gauge the rocicorp fork exports after every upload that carries the watermark (PROTOCOL.md §7).
+/// The gauge the rocicorp fork exports after every upload that carries the watermark (docs/protocol.md,
+/// "litestream's progress gauge").
 pub const PROGRESS_FAMILY: &str = "litestream_replica_progress";
 
 /// Backup times before this (2001-09-09, epoch seconds) cannot come from an upload by the fork, which sets the gauge
 /// to the host's current time. Such a time would make the watermark look older than the cleanup delay at once, the
-/// way a scrape of a fresh series at 0 does (PROTOCOL.md W3), so it is refused like 0.
+/// way a scrape of a fresh series at 0 does (docs/protocol.md, "A gauge read at time zero"), so it is refused like
+/// 0.
 pub const MIN_PLAUSIBLE_BACKUP_SECS: f64 = 1e9;
 
 /// Most a `Content-Length` header may pre-allocate, in bytes.
@@ -48,7 +51,8 @@ const QUOTE_LIMIT: usize = 160;
 // ---------------------------------------------------------------------------------------------------------------
 // Lexi-versions
 
-/// Whether `s` is a canonical LexiVersion (PROTOCOL.md §2, Zero's `types/lexi-version.ts`): a base-36 length prefix
+/// Whether `s` is a canonical LexiVersion (docs/protocol.md, "Watermarks"; Zero's `types/lexi-version.ts`): a
+/// base-36 length prefix
 /// equal to the digit count minus one, then that many lowercase base-36 digits, without leading zeros.
 ///
 /// Watermarks are only ever compared as strings, and that order is numeric only for canonical forms: `"100"` (0
@@ -108,7 +112,7 @@ pub struct Parsed {
 ///
 /// Like Zero's BackupMonitor, only samples under `# TYPE litestream_replica_progress gauge` with a non-empty
 /// `watermark` label count. Stricter than Zero, these become warnings instead: a watermark that is not a
-/// lexi-version; a value that is NaN, infinite, negative, 0 (a fresh series read before its time is set, W3) or
+/// lexi-version; a value that is NaN, infinite, negative, 0 (a fresh series read before its time is set) or
 /// before [`MIN_PLAUSIBLE_BACKUP_SECS`]; a malformed line; a family of another type.
 ///
 /// A series (the same full label set) that appears more than once is an invalid page, and no copy of it is kept:
@@ -364,9 +368,9 @@ fn backup_time(secs: f64) -> Result<SystemTime, &'static str> {
     if secs.is_infinite() {
         return Err("an infinite time");
     }
-    // Checked before the sign, so -0 reads as the W3 case too.
+    // Checked before the sign, so -0 reads as time 0 too (docs/protocol.md, "A gauge read at time zero").
     if secs == 0.0 {
-        return Err("time 0: a new series read before litestream set its time (PROTOCOL.md W3)");
+        return Err("time 0: a new series read before litestream set its time");
     }
     if secs < 0.0 {
         return Err("a time before 1970");
@@ -563,7 +567,8 @@ fn quote(line: &str) -> String {
 /// line endings (LF or CRLF) and a missing final newline included; `Borrowed` when nothing matched.
 ///
 /// Zero's BackupMonitor reads the page through the proxy: with the family gone it finds no gauge and schedules no
-/// purge of its own, so the sidecar is the only cleanup authority (PROTOCOL.md §11.6). Lines are matched
+/// purge of its own, so the sidecar is the only cleanup authority (docs/protocol.md, "Two purgers"). Lines are
+/// matched
 /// generously (see `line_kind`), because a line the proxy lets through that Zero reads as the gauge would bring
 /// Zero's reservation-blind cleanup back.
 pub fn strip_progress_family(page: &[u8]) -> Cow<'_, [u8]> {
@@ -1085,9 +1090,9 @@ mod tests {
             ("-Inf", "infinite"),
             ("Inf", "infinite"),
             ("-1.7e9", "before 1970"),
-            ("0", "W3"),
-            ("-0", "W3"),
-            ("0e0", "W3"),
+            ("0", "time 0"),
+            ("-0", "time 0"),
+            ("0e0", "time 0"),
             ("1", "before 2001"),
             ("9.99e8", "before 2001"),
             ("1e300", "out of range"),

@@ -214,8 +214,8 @@ pub enum Head {
 }
 
 /// Reads until the first request head is whole, in a buffer that grows with the bytes that arrive (from 256
-/// bytes), never past `limit` and some slack. Blank lines before the request line are allowed, as RFC 9112 §2.2
-/// asks; hyper parses what this returns.
+/// bytes), never past `limit` and some slack. Blank lines before the request line are allowed, as RFC 9112
+/// (section 2.2) asks; hyper parses what this returns.
 pub async fn read_head<S: AsyncRead + Unpin>(
     stream: &mut S,
     limit: usize,

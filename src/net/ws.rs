@@ -76,7 +76,7 @@ pub enum PeerClose {
     Invalid(CloseWith),
 }
 
-/// Validates a received close frame (RFC 6455 §5.5, §5.5.1, §7.4).
+/// Validates a received close frame (RFC 6455, sections 5.5, 5.5.1 and 7.4).
 pub fn read_close(payload: BytesMut) -> PeerClose {
     if payload.len() > 125 {
         return PeerClose::Invalid(CloseWith::new(
@@ -114,7 +114,7 @@ fn is_valid_close_code(code: u16) -> bool {
     matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
 }
 
-/// Follows message boundaries across fragments (RFC 6455 §5.4) and hands each whole message of at most `limit`
+/// Follows message boundaries across fragments (RFC 6455, section 5.4) and hands each whole message of at most `limit`
 /// bytes to a callback: a frame's own payload when the frame is the whole message, else the fragments joined
 /// (the only copy). Control frames are not part of messages; callers handle them before.
 #[derive(Debug)]
@@ -244,7 +244,7 @@ impl Assembler {
     }
 }
 
-/// A frame header read in place from a buffer (RFC 6455 §5.2).
+/// A frame header read in place from a buffer (RFC 6455, section 5.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
     pub fin: bool,
@@ -696,7 +696,8 @@ impl std::fmt::Debug for Outbox {
 /// Ping-based liveness for a socket: a ping every `interval`, and the peer counts as gone once nothing (pong or any
 /// frame) arrived from it for `timeout`, as seen at a ping time. One unanswered ping is no reason to drop a peer:
 /// a network stall of a few seconds would then cost a view-syncer its reservation, which Zero 0.20 never asks for
-/// again. Zero's own server drops a client only when a whole 30 s ping interval brought nothing (PROTOCOL.md §4.4).
+/// again. Zero's own server drops a client only when a whole 30 s ping interval brought nothing (docs/protocol.md,
+/// "Liveness").
 pub struct Liveness {
     ticker: Interval,
     silence: Silence,

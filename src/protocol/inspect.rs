@@ -1,5 +1,5 @@
-//! Reading just enough of a relayed change-stream frame to follow a subscriber's acknowledgements
-//! (PROTOCOL.md §6.8): which frames are commits, with their id and watermark. Pure, no I/O.
+//! Reading just enough of a relayed change-stream frame to follow a subscriber's acknowledgements (docs/protocol.md, "A
+//! subscriber's acknowledged watermark"): which frames are commits, with their id and watermark. Pure, no I/O.
 //!
 //! The relay sees every downstream frame, and most are data messages carrying rows of any size. Only the frame's
 //! head is scanned to find the message tag (`msg[0]`), in either key order: `{"id":N,"msg":["commit",…` (Zero

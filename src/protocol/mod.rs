@@ -1,6 +1,6 @@
 //! Zero's change-streamer wire protocol, without I/O: which paths exist, which protocol versions are served,
 //! the exact rejection texts Zero uses, the snapshot status frame, strict ack decoding, and how a `/changes`
-//! query string is read and forwarded (PROTOCOL.md §3-§6).
+//! query string is read and forwarded (docs/protocol.md, "Paths and versions" to "The change stream").
 
 pub mod inspect;
 pub mod shard;
@@ -16,7 +16,7 @@ pub const SNAPSHOT_VERSIONS: std::ops::RangeInclusive<u64> = 3..=6;
 /// up to v6 speaks.
 pub const CHANGES_VERSIONS: std::ops::RangeInclusive<u64> = 1..=6;
 
-/// WebSocket close codes used by the sidecar (RFC 6455 §7.4.1).
+/// WebSocket close codes used by the sidecar (RFC 6455, section 7.4.1).
 pub mod close {
     pub const GOING_AWAY: u16 = 1001;
     pub const PROTOCOL_ERROR: u16 = 1002;
@@ -52,8 +52,9 @@ pub enum Version {
     Invalid(String),
 }
 
-/// Matches paths as Zero's Fastify routes do (PROTOCOL.md §3.2): exactly `/replication/:segment/(snapshot|changes)`,
-/// one segment, no trailing slash; then the version is read from the segment.
+/// Matches paths as Zero's Fastify routes do (docs/protocol.md, "Paths and versions"): exactly
+/// `/replication/:segment/(snapshot|changes)`, one segment, no trailing slash; then the version is read from the
+/// segment.
 pub fn route(path: &str) -> Route {
     match path {
         "/" => return Route::Root,
@@ -105,8 +106,8 @@ pub fn invalid_path(path: &str) -> String {
 
 pub const MISSING_TASK_ID: &str = "Error: Missing taskID in snapshot request";
 
-/// Reads a query parameter as Zero does (PROTOCOL.md §6.1): form-urlencoded, first occurrence wins, and an empty
-/// value counts as absent.
+/// Reads a query parameter as Zero does (docs/protocol.md, "Subscription parameters"): form-urlencoded, first
+/// occurrence wins, and an empty value counts as absent.
 pub fn query_param(query: Option<&str>, name: &str) -> Option<String> {
     let query = query?;
     url::form_urlencoded::parse(query.as_bytes())
@@ -141,8 +142,8 @@ pub fn check_changes(version: &Version) -> Result<(), String> {
 }
 
 /// What a `/changes` subscriber says about itself in its query string, read as Zero's server reads it
-/// (PROTOCOL.md §6.1): form-urlencoded, the first occurrence of a key wins, an empty value counts as absent,
-/// unknown keys are ignored. Nothing here rejects a subscription: that is the upstream's decision.
+/// (docs/protocol.md, "Subscription parameters"): form-urlencoded, the first occurrence of a key wins, an empty value
+/// counts as absent, unknown keys are ignored. Nothing here rejects a subscription: that is the upstream's decision.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SubscriberContext {
     pub id: Option<String>,
@@ -209,10 +210,11 @@ pub fn parse_subscriber_context(query: Option<&str>) -> SubscriberContext {
     }
 }
 
-/// The query string to forward upstream when the sidecar, not Zero, owns change-log cleanup (PROTOCOL.md §11.6):
-/// the value of the `initial` parameter Zero reads (its first occurrence) becomes `false` when it reads as `true`,
-/// which keeps Zero from scheduling its own purge (W2). Every other byte, percent-encoding and key order included,
-/// is kept; a query whose `initial` is absent or not exactly `true` comes back unchanged.
+/// The query string to forward upstream when the sidecar, not Zero, owns change-log cleanup (docs/protocol.md,
+/// "Two purgers"): the value of the `initial` parameter Zero reads (its first occurrence) becomes `false` when it
+/// reads as `true`, which keeps Zero from scheduling its own purge (docs/protocol.md, "The purge-on-subscribe
+/// signal"). Every other byte, percent-encoding and key order included, is kept; a query whose `initial` is absent
+/// or not exactly `true` comes back unchanged.
 pub fn suppress_initial(query: &str) -> Cow<'_, str> {
     let mut start = 0;
     for segment in query.split('&') {
@@ -242,14 +244,14 @@ pub fn suppress_initial(query: &str) -> Cow<'_, str> {
 }
 
 /// The v3 snapshot status, id first and without whitespace so that every Zero client version accepts it
-/// (PROTOCOL.md §4.1, §5.2).
+/// (docs/protocol.md, "Frames and acks" and "The snapshot status").
 pub fn snapshot_status_v3(backup_url: &str) -> String {
     let url = serde_json::to_string(backup_url).expect("a string serializes");
     format!(r#"{{"id":1,"msg":["status",{{"tag":"status","backupURL":{url}}}]}}"#)
 }
 
 /// The v4+ snapshot status: v3's fields plus the change-streamer's `replicaVersion` and `minWatermark`, the
-/// earliest watermark catch-up can start from (PROTOCOL.md §5.2, §12).
+/// earliest watermark catch-up can start from (docs/protocol.md, "The snapshot status").
 pub fn snapshot_status_v4(backup_url: &str, replica_version: &str, min_watermark: &str) -> String {
     let json = |s: &str| serde_json::to_string(s).expect("a string serializes");
     format!(
@@ -261,7 +263,7 @@ pub fn snapshot_status_v4(backup_url: &str, replica_version: &str, min_watermark
 }
 
 /// Decodes a client ack exactly as Zero's server does: a JSON object with the single key `ack` holding a number.
-/// Anything else, extra keys included, is an error (PROTOCOL.md §4.1).
+/// Anything else, extra keys included, is an error (docs/protocol.md, "Frames and acks").
 pub fn decode_ack(text: &[u8]) -> Result<u64, AckError> {
     // The relay reads one ack per message relayed: the exact form clients send needs no JSON parser.
     if let Some(id) = plain_ack(text) {
@@ -300,7 +302,8 @@ fn plain_ack(text: &[u8]) -> Option<u64> {
 pub struct AckError(pub String);
 
 /// Cuts a close reason to the 123 bytes a close frame allows, the way Zero's `closeWithError` does: keep at most
-/// 120 characters, then drop characters until the text plus `...` fits (PROTOCOL.md §3.3).
+/// 120 characters, then drop characters until the text plus `...` fits (docs/protocol.md, "Rejections and close
+/// codes").
 pub fn close_reason(reason: &str) -> String {
     const MAX: usize = 123;
     if reason.len() <= MAX {

@@ -15,13 +15,13 @@ keys::section! {
 }
 
 impl ZeroConfig {
-    /// The change DB schema, e.g. `zero_0/cdc`, unquoted (docs/protocol.md, "The change DB").
+    /// The change DB schema, e.g. `zero_0/cdc`, unquoted (docs/protocol.md, "Schema and app ID").
     pub fn cdc_schema(&self) -> String {
         format!("{}_{}/cdc", self.app_id, self.shard_num)
     }
 }
 
-/// Zero refuses other app IDs; the ID also becomes part of a quoted SQL identifier.
+/// Zero refuses other app IDs (docs/protocol.md, "Schema and app ID"); the ID also becomes part of a quoted SQL identifier.
 pub fn validate_app_id(app_id: &str) -> Result<(), String> {
     if app_id.is_empty() {
         return Err("must not be empty".into());

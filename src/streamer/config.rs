@@ -84,7 +84,7 @@ keys::section! {
     /// `[relay]`: what one relayed subscription may hold.
     pub struct RelayConfig(s) {
         /// Forward `initial=false` instead of `initial=true` so that Zero does not schedule its own change-log
-        /// purge (docs/protocol.md, "Zero's own cleanup").
+        /// purge (docs/protocol.md, "Two purgers" and "The purge-on-subscribe signal").
         suppress_upstream_cleanup: bool = key(true),
         /// Bytes queued toward one socket before the relay stops reading the other: a slow reader slows only its
         /// own stream. A single larger frame still passes, one at a time.

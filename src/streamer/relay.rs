@@ -1,14 +1,16 @@
 //! The `/changes` relay: each subscription is a WebSocket to Zero's change-streamer, opened before the
-//! subscriber's own upgrade is answered ([`serve`]), and every frame is relayed unchanged both ways (PROTOCOL.md
-//! §6, §11.2). A subscription the sidecar cannot relay is refused before the upgrade: HTTP 400 for a path or
-//! version no Zero serves, HTTP 502 when the upstream cannot be reached, which makes Zero's client back off
-//! instead of reconnecting every 25 ms (W10).
+//! subscriber's own upgrade is answered ([`serve`]), and every frame is relayed unchanged both ways
+//! (docs/protocol.md, "The change stream" and "Relaying a subscription"). A subscription the sidecar cannot relay is
+//! refused before the upgrade: HTTP 400 for a path or version no Zero serves, HTTP 502 when the upstream cannot be
+//! reached, which makes Zero's client back off instead of reconnecting every 25 ms (docs/protocol.md, "Reconnect
+//! storms after a rejected upgrade").
 //!
 //! What the relay owns: the upstream handshake, each hop's liveness (the subscriber is pinged and dropped after
 //! `server.peer_timeout` of silence, a silent upstream is dropped), close codes passed through both ways,
 //! back-pressure and its limit (a subscriber that stops reading is dropped after `relay.write_stall_timeout`), ending
-//! the subscriber's snapshot reservation once the upstream has registered it (§5.3 4a), and each subscriber's
-//! acknowledged watermark for the cleanup policy (§6.8). What it does not: decide whether a subscription is valid;
+//! the subscriber's snapshot reservation once the upstream has registered it (docs/protocol.md, "How a reservation
+//! ends"), and each subscriber's acknowledged watermark for the cleanup policy (docs/protocol.md, "A subscriber's
+//! acknowledged watermark"). What it does not: decide whether a subscription is valid;
 //! the upstream does, and its answers (error frames, closes with Zero's reasons) reach the subscriber as sent.
 //!
 //! One task serves both directions of a connection: two [`Inbox`]es read, two [`Outbox`]es flushed as `select!`
@@ -389,7 +391,7 @@ impl Peer {
     }
 
     /// Queues a close if none was sent yet. A side that already sent its own close gets it echoed
-    /// (RFC 6455 §5.5.1) instead of `with`.
+    /// (RFC 6455, section 5.5.1) instead of `with`.
     fn close(&mut self, with: Option<&CloseWith>) {
         if self.gone || self.outbox.is_closed() {
             return;
@@ -782,7 +784,8 @@ impl<'a> Relay<'a> {
                         .relayed((header.opcode == OpCode::Text).then_some(payload));
                 }
                 if !self.subscribed {
-                    // The upstream answers only once it has registered the subscriber (§5.3 4a).
+                    // The upstream answers only once it has registered the subscriber (docs/protocol.md, "How a
+                    // reservation ends").
                     self.subscribed = true;
                     on_subscribed(self.ctx, &self.subscription, self.requested);
                 }
@@ -1038,7 +1041,7 @@ async fn handle_changes(
 }
 
 /// The upstream has answered the subscription: end the task's reservation if this is its first subscription after a
-/// restore (whatever the mode, §11.6).
+/// restore (whatever the mode: docs/protocol.md, "How a reservation ends").
 ///
 /// The subscriber was tracked when the relay started ([`track`]): the cleanup policy reads reservations before
 /// subscribers, so a check around this step sees the reservation still open or the subscriber already tracked,
@@ -1085,8 +1088,8 @@ fn track(ctx: &RelayContext, subscription: &SubscriberContext) -> Option<AckTrac
     ))
 }
 
-/// Commits sent to one subscriber and not yet acknowledged, in id order (PROTOCOL.md §6.8), with when each was
-/// relayed: the oldest one's age is how far the subscriber lags.
+/// Commits sent to one subscriber and not yet acknowledged, in id order (docs/protocol.md, "A subscriber's
+/// acknowledged watermark"), with when each was relayed: the oldest one's age is how far the subscriber lags.
 struct AckTracker {
     handle: SubscriberHandle,
     pending: VecDeque<(u64, String, Instant)>,

@@ -1,11 +1,11 @@
 //! How many bytes from a subscriber are worth waking up for (the socket's `SO_RCVLOWAT`), decided without I/O.
 //!
-//! Zero's client acks every message in its own frame, `{"ack":N}`, in id order, each as soon as it has finished
-//! the message (PROTOCOL.md §4.1). A relay woken for each of those frames does a read, a write upstream and a
-//! sleep per message; most of a relay's CPU on Zero's traffic is that. But the relay knows how many messages it
-//! has passed down that are not acknowledged yet, and how long their acks are at least: so it can ask the kernel
-//! not to wake it before the subscriber has acked all of them (up to a cap), and then read and forward them
-//! together. Every ack still reaches the upstream, in order; they leave in fewer, fuller writes.
+//! Zero's client acks every message in its own frame, `{"ack":N}`, in id order, each as soon as it has finished the
+//! message (docs/protocol.md, "Frames and acks"). A relay woken for each of those frames does a read, a write upstream
+//! and a sleep per message; most of a relay's CPU on Zero's traffic is that. But the relay knows how many messages it
+//! has passed down that are not acknowledged yet, and how long their acks are at least: so it can ask the kernel not to
+//! wake it before the subscriber has acked all of them (up to a cap), and then read and forward them together. Every
+//! ack still reaches the upstream, in order; they leave in fewer, fuller writes.
 //!
 //! Waiting for bytes that never come would stall the subscription, so the threshold is only raised while the
 //! subscriber has been seen to follow that protocol, and it drops back to one byte (wake for anything) as soon as

@@ -532,7 +532,7 @@ impl MetricsServer {
     }
 }
 
-/// A litestream_replica_progress page in the Zero fork's format (PROTOCOL.md §7).
+/// A litestream_replica_progress page in the Zero fork's format (docs/protocol.md, "litestream's progress gauge").
 pub fn progress_page(samples: &[(&str, f64)]) -> String {
     let mut page = String::from(
         "# HELP litestream_db_size The current size of the real DB\n# TYPE litestream_db_size gauge\n\
@@ -693,7 +693,8 @@ impl Drop for Upstream {
     }
 }
 
-/// Zero 0.20's rejections of a subscription, checked in Zero's order (PROTOCOL.md §3.3): `Some((1002, reason))`.
+/// Zero 0.20's rejections of a subscription, checked in Zero's order (docs/protocol.md, "Rejections and close
+/// codes"): `Some((1002, reason))`.
 pub fn zero_rejection(target: &str) -> Option<(u16, String)> {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let version = path
@@ -812,7 +813,7 @@ where
     }
 }
 
-/// A `/changes` path with a 0.20 client's query (PROTOCOL.md §6.2).
+/// A `/changes` path with a 0.20 client's query (docs/protocol.md, "Subscription parameters").
 pub fn changes_path(
     version: u64,
     task_id: &str,

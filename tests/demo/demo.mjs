@@ -4,7 +4,7 @@
 // environment with telemetry off, the loopback preload, the litestream stand-in, process marking and cleanup).
 //
 // What runs: the sidecar, a replication-manager, and view-syncers that reach the sidecar by
-// ZERO_CHANGE_STREAMER_URI (Zero 1.9's recommended URI topology, README "Recommended deployment with Zero 1.9").
+// ZERO_CHANGE_STREAMER_URI (Zero 1.9's recommended URI topology, docs/deploy-zero-1.9.md).
 // A row is inserted upstream every second; every RESTORE_EVERY_S a new view-syncer starts with no replica, so it
 // reserves a snapshot, restores the backup and subscribes (its reservation opens, then its subscription ends it),
 // and the previous one stops. Until Ctrl-C (SIGINT) or SIGTERM; with DEMO_SECONDS=N it ends by itself after N s and

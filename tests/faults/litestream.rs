@@ -399,7 +399,7 @@ async fn a_gauge_gone_backwards_holds_cleanup_and_pins_reservations_no_higher_un
     );
     drop((before, during));
     eventually("reservations closed", || bench.sidecar.registry.is_empty()).await;
-    // The newest row always stays (PROTOCOL.md W8a).
+    // The newest row always stays (docs/protocol.md, "Purging the newest transaction").
     bench.rows_become(&["0e"]).await;
     let Bench {
         db,

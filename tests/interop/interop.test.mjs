@@ -1,4 +1,4 @@
-// End-to-end interop tests: the sidecar in the recommended deployment (PROTOCOL.md §11.6) with real Zero 0.20
+// End-to-end interop tests: the sidecar in the recommended deployment (docs/deploy-zero-0.20.md) with real Zero 0.20
 // processes. Run by `make test` (scripts/interop.sh): PostgreSQL from scripts/with-postgres.sh, the sidecar binary
 // from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone, but a
 // later scenario relies on the state an earlier one left (rows, subscribers, processes). The last one starts a
@@ -516,7 +516,8 @@ scenario('5. the sidecar restarts under both Zero processes; streaming resumes, 
 }, 180_000);
 
 scenario('6. cold start with the first backup late: the view-syncer waits on one open, pinged reservation, then restores once', async ctx => {
-  // Long enough that the wait outlasts Zero 0.20's own liveness limit on the socket (30 s + 3 s, PROTOCOL.md §4.4).
+  // Long enough that the wait outlasts Zero 0.20's own liveness limit on the socket (30 s + 3 s: docs/protocol.md,
+  // "Liveness").
   const FIRST_UPLOAD_DELAY_MS = 45_000;
   const PING_INTERVAL_MS = 5_000; // the sidecar's server.ping_interval in the Topology's config
   const cold = new Topology('cold', {standinEnv: {INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});

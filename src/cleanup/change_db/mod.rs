@@ -1,29 +1,30 @@
-//! The Zero change DB in PostgreSQL (PROTOCOL.md §8): one supervised connection, the reads the sidecar needs
-//! (discovery address, replica version, oldest watermark, schema version), the `ownerAddress` compare-and-set,
-//! and the batched, ownership-checked purge of `changeLog`.
+//! The Zero change DB in PostgreSQL (docs/protocol.md, "The change DB"): one supervised connection, the reads the
+//! sidecar needs (discovery address, replica version, oldest watermark, schema version), the `ownerAddress`
+//! compare-and-set, and the batched, ownership-checked purge of `changeLog`.
 //!
 //! It holds no policy: which watermark may be purged, and when, is [`crate::cleanup`]'s decision; this module only
 //! carries it out safely.
 //!
-//! Safety rules, all from PROTOCOL.md:
+//! Safety rules, all from docs/protocol.md:
 //! - Zero 0.20's storer runs each upstream transaction at SERIALIZABLE and treats a serialization failure as lost
-//!   ownership, which stops the replication-manager (§8.5, §11.1). So this module never UPDATEs or locks the
-//!   `replicationState` row except through [`ChangeDb::adopt_address`] / [`ChangeDb::restore_address`], whose single
-//!   statement matches no row (creates no row version) unless a change is needed, and it never touches `owner`.
-//! - A purge runs in bounded batches, each its own transaction that first re-reads `ownerAddress` with a plain
-//!   SELECT, then takes the head row with `FOR UPDATE NOWAIT` (a newer RM holds `FOR SHARE` on it while it takes over,
-//!   §12), and never deletes rows at the newest watermark in the table (W8a). A target above that watermark deletes
-//!   nothing: the log has not reached it, and a bound left from before a resync onto a cluster with lower LSNs
-//!   would otherwise delete all of the new log but its newest transaction.
+//!   ownership, which stops the replication-manager ("The storer's transactions", "Writing ownerAddress under a
+//!   serializable storer"). So this module never UPDATEs or locks the `replicationState` row except through
+//!   [`ChangeDb::adopt_address`] / [`ChangeDb::restore_address`], whose single statement matches no row (creates no row
+//!   version) unless a change is needed, and it never touches `owner`.
+//! - A purge runs in bounded batches, each its own transaction that first re-reads `ownerAddress` with a plain SELECT,
+//!   then takes the head row with `FOR UPDATE NOWAIT` (a newer RM holds `FOR SHARE` on it while it takes over,
+//!   "Ownership"), and never deletes rows at the newest watermark in the table ("Purging the newest transaction"). A
+//!   target above that watermark deletes nothing: the log has not reached it, and a bound left from before a resync
+//!   onto a cluster with lower LSNs would otherwise delete all of the new log but its newest transaction.
 //! - Only one sidecar purges a shard: [`ChangeDb::claim_purger`] takes a session advisory lock keyed by the shard
 //!   ([`purger_lock_key`]), and once a handle has claimed, each of its purge batches checks that its session still
 //!   holds it.
-//! - Watermarks compare as bytes (§2). Zero's DDL leaves `watermark` in the database's default collation, and
-//!   most collations (`C`, `en_US`, ICU root) order LexiVersions' `[0-9a-z]` as bytes, so the statements use the
-//!   column's collation and the primary-key index serves them. Some do not (Danish puts "aa" after "z", Estonian
-//!   "z" before "t"): once per connection the column's collation is checked against byte order over every string
-//!   of up to three such characters, and where it disagrees the statements compare `COLLATE "C"` instead (correct,
-//!   but without the index).
+//! - Watermarks compare as bytes ("Watermarks", "Collations that do not sort watermarks as bytes"). Zero's DDL leaves
+//!   `watermark` in the database's default collation, and most collations (`C`, `en_US`, ICU root) order LexiVersions'
+//!   `[0-9a-z]` as bytes, so the statements use the column's collation and the primary-key index serves them. Some do
+//!   not (Danish puts "aa" after "z", Estonian "z" before "t"): once per connection the column's collation is checked
+//!   against byte order over every string of up to three such characters, and where it disagrees the statements compare
+//!   `COLLATE "C"` instead (correct, but without the index).
 //!
 //! This file is the public API and the operations that carry out those rules. Each job behind them has its own
 //! file, so that each can be read and tested alone: `sql.rs` (the statements' text), `supervisor.rs` (keeping the

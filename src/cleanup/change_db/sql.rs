@@ -52,11 +52,13 @@ impl WatermarkSql {
         WatermarkSql {
             min_watermark: format!("SELECT min({w}) FROM {change_log}"),
             max_watermark: format!("SELECT max({w}) FROM {change_log}"),
-            // PROTOCOL.md §12: an incoming replication-manager holds FOR SHARE on this row until it owns the log.
+            // An incoming replication-manager holds FOR SHARE on this row until it owns the log (docs/protocol.md,
+            // "Ownership").
             lock_head: format!(
                 "SELECT watermark FROM {change_log} ORDER BY {w}, pos LIMIT 1 FOR UPDATE NOWAIT"
             ),
-            // One bounded batch, never at the newest watermark (W8a). The rows are picked along the
+            // One bounded batch, never at the newest watermark (docs/protocol.md, "Purging the newest
+            // transaction"). The rows are picked along the
             // (watermark, pos) primary key and deleted by their tuple ids: with `(watermark, pos) IN (…)` the
             // planner hash-joins against a sequential scan of the whole log for every batch. Tuple ids are stable
             // here: change-log rows are never updated, and a row deleted concurrently is simply skipped.
@@ -85,7 +87,8 @@ impl Sql {
             replica_version: format!(r#"SELECT "replicaVersion" FROM {replication_config}"#),
             data_version: format!(r#"SELECT "dataVersion" FROM {version_history}"#),
             // Matches no row unless the address must change: no row version, so no conflict with the storer's
-            // SERIALIZABLE transaction (PROTOCOL.md §11.1). `owner` is never written.
+            // SERIALIZABLE transaction (docs/protocol.md, "Writing ownerAddress under a serializable storer").
+            // `owner` is never written.
             adopt_address: format!(
                 r#"UPDATE {replication_state} SET "ownerAddress" = $2
                     WHERE "ownerAddress" = $1 AND "ownerAddress" IS DISTINCT FROM $2"#
@@ -133,9 +136,9 @@ const WATERMARK_COLLATION: &str = r#"
       JOIN pg_namespace n ON n.oid = c.collnamespace
      WHERE a.attrelid = to_regclass($1) AND a.attname = 'watermark'"#;
 
-/// True when `collation` sorts every string of one to three characters from `[0-9a-z]` exactly as bytes: the
-/// alphabet of LexiVersions (PROTOCOL.md §2). This catches the collations that do not, such as Danish ("aa" after
-/// "z"), Estonian ("z" before "t") or numeric ordering ("9" before "10").
+/// True when `collation` sorts every string of one to three characters from `[0-9a-z]` exactly as bytes: the alphabet
+/// of LexiVersions (docs/protocol.md, "Collations that do not sort watermarks as bytes"). This catches the collations
+/// that do not, such as Danish ("aa" after "z"), Estonian ("z" before "t") or numeric ordering ("9" before "10").
 pub(super) fn byte_order_probe(collation: &str) -> String {
     format!(
         r#"WITH c(ch) AS (SELECT chr(x) FROM generate_series(48, 57) x

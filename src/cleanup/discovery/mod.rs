@@ -4,9 +4,10 @@
 //! only in `adopt` mode against a change-streamer that takes row locks — when to write it.
 //!
 //! Writing that row is dangerous with Zero 0.20: an outside UPDATE committing while the change-streamer's
-//! SERIALIZABLE storer transaction is open aborts it with 40001 and stops the replication-manager (PROTOCOL.md
-//! §8.5, §11.1). So `verify` (the default) never writes, and `adopt` writes only when the schema's data version
-//! shows the row-lock storer (Zero 0.26+, `dataVersion >= 6`).
+//! SERIALIZABLE storer transaction is open aborts it with 40001 and stops the replication-manager
+//! (docs/protocol.md, "The storer's transactions" and "Writing ownerAddress under a serializable storer"). So
+//! `verify` (the default) never writes, and `adopt` writes only when the schema's data version shows the row-lock
+//! storer (Zero 0.26+, `dataVersion >= 6`).
 
 use std::time::Duration;
 
@@ -20,13 +21,15 @@ pub mod config;
 use crate::net::address::same_address;
 pub use config::{DiscoveryConfig, DiscoveryMode};
 
-/// `versionHistory.dataVersion` from which the change-streamer stores under row locks (PROTOCOL.md §12).
+/// `versionHistory.dataVersion` from which the change-streamer stores under row locks (docs/protocol.md, "What each
+/// Zero release changed").
 pub const ROW_LOCK_DATA_VERSION: i32 = 6;
 
 /// What the address table says, as read from the change DB.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Observed {
-    /// No `replicationState` row yet, or `ownerAddress` NULL (first start, or after a resync, §8.2).
+    /// No `replicationState` row yet, or `ownerAddress` NULL (first start, or after a resync: docs/protocol.md,
+    /// "Tables").
     NoAddress,
     Address(String),
 }

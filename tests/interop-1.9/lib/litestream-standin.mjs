@@ -6,7 +6,7 @@
 //   litestream-standin.mjs replicate
 //     Every INTEROP_STANDIN_INTERVAL_MS (default 2000) copies the replica (a consistent SQLite backup) to the
 //     directory of the file:// replica URL, reads "_zero.replicationState".stateVersion from the copy, and serves
-//     on the config's `addr` the fork's gauge for it (PROTOCOL.md §7):
+//     on the config's `addr` the fork's gauge for it (docs/protocol.md, "litestream's progress gauge"):
 //       litestream_replica_progress{db="<replica path>",name="file",watermark="<stateVersion>"} <epoch seconds>
 //     Each upload that carries a new watermark is recorded as an object of the destination: the first as a
 //     snapshot, later ones as WAL segments (objects.jsonl beside the copy), with the time it was created.

@@ -1,4 +1,4 @@
-// The deployments under test with real Zero 1.9 processes (PROTOCOL.md §11.7), on 127.0.0.1 with free ports.
+// The deployments under test with real Zero 1.9 processes (docs/deploy-zero-1.9.md), on 127.0.0.1 with free ports.
 //
 // Address topology (what today's sidecar serves; `discovery.mode = "verify"`):
 //
@@ -117,7 +117,7 @@ export class Topology {
     this.writeSidecarConfig();
   }
 
-  /** Zero 1.9's own litestream config with only `addr` moved to a private port (PROTOCOL.md §11.6, §11.7). */
+  /** Zero 1.9's own litestream config with only `addr` moved to a private port (docs/deploy-zero-1.9.md, step 1). */
   litestreamConfig(port) {
     const zeroConfig = readFileSync(join(ZERO_CACHE_SRC, 'services/litestream/config.yml'), 'utf8');
     const moved = zeroConfig.replace(/^addr: .*$/m, `addr: 127.0.0.1:${port}`);

@@ -140,7 +140,7 @@ export class RawSubscriber {
   }
 }
 
-/** The query string a Zero 0.20 subscriber sends (PROTOCOL.md §6.2). */
+/** The query string a Zero 0.20 subscriber sends (docs/protocol.md, "Subscription parameters"). */
 export function changesQuery({taskID = '', id, mode = 'serving', watermark, replicaVersion, initial = false}) {
   return new URLSearchParams({taskID, id, mode, watermark, replicaVersion, initial: initial ? 'true' : 'false'}).toString();
 }

@@ -5,7 +5,7 @@
 //   litestream-standin.mjs replicate
 //     Every INTEROP_STANDIN_INTERVAL_MS (default 2000) copies the replica (a consistent SQLite backup) to the
 //     directory of the file:// replica URL, reads "_zero.replicationState".stateVersion from the copy, and serves
-//     on the config's `addr` the fork's gauge for it (PROTOCOL.md §7):
+//     on the config's `addr` the fork's gauge for it (docs/protocol.md, "litestream's progress gauge"):
 //       litestream_replica_progress{db="<replica path>",name="file",watermark="<stateVersion>"} <epoch seconds>
 //     INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS holds the first upload back that long (a slow initial snapshot).
 //   litestream-standin.mjs restore [-if-db-not-exists] [-if-replica-exists] [...] <db path>

@@ -1,4 +1,4 @@
-// The deployment under test (PROTOCOL.md §11.6), on 127.0.0.1 with free ports:
+// The deployment under test (docs/deploy-zero-0.20.md), on 127.0.0.1 with free ports:
 //
 //   view-syncer (zero-cache, discover) ──/snapshot, /changes──▶ sidecar ──/changes──▶ RM change-streamer
 //   RM backup replicator ──────────────────/changes──────────▶ sidecar
@@ -103,7 +103,7 @@ export class Topology {
     this.rmReplica = join(this.dir, 'rm', 'replica.db');
     this.vsReplica = join(this.dir, 'vs', 'replica.db');
 
-    // Zero's own litestream config with only `addr` moved to a private port (README, "Recommended deployment").
+    // Zero's own litestream config with only `addr` moved to a private port (docs/deploy-zero-0.20.md, step 1).
     const zeroConfig = readFileSync(join(ZERO_CACHE_SRC, 'services/litestream/config.yml'), 'utf8');
     const moved = (port) => zeroConfig.replace(/^addr: .*$/m, `addr: 127.0.0.1:${port}`);
     if (moved(1) === zeroConfig) throw new Error("Zero's litestream config has no addr line");
