@@ -43,7 +43,7 @@ impl Cluster {
         let bin = PathBuf::from(std::env::var(BIN_ENV).unwrap_or_else(|_| {
             panic!(
                 "{BIN_ENV} is not set: these tests run PostgreSQL clusters of their own. Run them as \
-                 `scripts/with-postgres.sh cargo test --test faults`."
+                 `scripts/with-postgres.sh cargo test --test it -- pg::`."
             )
         }));
         let dir = tempfile::Builder::new()
@@ -103,10 +103,6 @@ impl Cluster {
             self.port,
             self.dir.path().display()
         )
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
     }
 
     /// `postgres://postgres@127.0.0.1:{port}/postgres`.

@@ -1,6 +1,5 @@
 //! Test harness: the real sidecar on 127.0.0.1:0, real WebSocket clients, a raw-frame client for input no
 //! well-behaved library will send, and a stand-in for Zero's change-streamer behind the relay.
-#![allow(dead_code)]
 
 pub mod cluster;
 pub mod moto;

@@ -18,7 +18,8 @@ pub fn database_url() -> String {
     std::env::var(ENV).unwrap_or_else(|_| {
         panic!(
             "{ENV} is not set: these tests need a real PostgreSQL. Run them as \
-             `scripts/with-postgres.sh cargo test` (or `make test`)."
+             `scripts/with-postgres.sh cargo test --test it -- pg::` (or `make test`); \
+             `cargo test --test it -- --skip pg::` runs the tests that need none."
         )
     })
 }

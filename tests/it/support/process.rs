@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_litestream-sidecar");
 
@@ -41,10 +41,6 @@ pub struct Process {
     pub addr: SocketAddr,
     /// Every log line so far, parsed (a line that is not JSON is kept as `{"message": line}`).
     logs: Arc<Mutex<Vec<serde_json::Value>>>,
-    /// The process counts its uptime from a moment between these two: before the spawn, and once it logged that
-    /// it listens. Its uptime at `t` is at least `t - listening` and at most `t - spawned`.
-    pub spawned: Instant,
-    pub listening: Instant,
 }
 
 impl Process {
@@ -59,7 +55,6 @@ impl Process {
     /// a restart of the process, and a first start holds no cleanup for restores it cannot know of; `env` may say
     /// otherwise).
     pub async fn spawn_with_env(config: &Path, env: &[(&str, &str)]) -> Process {
-        let spawned = Instant::now();
         let dir = config.parent().expect("the config is in a directory");
         let mut child = Reaped(
             Command::new(BIN)
@@ -103,8 +98,6 @@ impl Process {
             child,
             addr: addr.parse().expect("the logged address"),
             logs,
-            spawned,
-            listening: Instant::now(),
         }
     }
 
