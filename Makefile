@@ -42,14 +42,15 @@ lint:
 bench:
 	NGINX="$$(scripts/nginx.sh)" scripts/with-postgres.sh --pg "$(PG)" $(CARGO) run --locked --release --example bench
 
-# Every fuzz target of tests/fuzz.rs (the parsers of outside bytes) for FUZZ_CASES cases each, in a release build;
-# each prints its count, time and seed (FUZZ_SEED=... replays one). Then the cleanup model (tests/model.rs) over
-# MODEL_CASES histories. `make test` runs the same targets briefly, and the model over 2,000 histories.
+# Every fuzz target (module `fuzz` of the integration-test binary, tests/it/fuzz.rs: the parsers of outside bytes)
+# for FUZZ_CASES cases each, in a release build; each prints its count, time and seed (FUZZ_SEED=... replays one).
+# Then the cleanup model (module `model`, tests/it/model.rs) over MODEL_CASES histories. `make test` runs the same
+# targets briefly, and the model over 2,000 histories.
 FUZZ_CASES ?= 1000000
 MODEL_CASES ?= 100000
 fuzz:
-	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release --locked --test fuzz -- --nocapture --test-threads=2
-	MODEL_CASES=$(MODEL_CASES) $(CARGO) test --release --locked --test model
+	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release --locked --test it -- fuzz:: --nocapture --test-threads=2
+	MODEL_CASES=$(MODEL_CASES) $(CARGO) test --release --locked --test it -- model::
 
 clean:
 	$(CARGO) clean

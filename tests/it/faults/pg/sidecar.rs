@@ -1,0 +1,559 @@
+//! The sidecar itself stopped in the middle of its work: restores in progress lose their reservations with the
+//! process, so what protects them after a restart is the cleanup delay, which must survive it.
+
+use std::time::Duration;
+
+use litestream_sidecar::cleanup::{Decision, HoldReason};
+use litestream_sidecar::cleanup::state;
+
+use crate::support::pg::TestSchema;
+use crate::support::process::{metric, Process};
+use crate::support::*;
+
+#[tokio::test]
+async fn a_learned_cleanup_delay_survives_a_restart_and_protects_restores_begun_before_it() {
+    let db = TestSchema::create(Some(5), None).await;
+    for w in ["0a", "0b", "0c", "0d", "0e"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[("0c", seconds_ago(600.0))])).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    let config = || {
+        config(&format!(
+            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
+             [cleanup]\nreconnect_grace = \"1s\"\nstate_file = \"{}\"\n",
+            db.config(),
+            litestream.url(),
+            path.display()
+        ))
+    };
+
+    // A restore took 45 s (its subscription ended the reservation then): the cleanup delay is now 45 s, and the
+    // state file says so within a check.
+    let sidecar = start_aged(config(), Duration::from_secs(600)).await;
+    let lease = sidecar.registry.open("vs-1", tokio::time::Instant::now());
+    let started = sidecar.registry.open_reservations()[0].started;
+    sidecar.registry.end_by_subscription(
+        "vs-1",
+        sidecar.registry.ticket(),
+        started + Duration::from_secs(45),
+    );
+    drop(lease);
+    eventually("the learned delay is on disk", || {
+        state::load(&path)
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.cleanup_delay == Duration::from_secs(45))
+    })
+    .await;
+    sidecar.stop().await;
+
+    // Restarted 40 s ago: past the configured 30 s but not the learned 45 s. A restore that began before the
+    // restart may still run, so cleanup waits, with every row kept.
+    let sidecar = start_aged(config(), Duration::from_secs(40)).await;
+    assert_eq!(sidecar.registry.cleanup_delay(), Duration::from_secs(45));
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::StartingUp)
+    );
+    assert_eq!(db.watermarks().await, ["0a", "0b", "0c", "0d", "0e"]);
+    sidecar.stop().await;
+
+    // Once up for the learned delay it purges, and the last purge is kept too.
+    let sidecar = start_aged(config(), Duration::from_secs(50)).await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    eventually_async("purged below 0c", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
+    })
+    .await;
+    eventually("the last purge is on disk", || {
+        state::load(&path).ok().flatten().is_some_and(|s| {
+            s.last_purge.map(|b| b.watermark).as_deref() == Some("0c")
+                && s.cleanup_delay == Duration::from_secs(45)
+        })
+    })
+    .await;
+    sidecar.stop().await;
+
+    // The next run resumes after it: nothing at or below it is purged again, and status shows it.
+    let sidecar = start_aged(config(), Duration::from_secs(50)).await;
+    eventually("the last purge is restored", || {
+        sidecar.status.get().last_purged() == Some("0c")
+    })
+    .await;
+    sidecar.stop().await;
+
+    // A corrupt file is no reason not to start, but nothing is guessed around it: the sidecar serves and reports,
+    // cleanup holds, and the file is left as it is for the operator.
+    std::fs::write(&path, "{ not json").unwrap();
+    let sidecar = start_aged(config(), Duration::from_secs(600)).await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::StateUnreadable)
+    );
+    let problem = sidecar.status.get().cleanup_problem().unwrap_or_default();
+    assert!(problem.contains("state.json"), "{problem}");
+    let (code, body) = http(sidecar.addr, "GET", "/status").await;
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["cleanup"]["state"], "unreadable");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{ not json");
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e"]);
+    sidecar.stop().await;
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{ not json");
+}
+
+/// A state file that cannot be written holds cleanup (a restart would forget the restores in flight) until a
+/// write succeeds again.
+#[tokio::test]
+async fn a_state_file_that_cannot_be_written_holds_cleanup_until_it_can() {
+    let db = TestSchema::create(Some(5), None).await;
+    for w in ["0a", "0b", "0c", "0d", "0e"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[("0c", seconds_ago(600.0))])).await;
+    let dir = tempfile::tempdir().unwrap();
+    // The place of the file it writes before renaming it over the state is taken: every write fails (as root,
+    // permissions would not stop it).
+    let path = dir.path().join("state.json");
+    let blocked = dir.path().join("state.json.tmp");
+    std::fs::create_dir(&blocked).unwrap();
+    let sidecar = start_aged(
+        with_state(&db, &litestream, &path),
+        Duration::from_secs(600),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::StateUnwritable)
+    );
+    assert_eq!(db.watermarks().await, ["0a", "0b", "0c", "0d", "0e"]);
+    // A reservation's status still goes out (after its wait for the disk).
+    let mut ws = connect(&sidecar.snapshot_url("vs-1")).await;
+    assert!(next_text(&mut ws).await.contains("backupURL"));
+    drop(ws);
+    // Once the place is free, the next write succeeds and cleanup resumes.
+    std::fs::remove_dir(&blocked).unwrap();
+    eventually_async("purged below 0c", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
+    })
+    .await;
+    assert!(state::load(&path).unwrap().is_some());
+    sidecar.stop().await;
+}
+
+/// Writes the config of a real sidecar process on `db` (its sessions named `db.application_name()`), purging
+/// without relayed subscribers once `reconnect_grace` has passed, checking every second, in batches of
+/// `batch_rows`, keeping its state in `state`.
+fn write_process_config(
+    dir: &std::path::Path,
+    db: &TestSchema,
+    litestream: &MetricsServer,
+    state: &std::path::Path,
+    batch_rows: i64,
+) -> std::path::PathBuf {
+    let url = crate::support::pg::database_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{separator}application_name={}", db.application_name());
+    // The destination holds a fresh object: the claimed backups are verified as in production.
+    let backup = dir.join("backup");
+    std::fs::create_dir_all(backup.join("generations/0a1b2c3d/snapshots")).unwrap();
+    std::fs::write(
+        backup.join("generations/0a1b2c3d/snapshots/00000000.snapshot.lz4"),
+        b"snapshot",
+    )
+    .unwrap();
+    let text = format!(
+        "{}[server]\nlisten = \"127.0.0.1:0\"\n\
+         [litestream]\nbackup_url = \"file://{}\"\nproxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n\
+         check_interval = \"1s\"\n\
+         [discovery]\nmode = \"off\"\n\
+         [cleanup]\nwithout_subscribers = \"after_grace\"\nreconnect_grace = \"1s\"\nbatch_rows = {batch_rows}\n\
+         state_file = \"{}\"\n\
+         [log]\nformat = \"json\"\n",
+        db.config_at(&url),
+        backup.display(),
+        litestream.url(),
+        state.display()
+    );
+    let path = dir.join("sidecar.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn row_count(db: &TestSchema) -> usize {
+    let count: i64 = db
+        .client
+        .query_one(
+            &format!("SELECT count(*) FROM {}", db.table("changeLog")),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    count as usize
+}
+
+/// Waits until PostgreSQL has ended every session of the killed process: a COMMIT it sent just before the kill
+/// may still land until then, so only afterwards are the rows final.
+async fn sessions_gone(db: &TestSchema) {
+    let name = db.application_name();
+    within(
+        "the killed process's sessions to end",
+        Duration::from_secs(30),
+        || async {
+            let count: i64 = db
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&name],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            count == 0
+        },
+    )
+    .await;
+}
+
+fn holds(page: &str, reason: HoldReason) -> f64 {
+    metric(
+        page,
+        &format!(
+            "litestream_sidecar_cleanup_holds_total{{reason=\"{}\"}}",
+            reason.as_str()
+        ),
+    )
+    .unwrap_or_else(|| panic!("no {reason:?} holds on the page:\n{page}"))
+}
+
+/// The binary killed with SIGKILL in the middle of a purge of thousands of one-row batches: every committed batch
+/// stays committed, the one in flight dies with its session, and no row at or above the purge's watermark is
+/// deleted. Nothing records the purge as done, so the restarted process — once its start-up hold is over — purges
+/// the rest by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_a_purge_keeps_every_row_from_its_watermark_and_the_restarted_process_finishes_it(
+) {
+    const TRANSACTIONS: u64 = 40;
+    const DATA_ROWS: i64 = 100;
+    let db = TestSchema::create(Some(5), None).await;
+    let watermarks: Vec<String> = (0..TRANSACTIONS).map(|i| lexi(50_000 + i)).collect();
+    db.insert_transactions(&watermarks, DATA_ROWS).await;
+    let all = db.rows().await;
+    assert_eq!(all.len() as u64, TRANSACTIONS * (DATA_ROWS as u64 + 2));
+    // Aged backups at the 11th and 31st transactions: the purge deletes the 30 before the newest, 3060 rows.
+    let target = watermarks[30].clone();
+    let kept: Vec<(String, i64)> = all.iter().filter(|(w, _)| *w >= target).cloned().collect();
+    let litestream = MetricsServer::start(&progress_page(&[
+        (&watermarks[10], seconds_ago(600.0)),
+        (&target, seconds_ago(600.0)),
+    ]))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let state_path = dir.path().join("state.json");
+    let config = write_process_config(dir.path(), &db, &litestream, &state_path, 1);
+
+    // After its 30 s start-up hold the process purges; it is killed once the first batches are gone.
+    let mut first = Process::spawn(&config).await;
+    within("the purge to begin", Duration::from_secs(60), || async {
+        row_count(&db).await < all.len()
+    })
+    .await;
+    first.kill();
+    sessions_gone(&db).await;
+    let after_kill = db.rows().await;
+    let (below, at_or_above): (Vec<_>, Vec<_>) =
+        after_kill.iter().cloned().partition(|(w, _)| *w < target);
+    assert_eq!(
+        at_or_above, kept,
+        "no row at or above the purge's watermark is deleted"
+    );
+    assert!(
+        !below.is_empty(),
+        "the purge finished before the kill: this case needs more rows\n{}",
+        first.log_text()
+    );
+    // What is left below it is a tail of the log: committed batches delete in key order, none half.
+    assert_eq!(
+        below,
+        all[all.len() - kept.len() - below.len()..all.len() - kept.len()]
+    );
+    // The interrupted purge is not on disk as done: a restart that skipped it would leave these rows for good.
+    let saved = state::load(&state_path)
+        .unwrap()
+        .expect("the first check wrote the state");
+    assert_eq!(saved.last_purge, None);
+    assert!(first.logged("change log purged").is_empty());
+
+    // Restarted: held for its own first cleanup delay (a restore may have begun before the kill), then it
+    // finishes the purge by itself, and counts exactly the rows the first run left.
+    let second = Process::spawn(&config).await;
+    within("a start-up hold", Duration::from_secs(10), || async {
+        holds(&second.metrics().await, HoldReason::StartingUp) >= 1.0
+    })
+    .await;
+    let page = second.metrics().await;
+    assert_eq!(
+        metric(&page, "litestream_sidecar_purge_runs_total"),
+        Some(0.0),
+        "{page}"
+    );
+    assert_eq!(
+        db.rows().await,
+        after_kill,
+        "nothing purged while starting up"
+    );
+    within("the purge finished", Duration::from_secs(60), || async {
+        db.rows().await == kept
+    })
+    .await;
+    within("the purge counted", Duration::from_secs(10), || async {
+        let page = second.metrics().await;
+        metric(&page, "litestream_sidecar_purge_runs_total") >= Some(1.0)
+    })
+    .await;
+    let page = second.metrics().await;
+    assert_eq!(
+        metric(&page, "litestream_sidecar_purged_rows_total"),
+        Some(below.len() as f64),
+        "{page}"
+    );
+    let purged = second.logged("change log purged");
+    assert_eq!(purged.len(), 1, "{}", second.log_text());
+    assert_eq!(purged[0]["before"], target.as_str());
+    within("the purge on disk", Duration::from_secs(10), || async {
+        state::load(&state_path)
+            .ok()
+            .flatten()
+            .and_then(|s| s.last_purge)
+            .is_some_and(|b| b.watermark == target)
+    })
+    .await;
+    drop(second);
+    db.drop().await;
+}
+
+/// The binary killed with SIGKILL while a view-syncer restores, with the settings a deployment has by default (the
+/// state file where systemd's `StateDirectory=` puts it): the view-syncer has its status and never opens its
+/// snapshot socket again, and its restore outlasts the restarted process's start-up wait. The reservation
+/// survives in the state file: the restarted process purges what it may, never its floor, lists the reservation as
+/// kept, and ends it when the view-syncer's subscription arrives, with every row from the view-syncer's watermark
+/// still there (no `WatermarkTooOld`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_until_its_subscription(
+) {
+    let db = TestSchema::create(Some(5), None).await;
+    for w in ["0a", "0b", "0c", "0d", "0e", "0f"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[
+        ("0b", seconds_ago(600.0)),
+        ("0c", seconds_ago(600.0)),
+    ]))
+    .await;
+    let mut upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_default_process_config(dir.path(), &db, &litestream, &upstream);
+    let state_path = dir.path().join("state.json");
+
+    let mut first = Process::spawn(&config).await;
+    let mut restore = connect(&format!(
+        "ws://{}/replication/v3/snapshot?taskID=restoring",
+        first.addr
+    ))
+    .await;
+    assert!(next_text(&mut restore).await.contains("\"backupURL\""));
+    // The status went out only once its reservation was on disk, pinned at the newest backup.
+    let saved = state::load(&state_path).unwrap().expect("a state file");
+    assert_eq!(saved.reservations.len(), 1, "{saved:?}");
+    assert_eq!(saved.reservations[0].task_id, "restoring");
+    assert_eq!(saved.reservations[0].floor.as_deref(), Some("0c"));
+    assert_eq!(saved.reservations[0].protocol, 3);
+    // A newer backup, aged: without the reservation, rows below 0e could go.
+    litestream.set_page(&progress_page(&[
+        ("0b", seconds_ago(600.0)),
+        ("0c", seconds_ago(600.0)),
+        ("0e", seconds_ago(600.0)),
+    ]));
+    within("the newer backup seen", Duration::from_secs(10), || async {
+        first
+            .metrics()
+            .await
+            .contains("litestream_sidecar_backup_watermark{watermark=\"0e\"} 1")
+    })
+    .await;
+    first.kill();
+    // The restore's socket dies with the process, without a close; the view-syncer goes on restoring.
+    assert_eq!(next_message(&mut restore).await, None);
+    sessions_gone(&db).await;
+
+    let second = Process::spawn(&config).await;
+    assert_eq!(
+        second.logged("state restored").len(),
+        1,
+        "{}",
+        second.log_text()
+    );
+    let page = second.metrics().await;
+    assert_eq!(
+        metric(&page, "litestream_sidecar_reservations_kept"),
+        Some(1.0),
+        "{page}"
+    );
+    let status = second.status().await;
+    assert_eq!(
+        status["reservations"][0]["task_id"], "restoring",
+        "{status}"
+    );
+    assert_eq!(status["reservations"][0]["kept"], true, "{status}");
+    assert_eq!(status["reservations"][0]["floor"], "0c", "{status}");
+
+    // Past its start-up wait it purges, but only below the kept reservation's floor.
+    within(
+        "a purge below the floor",
+        Duration::from_secs(60),
+        || async { db.watermarks().await == ["0c", "0d", "0e", "0f"] },
+    )
+    .await;
+    within("held at the floor", Duration::from_secs(10), || async {
+        second.status().await["cleanup"]["hold_reason"] == "reservation_floor"
+    })
+    .await;
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e", "0f"]);
+
+    // Restored, the view-syncer subscribes from the backup's watermark: every row from it is there, and its
+    // subscription ends the kept reservation.
+    let path =
+        "/replication/v3/changes?id=vs-restoring&taskID=restoring&replicaVersion=01&watermark=0c\
+                &initial=true&mode=serving";
+    let url = format!("ws://{}{path}", second.addr);
+    let (mut subscriber, mut conn) = tokio::join!(connect(&url), upstream.accept());
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e", "0f"]);
+    let status = conn.send_msg(1, r#"["status",{"tag":"status"}]"#).await;
+    assert_eq!(next_text(&mut subscriber).await, status);
+    within(
+        "the kept reservation ended",
+        Duration::from_secs(10),
+        || async {
+            second.status().await["reservations"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+        },
+    )
+    .await;
+    assert_eq!(
+        second.logged("reservation ended by its subscription").len(),
+        1
+    );
+    // The subscriber, tracked at 0c, still bounds cleanup: nothing at or above its watermark goes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e", "0f"]);
+    drop(second);
+    db.drop().await;
+}
+
+/// A real sidecar process's config with the settings a deployment keeps by default — the state file where
+/// systemd puts it ([`Process::spawn`] sets `STATE_DIRECTORY` to `dir`) — but for what a test must shorten: checks
+/// every second, discovery off, cleanup without relayed subscribers once a one-second grace has passed.
+fn write_default_process_config(
+    dir: &std::path::Path,
+    db: &TestSchema,
+    litestream: &MetricsServer,
+    upstream: &Upstream,
+) -> std::path::PathBuf {
+    let url = crate::support::pg::database_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{separator}application_name={}", db.application_name());
+    let text = format!(
+        "{}[server]\nlisten = \"127.0.0.1:0\"\n\
+         [litestream]\nbackup_url = \"file://{}/backup\"\nproxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n\
+         check_interval = \"1s\"\n\
+         [upstream]\naddress = \"{}\"\n\
+         [discovery]\nmode = \"off\"\n\
+         [backup]\nverify = false\n\
+         [cleanup]\nwithout_subscribers = \"after_grace\"\nreconnect_grace = \"1s\"\n\
+         [log]\nformat = \"json\"\n",
+        db.config_at(&url),
+        dir.display(),
+        litestream.url(),
+        upstream.addr,
+    );
+    let path = dir.join("sidecar.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Across a restart the highest gauge and the last purge are kept: litestream coming back below the last purge (a
+/// restore of an older backup, a host rolled back) is a regression and an alarm, not a fresh start.
+#[tokio::test]
+async fn a_first_gauge_below_the_last_purge_after_a_restart_raises_the_alarm() {
+    let db = TestSchema::create(Some(5), None).await;
+    for w in ["0d", "0e", "0f"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    state::store(
+        &path,
+        &state::Saved {
+            cleanup_delay: Duration::from_secs(30),
+            last_purge: Some(litestream_sidecar::cleanup::Backup {
+                watermark: "0d".into(),
+                backed_up_at: std::time::SystemTime::now() - Duration::from_secs(900),
+            }),
+            highest_backup: Some("0e".into()),
+            ..state::Saved::default()
+        },
+    )
+    .unwrap();
+    let litestream = MetricsServer::start(&progress_page(&[("0b", seconds_ago(600.0))])).await;
+    let sidecar = start_aged(
+        with_state(&db, &litestream, &path),
+        Duration::from_secs(600),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0f"));
+    assert_eq!(
+        decisions(&sidecar, 2).await,
+        Decision::Hold(HoldReason::BackupRegressed)
+    );
+    let status = sidecar.status.get();
+    assert_eq!(
+        status.backup_below_purge,
+        Some(("0d".to_string(), "0b".to_string()))
+    );
+    assert_eq!(
+        status.backup_regressed,
+        Some(("0e".to_string(), "0b".to_string()))
+    );
+    let problem = status.cleanup_problem().unwrap_or_default();
+    assert!(problem.contains("below the last purge (0d)"), "{problem}");
+    let (_, page) = http(sidecar.addr, "GET", "/metrics").await;
+    assert_eq!(
+        metric(&page, "litestream_sidecar_backup_below_last_purge"),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(db.watermarks().await, ["0d", "0e", "0f"]);
+    sidecar.stop().await;
+}
+
+/// An in-process sidecar on `db` and `litestream`, checking every second, keeping its state in `path`.
+fn with_state(
+    db: &TestSchema,
+    litestream: &MetricsServer,
+    path: &std::path::Path,
+) -> litestream_sidecar::Config {
+    config(&format!(
+        "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
+         [cleanup]\nreconnect_grace = \"1s\"\nstate_file = \"{}\"\n",
+        db.config(),
+        litestream.url(),
+        path.display()
+    ))
+}
