@@ -6,15 +6,16 @@
 #
 # Phases, each with its output in a log file of its own (target/test-logs/PHASE.log; a failed phase's log is printed
 # in full at the end):
-#   build       the sidecar, its tests, examples and benchmarks (one debug build, used by every phase below);
-#               the interop suites' npm packages, moto and promtool are installed meanwhile
+#   build       the sidecar binary (debug: what the interop suites run); the interop suites' npm packages are
+#               installed meanwhile
+#   build-tests the tests, examples and benchmarks (so a change cannot break `make bench` unnoticed), and moto
 #   alerts      the alerting rules' unit tests (scripts/test-alerts.sh), once
 #   rust-unit   `cargo test --lib --bins`, once
 #   rust-it     the integration tests that need no database (`--test it -- --skip pg::`), once
 #   rust-pg-M   the integration tests that do (`--test it -- pg::`), on PostgreSQL M
 #   zero-V-M    the interop suite with real Zero V (0.20 and 1.9; scripts/interop.sh) on PostgreSQL M
-# After the build, the Rust lane (alerts, rust-unit, rust-it, then rust-pg-M for each major, one after the other) and
-# every zero-V-M run side by side, each phase that needs PostgreSQL on a throwaway cluster of its own
+# After the build, the Rust lane (build-tests, alerts, rust-unit, rust-it, then rust-pg-M for each major, one after
+# the other) and every zero-V-M run side by side, each phase that needs PostgreSQL on a throwaway cluster of its own
 # (scripts/with-postgres.sh). The interop suites mostly wait on Zero's and the sidecar's timers (Zero 1.9's takes
 # about 8 minutes, nearly all of it waiting), so they cost little beside the Rust tests, and one after the other
 # they would not fit in 15 minutes. Every phase runs even when an earlier one failed.
@@ -39,12 +40,23 @@ rm -rf "$LOGS"
 mkdir -p "$LOGS"
 export LOGS
 
-# Each lane in its own process group (job control), so that an interruption can stop all of it.
-set -m
+# Every phase runs in the background and is waited for (a trapped signal ends `wait` at once, not a foreground
+# command). On the way out, also on failure or interruption, whatever this run still has running gets SIGTERM: the
+# phases' own scripts then stop what they started (scripts/with-postgres.sh its cluster, scripts/interop.sh every
+# process carrying its run's marker).
 LANES=()
+descendants() {
+  local child
+  for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+    echo "$child"
+    descendants "$child"
+  done
+}
 stop_lanes() {
-  local pid
-  for pid in ${LANES[@]+"${LANES[@]}"}; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  local pids
+  pids=$(descendants $$)
+  # shellcheck disable=SC2086 # a list of pids
+  [[ -z $pids ]] || kill -TERM $pids 2>/dev/null || true
   for pid in ${LANES[@]+"${LANES[@]}"}; do wait "$pid" 2>/dev/null || true; done
   LANES=()
 }
@@ -75,27 +87,37 @@ else
 fi
 
 build() {
-  # The installs wait on the network and the disk; the build takes both cores.
+  # The installs wait on the network and the disk (and Zero 0.20's compiles zero-sqlite3); the build takes the rest.
   scripts/install-interop.sh 0.20 >/dev/null &
   local i020=$!
   scripts/install-interop.sh 1.9 >/dev/null &
   local i19=$!
   local rc=0
-  $CARGO build --locked --all-targets || rc=$?
+  $CARGO build --locked --bin litestream-sidecar || rc=$?
   wait $i020 || rc=$?
   wait $i19 || rc=$?
   return $rc
 }
-phase build build
-# The backup tests list an S3-compatible server (moto) on loopback; promtool is fetched by test-alerts.sh itself.
-phase moto sh -c 'scripts/moto.sh >"$LOGS/moto.path"'
-MOTO_SERVER=$(cat "$LOGS/moto.path" 2>/dev/null || true)
-export MOTO_SERVER
+build_tests() {
+  # The backup tests list an S3-compatible server (moto) on loopback; promtool is fetched by test-alerts.sh itself.
+  scripts/moto.sh >"$LOGS/moto.path" &
+  local moto=$! rc=0
+  $CARGO build --locked --all-targets || rc=$?
+  wait $moto || rc=$?
+  return $rc
+}
+phase build build &
+LANES+=($!)
+wait "${LANES[0]}"
+LANES=()
 export SIDECAR_BIN=${CARGO_TARGET_DIR:-$PWD/target}/debug/litestream-sidecar
 [[ $SIDECAR_BIN = /* ]] || SIDECAR_BIN=$PWD/$SIDECAR_BIN
 
 if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
   rust_lane() {
+    phase build-tests build_tests
+    MOTO_SERVER=$(cat "$LOGS/moto.path" 2>/dev/null || true)
+    export MOTO_SERVER
     phase alerts scripts/test-alerts.sh
     phase rust-unit $CARGO test --locked --lib --bins
     if [[ ${#RUST_NOPG[@]} -gt 0 ]]; then phase rust-it $CARGO test --locked "${RUST_NOPG[@]}"; fi
