@@ -14,8 +14,8 @@
 #   rust-it     the integration tests that need no database (`--test it -- --skip pg::`), once
 #   rust-pg-M   the integration tests that do (`--test it -- pg::`), on PostgreSQL M
 #   zero-V-M    the interop suite with real Zero V (0.20 and 1.9; scripts/interop.sh) on PostgreSQL M
-# After the build, the Rust lane (build-tests, alerts, rust-unit, rust-it, then rust-pg-M for each major, one after
-# the other) and every zero-V-M run side by side, each phase that needs PostgreSQL on a throwaway cluster of its own
+# After the build, the Rust lane (build-tests, alerts, rust-unit, rust-it, then rust-pg-M for every major side by
+# side) and every zero-V-M run side by side, each phase that needs PostgreSQL on a throwaway cluster of its own
 # (scripts/with-postgres.sh). The interop suites mostly wait on Zero's and the sidecar's timers (Zero 1.9's takes
 # about 8 minutes, nearly all of it waiting), so they cost little beside the Rust tests, and one after the other
 # they would not fit in 15 minutes. Every phase runs even when an earlier one failed.
@@ -119,11 +119,15 @@ if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
     MOTO_SERVER=$(cat "$LOGS/moto.path" 2>/dev/null || true)
     export MOTO_SERVER
     phase alerts scripts/test-alerts.sh
-    phase rust-unit $CARGO test --locked --lib --bins
-    if [[ ${#RUST_NOPG[@]} -gt 0 ]]; then phase rust-it $CARGO test --locked "${RUST_NOPG[@]}"; fi
+    phase rust-unit $CARGO test --locked --no-fail-fast --lib --bins
+    if [[ ${#RUST_NOPG[@]} -gt 0 ]]; then phase rust-it $CARGO test --locked --no-fail-fast "${RUST_NOPG[@]}"; fi
+    # The majors side by side: by now the interop suites are mostly done, and these tests mostly wait too.
+    local pids=()
     for major in "${majors[@]}"; do
-      phase "rust-pg-$major" scripts/with-postgres.sh --pg "$major" $CARGO test --locked "${RUST_PG[@]}"
+      phase "rust-pg-$major" scripts/with-postgres.sh --pg "$major" $CARGO test --locked --no-fail-fast "${RUST_PG[@]}" &
+      pids+=($!)
     done
+    wait "${pids[@]}"
   }
   rust_lane &
   LANES+=($!)
