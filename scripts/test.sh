@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
-# `make test`: every Rust test and the interop suites with real Zero 0.20 and 1.9 (scripts/interop.sh,
-# scripts/interop-1.9.sh), once per PostgreSQL major, and the alerting rules' unit tests (scripts/test-alerts.sh)
-# once:
+# `make test`: every test, with the tests that need PostgreSQL on every major in $PG:
 #
 #   scripts/test.sh              # PostgreSQL 15 and 17 (or the majors in $PG)
 #   scripts/test.sh 18           # only PostgreSQL 18
 #
-# Each major gets its own throwaway cluster (scripts/with-postgres.sh starts and removes it). Every major runs even
-# when an earlier one failed; the last lines count the tests of each major, of the alerting rules and of the whole
-# run. Examples and benchmarks are compiled too, so a change cannot break `make bench` unnoticed.
+# Phases, each with its output in a log file of its own (target/test-logs/PHASE.log; a failed phase's log is printed
+# in full at the end):
+#   build       the sidecar binary (debug: what the interop suites run); the interop suites' npm packages are
+#               installed meanwhile
+#   build-tests the tests, examples and benchmarks (so a change cannot break `make bench` unnoticed), and moto
+#   alerts      the alerting rules' unit tests (scripts/test-alerts.sh), once
+#   rust-unit   `cargo test --lib --bins`, once
+#   rust-it     the integration tests that need no database (`--test it -- --skip pg::`), once
+#   rust-pg-M   the integration tests that do (`--test it -- pg::`), on PostgreSQL M
+#   zero-V-M    the interop suite with real Zero V (0.20 and 1.9; scripts/interop.sh) on PostgreSQL M
+# After the build, the Rust lane (build-tests, alerts, rust-unit, rust-it, then rust-pg-M for every major side by
+# side) and every zero-V-M run side by side, each phase that needs PostgreSQL on a throwaway cluster of its own
+# (scripts/with-postgres.sh). The interop suites mostly wait on Zero's and the sidecar's timers (Zero 1.9's takes
+# about 8 minutes, nearly all of it waiting), so they cost little beside the Rust tests, and one after the other
+# they would not fit in 15 minutes. Every phase runs even when an earlier one failed.
+#
+# The last lines: a table of the phases (seconds, result), the test counts of the tests that run once, of each major
+# and of the whole run. Exits non-zero when any phase failed. Everything started is stopped on the way out, also on
+# failure or interruption.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
@@ -18,57 +32,176 @@ majors=("$@")
 if [[ ${#majors[@]} -eq 0 ]]; then
   read -r -a majors <<<"${PG:-15 17}"
 fi
+ZERO_VERSIONS=(0.20 1.9)
 
-$CARGO build --locked --all-targets
-# The backup tests list an S3-compatible server (moto) on loopback.
-MOTO_SERVER=$(scripts/moto.sh)
-export MOTO_SERVER
+STARTED=$(date +%s)
+LOGS=${TEST_LOGS:-$PWD/target/test-logs}
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
+export LOGS
 
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
+# Every phase runs in the background and is waited for (a trapped signal ends `wait` at once, not a foreground
+# command). On the way out, also on failure or interruption, whatever this run still has running gets SIGTERM: the
+# phases' own scripts then stop what they started (scripts/with-postgres.sh its cluster, scripts/interop.sh every
+# process carrying its run's marker).
+LANES=()
+descendants() {
+  local child
+  for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+    echo "$child"
+    descendants "$child"
+  done
+}
+stop_lanes() {
+  local pids
+  pids=$(descendants $$)
+  # shellcheck disable=SC2086 # a list of pids
+  [[ -z $pids ]] || kill -TERM $pids 2>/dev/null || true
+  for pid in ${LANES[@]+"${LANES[@]}"}; do wait "$pid" 2>/dev/null || true; done
+  LANES=()
+}
+trap stop_lanes EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# phase NAME COMMAND...: runs COMMAND with its output in $LOGS/NAME.log; records its seconds and exit status.
+phase() {
+  local name=$1 start rc=0
+  shift
+  start=$(date +%s.%N)
+  echo "[$(date +%T)] $name: started" >&2
+  "$@" >"$LOGS/$name.log" 2>&1 </dev/null || rc=$?
+  printf '%s %.0f %s\n' "$name" "$(echo "$(date +%s.%N) - $start" | bc)" "$rc" >"$LOGS/$name.phase"
+  echo "[$(date +%T)] $name: $([[ $rc -eq 0 ]] && echo passed || echo "FAILED (exit $rc)")" >&2
+  return 0
+}
+
+# The Rust integration tests: one binary, `it`, whose tests that need PostgreSQL all have a path segment `pg`.
+if [[ -f tests/it/main.rs ]]; then
+  RUST_NOPG=(--test it -- --skip pg::)
+  RUST_PG=(--test it -- pg::)
+else
+  # The layout before tests/it: every integration test on every major.
+  RUST_NOPG=()
+  RUST_PG=(--tests)
+fi
+
+build() {
+  # The installs wait on the network and the disk (and Zero 0.20's compiles zero-sqlite3); the build takes the rest.
+  scripts/install-interop.sh 0.20 >/dev/null &
+  local i020=$!
+  scripts/install-interop.sh 1.9 >/dev/null &
+  local i19=$!
+  local rc=0
+  $CARGO build --locked --bin litestream-sidecar || rc=$?
+  wait $i020 || rc=$?
+  wait $i19 || rc=$?
+  return $rc
+}
+build_tests() {
+  # The backup tests list an S3-compatible server (moto) on loopback; promtool is fetched by test-alerts.sh itself.
+  scripts/moto.sh >"$LOGS/moto.path" &
+  local moto=$! rc=0
+  $CARGO build --locked --all-targets || rc=$?
+  wait $moto || rc=$?
+  return $rc
+}
+phase build build &
+LANES+=($!)
+wait "${LANES[0]}"
+LANES=()
+export SIDECAR_BIN=${CARGO_TARGET_DIR:-$PWD/target}/debug/litestream-sidecar
+[[ $SIDECAR_BIN = /* ]] || SIDECAR_BIN=$PWD/$SIDECAR_BIN
+
+if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
+  rust_lane() {
+    phase build-tests build_tests
+    MOTO_SERVER=$(cat "$LOGS/moto.path" 2>/dev/null || true)
+    export MOTO_SERVER
+    phase alerts scripts/test-alerts.sh
+    phase rust-unit $CARGO test --locked --no-fail-fast --lib --bins
+    if [[ ${#RUST_NOPG[@]} -gt 0 ]]; then phase rust-it $CARGO test --locked --no-fail-fast "${RUST_NOPG[@]}"; fi
+    # The majors side by side: by now the interop suites are mostly done, and these tests mostly wait too.
+    local pids=()
+    for major in "${majors[@]}"; do
+      phase "rust-pg-$major" scripts/with-postgres.sh --pg "$major" $CARGO test --locked --no-fail-fast "${RUST_PG[@]}" &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+  }
+  rust_lane &
+  LANES+=($!)
+  for major in "${majors[@]}"; do
+    for version in "${ZERO_VERSIONS[@]}"; do
+      phase "zero-$version-$major" scripts/with-postgres.sh --pg "$major" scripts/interop.sh "$version" &
+      LANES+=($!)
+    done
+  done
+  for pid in "${LANES[@]}"; do wait "$pid" || true; done
+  LANES=()
+fi
+
+# The logs of the phases that failed, in full.
 status=0
-
-# The alerting rules need no database: once, not per major.
-echo "=== alerting rules ===" >&2
-scripts/test-alerts.sh 2>&1 | tee "$logs/alerts.log" || status=1
-
-# The Zero 0.20 interop suite runs on the first major only: the change DB's SQL is the same for both Zero
-# generations, Zero 1.9's suite covers it on every major, and `make test` must stay well inside 30 minutes on two
-# cores. `scripts/with-postgres.sh --pg 17 scripts/interop.sh` runs it on another.
-first=${majors[0]}
-for major in "${majors[@]}"; do
-  echo "=== PostgreSQL $major ===" >&2
-  log=$logs/$major.log
-  # shellcheck disable=SC2016 # expanded by the inner shell
-  INTEROP_020=$([[ $major == "$first" ]] && echo 1 || echo 0) \
-    scripts/with-postgres.sh --pg "$major" bash -c '
-    status=0
-    $CARGO test --locked --lib --bins --tests || status=$?
-    if [[ $INTEROP_020 == 1 ]]; then scripts/interop.sh || status=$?; fi
-    scripts/interop-1.9.sh || status=$?
-    exit $status' 2>&1 | tee "$log" || status=1
+for f in "$LOGS"/*.phase; do
+  read -r name secs rc <"$f"
+  if [[ $rc -ne 0 ]]; then
+    status=1
+    echo "===== $name failed (exit $rc); its log ($LOGS/$name.log) follows ====="
+    cat "$LOGS/$name.log"
+    echo "===== end of $name ====="
+  fi
 done
+# A phase that never ran (the build failed) fails the run too.
+[[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]] || status=1
 
-# One line a major, then one for the whole run. cargo test prints "test result: ok. N passed; M failed; …",
-# node's TAP reporter "# pass N" and "# fail N".
-total_passed=0 total_failed=0
-for major in "${majors[@]}"; do
-  read -r rp rf ip if_ < <(awk '
+# cargo test prints "test result: ok. N passed; M failed; …", node's TAP reporter "# pass N" and "# fail N",
+# scripts/test-alerts.sh "alerts: N passed, M failed".
+count() { # count FILES...: "rust_passed rust_failed interop_passed interop_failed"
+  awk '
     /^test result:/ { rp += $4; rf += $6 }
     /^# pass /      { ip += $3 }
     /^# fail /      { if_ += $3 }
-    END { print rp+0, rf+0, ip+0, if_+0 }' "$logs/$major.log")
-  echo "PostgreSQL $major: rust $rp passed, $rf failed; interop $ip passed, ${if_} failed"
-  total_passed=$((total_passed + rp + ip))
-  total_failed=$((total_failed + rf + if_))
+    END { print rp+0, rf+0, ip+0, if_+0 }' "$@" /dev/null
+}
+logs_of() { for n in "$@"; do [[ -f $LOGS/$n.log ]] && echo "$LOGS/$n.log"; done; true; }
+
+echo
+echo "phase              seconds  result"
+total_secs=0
+for f in "$LOGS"/*.phase; do
+  read -r name secs rc <"$f"
+  printf '%-18s %7s  %s\n' "$name" "$secs" "$([[ $rc -eq 0 ]] && echo ok || echo "FAILED ($rc)")"
+done
+printf '%-18s %7s\n' total "$(( $(date +%s) - STARTED ))"
+echo
+
+total_passed=0 total_failed=0
+# shellcheck disable=SC2046 # one log path a line, no spaces
+read -r rp rf _ _ < <(count $(logs_of rust-unit rust-it))
+echo "without PostgreSQL: rust $rp passed, $rf failed"
+total_passed=$((total_passed + rp)) total_failed=$((total_failed + rf))
+for major in "${majors[@]}"; do
+  names=("rust-pg-$major")
+  for version in "${ZERO_VERSIONS[@]}"; do names+=("zero-$version-$major"); done
+  # shellcheck disable=SC2046
+  read -r rp rf ip if_ < <(count $(logs_of "${names[@]}"))
+  zero=""
+  for version in "${ZERO_VERSIONS[@]}"; do
+    # shellcheck disable=SC2046
+    read -r _ _ zp zf < <(count $(logs_of "zero-$version-$major"))
+    zero+="; zero $version $zp passed, $zf failed"
+  done
+  echo "PostgreSQL $major: rust $rp passed, $rf failed$zero"
+  total_passed=$((total_passed + rp + ip)) total_failed=$((total_failed + rf + if_))
 done
 # scripts/test-alerts.sh closes with "alerts: N passed, M failed"; without that line it failed before testing.
 read -r ap af < <(awk '/^alerts: [0-9]+ passed, [0-9]+ failed$/ { p = $2; f = $4 } END { print p+0, f+0 }' \
-  "$logs/alerts.log")
-if ! grep -qE '^alerts: [0-9]+ passed, [0-9]+ failed$' "$logs/alerts.log"; then af=1; fi
+  "$LOGS/alerts.log" 2>/dev/null || echo 0 1)
+grep -qE '^alerts: [0-9]+ passed, [0-9]+ failed$' "$LOGS/alerts.log" 2>/dev/null || af=1
 echo "alerting rules: $ap passed, $af failed"
-total_passed=$((total_passed + ap))
-total_failed=$((total_failed + af))
+total_passed=$((total_passed + ap)) total_failed=$((total_failed + af))
 echo "ran on PostgreSQL ${majors[*]}"
 echo "total: $total_passed passed, $total_failed failed"
+[[ $total_failed -eq 0 ]] || status=1
 exit "$status"

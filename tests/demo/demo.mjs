@@ -1,7 +1,8 @@
 // `make demo`: the sidecar at work beside real Zero 1.9 processes, on 127.0.0.1, with `litestream-sidecar status`
-// refreshed every few seconds. Run by scripts/demo.sh (under scripts/with-postgres.sh) on Node 22; it reuses the
-// Zero 1.9 interop suite's deployment (tests/interop-1.9/lib/topology.mjs: ports, the sidecar config, Zero's
-// environment with telemetry off, the loopback preload, the litestream stand-in, process marking and cleanup).
+// refreshed every few seconds. Run by scripts/demo.sh (under scripts/with-postgres.sh) on Node 22 with
+// INTEROP_ZERO=1.9; it reuses the interop harness's Zero 1.9 deployment (tests/interop/lib/topology.mjs: ports, the
+// sidecar config, Zero's environment with telemetry off, the loopback preload, the litestream stand-in, process
+// marking and cleanup).
 //
 // What runs: the sidecar, a replication-manager, and view-syncers that reach the sidecar by
 // ZERO_CHANGE_STREAMER_URI (Zero 1.9's recommended URI topology, docs/deploy-zero-1.9.md).
@@ -13,8 +14,8 @@
 import {execFile} from 'node:child_process';
 import {rmSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {Topology, eventually, httpGet} from '../interop-1.9/lib/topology.mjs';
-import {field} from '../interop-lib/util.mjs';
+import {Topology, eventually, httpGet} from '../interop/lib/topology.mjs';
+import {field} from '../interop/lib/util.mjs';
 
 const DEMO_SECONDS = Number(process.env.DEMO_SECONDS || 0); // 0: until Ctrl-C
 const STATUS_EVERY_MS = 3_000;

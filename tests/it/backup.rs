@@ -10,9 +10,9 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use crate::support::moto::Moto;
+use litestream_sidecar::cleanup::{self};
 use litestream_sidecar::litestream::destination::S3Settings;
 use litestream_sidecar::litestream::destination::{self, ErrorKind, Listing, Location};
-use litestream_sidecar::cleanup::{self};
 
 const SLACK: Duration = Duration::from_secs(60);
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -96,7 +96,11 @@ async fn file_destinations_in_both_layouts_cover_only_claims_their_objects_reach
         assert!(covers(&old, now - hour + SLACK));
         assert!(!covers(&old, now - hour + SLACK + Duration::from_secs(5)));
         assert!(!covers(&old, now));
-        assert!(destination::is_stale(old.newest, now, Duration::from_secs(900)));
+        assert!(destination::is_stale(
+            old.newest,
+            now,
+            Duration::from_secs(900)
+        ));
 
         // A fresh object anywhere under the path covers a claim made now.
         layout(dir.path(), Duration::ZERO);

@@ -31,15 +31,15 @@ use proptest::sample::{select, Index};
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 use tokio::io::{AsyncRead, ReadBuf};
 
+use litestream_sidecar::cleanup::state;
 use litestream_sidecar::config::{self, ConfigError};
 use litestream_sidecar::litestream::config::Filter;
-use litestream_sidecar::protocol::{self, Route, SubscriberContext, Version};
-use litestream_sidecar::net::ws::{self, Assembler, Inbox, PeerClose, ReadError, Reads};
-use litestream_sidecar::cleanup::state;
 use litestream_sidecar::litestream::{self, destination as backup};
 use litestream_sidecar::net::address;
+use litestream_sidecar::net::ws::{self, Assembler, Inbox, PeerClose, ReadError, Reads};
 use litestream_sidecar::ops::status;
 use litestream_sidecar::protocol::inspect;
+use litestream_sidecar::protocol::{self, Route, SubscriberContext, Version};
 
 /// Cases per target in the short run: the whole file takes a few seconds in a debug build.
 const DEFAULT_CASES: u32 = 2_000;

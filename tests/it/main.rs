@@ -19,10 +19,10 @@ mod backup;
 mod change_db;
 /// Cleanup end to end: litestream's page, the policy, and the rows left in a real change log.
 mod cleanup;
-/// docs/configuration.md against the reference `sidecar.toml`.
-mod docs;
 /// The binary as operators run it: flags, config files, logs, signals, systemd.
 mod cli;
+/// docs/configuration.md against the reference `sidecar.toml`.
+mod docs;
 /// Faults injected into a running sidecar: PostgreSQL, upstream, litestream, the sidecar itself, clients.
 mod faults;
 /// Fuzz targets: every parser of outside input, on random and mutated input.

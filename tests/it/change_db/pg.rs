@@ -100,7 +100,7 @@ async fn purge_never_deletes_the_newest_watermark() {
     let w = with_log(&schema).await;
     let (db, shutdown) = schema.connected().await;
 
-    // A target at max(watermark) keeps the newest transaction (W8a).
+    // A target at max(watermark) keeps the newest transaction (docs/protocol.md, "Purging the newest transaction").
     let outcome = purge(&db, &w[4], Some(SIDECAR), DEFAULT_PURGE_BATCH_ROWS).await;
     assert_eq!(outcome.rows, 12);
     assert!(outcome.is_complete());
@@ -215,7 +215,7 @@ async fn purge_deletes_nothing_once_ownership_moved() {
     );
     assert_eq!(schema.rows().await, all);
 
-    // A later Zero may write the address with a scheme (PROTOCOL.md §12): still ours.
+    // A later Zero may write the address with a scheme (docs/protocol.md, "What each Zero release changed"): still ours.
     schema
         .set_owner_address(Some(&format!("ws://{SIDECAR}")))
         .await;
@@ -318,7 +318,7 @@ async fn a_locked_head_row_skips_the_round() {
     let all = schema.rows().await;
     let (db, shutdown) = schema.connected().await;
 
-    // What an incoming replication-manager holds until it has assumed ownership (PROTOCOL.md §12).
+    // What an incoming replication-manager holds until it has assumed ownership (docs/protocol.md, "What each Zero release changed").
     let incoming = pg::connect().await;
     incoming.batch_execute("BEGIN").await.unwrap();
     incoming
@@ -344,7 +344,7 @@ async fn a_locked_head_row_skips_the_round() {
     schema.drop().await;
 }
 
-/// Zero 0.20's storer (PROTOCOL.md §8.5): SERIALIZABLE, reads replicationState at begin, inserts the
+/// Zero 0.20's storer (docs/protocol.md, "The storer's transactions"): SERIALIZABLE, reads replicationState at begin, inserts the
 /// transaction's rows, and UPDATEs lastWatermark at commit.
 struct Storer {
     client: tokio_postgres::Client,

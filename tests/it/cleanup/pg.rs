@@ -59,7 +59,7 @@ async fn purges_below_the_aged_backup_that_every_subscriber_has_passed() {
     decisions(&sidecar, 1).await;
     assert_eq!(db.watermarks().await, ["0c", "0d", "0e"]);
 
-    // Once the log holds 0z the purge goes up to it; the newest watermark itself always stays (README, "Cleanup").
+    // Once the log holds 0z the purge goes up to it; the newest watermark itself always stays (docs/operations.md, "Cleanup: when the change log is purged").
     db.insert_transaction("0z", 2).await;
     eventually_async("purge up to the newest row", || async {
         db.watermarks().await == ["0z"]

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::support::pg::TestSchema;
 use crate::support::*;
-use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::cleanup::subscribers::SubscriberInfo;
+use litestream_sidecar::protocol::Mode;
 
 #[tokio::test]
 async fn backups_purges_holds_and_registration() {
@@ -93,7 +93,7 @@ async fn backups_purges_holds_and_registration() {
     sidecar.stop().await;
 }
 
-/// The alerting rules shipped for operators (README, "Alerting").
+/// The alerting rules shipped for operators (docs/operations.md, "Alerting").
 const RULES: &str = include_str!("../../../deploy/prometheus/litestream-sidecar.rules.yml");
 
 /// Every `litestream_sidecar_…` name in the rules file: expressions, annotations and comments alike.

@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use crate::support::pg::{self, TestSchema};
 use crate::support::*;
-use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::cleanup::discovery::Registration;
+use litestream_sidecar::cleanup::{Decision, HoldReason};
 
 const OURS: &str = "127.0.0.1:4851";
 
@@ -233,7 +233,7 @@ async fn v4_status_is_held_back_with_pings_until_the_change_db_answers() {
 }
 
 /// Zero 0.20's storer: SERIALIZABLE, reads replicationState at `begin`, inserts the transaction's changes, then
-/// updates "lastWatermark" at `commit` (PROTOCOL.md §8.5). Nothing the sidecar does in `verify` mode — reading the
+/// updates "lastWatermark" at `commit` (docs/protocol.md, "The storer's transactions"). Nothing the sidecar does in `verify` mode — reading the
 /// address every 100 ms, purging — may make that commit fail with 40001.
 #[tokio::test]
 async fn verify_mode_never_aborts_zeros_serializable_storer() {
@@ -511,9 +511,11 @@ async fn the_purge_rechecks_the_owner_task_and_deletes_nothing_after_a_takeover(
         (outcome.rows, outcome.stopped),
         (
             0,
-            Some(litestream_sidecar::cleanup::change_db::PurgeStop::OwnerChanged {
-                found: Some("rm-task-1".into())
-            })
+            Some(
+                litestream_sidecar::cleanup::change_db::PurgeStop::OwnerChanged {
+                    found: Some("rm-task-1".into())
+                }
+            )
         )
     );
     assert_eq!(db.watermarks().await, ["0a", "0b", "0c"]);

@@ -10,11 +10,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use litestream_sidecar::cleanup::Decision;
-use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::cleanup::reservations::Registry;
 use litestream_sidecar::cleanup::subscribers::SubscriberInfo;
 use litestream_sidecar::cleanup::subscribers::Subscribers;
+use litestream_sidecar::cleanup::Decision;
+use litestream_sidecar::protocol::Mode;
 use litestream_sidecar::{config, App, Config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -544,7 +544,7 @@ impl MetricsServer {
     }
 }
 
-/// A litestream_replica_progress page in the Zero fork's format (PROTOCOL.md §7).
+/// A litestream_replica_progress page in the Zero fork's format (docs/protocol.md, "litestream's progress gauge").
 pub fn progress_page(samples: &[(&str, f64)]) -> String {
     let mut page = String::from(
         "# HELP litestream_db_size The current size of the real DB\n# TYPE litestream_db_size gauge\n\
@@ -560,7 +560,7 @@ pub fn progress_page(samples: &[(&str, f64)]) -> String {
     page
 }
 
-/// LexiVersion of `n` (PROTOCOL.md §2): base 36 with a length prefix, so byte order is numeric order.
+/// LexiVersion of `n` (docs/protocol.md, "Watermarks"): base 36 with a length prefix, so byte order is numeric order.
 pub fn lexi(n: u64) -> String {
     const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
     let mut digits = Vec::new();
@@ -769,7 +769,7 @@ impl Drop for Upstream {
     }
 }
 
-/// Zero 0.20's rejections of a subscription, checked in Zero's order (PROTOCOL.md §3.3): `Some((1002, reason))`.
+/// Zero 0.20's rejections of a subscription, checked in Zero's order (docs/protocol.md, "Rejections and close codes"): `Some((1002, reason))`.
 pub fn zero_rejection(target: &str) -> Option<(u16, String)> {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let version = path
@@ -888,7 +888,7 @@ where
     }
 }
 
-/// A `/changes` path with a 0.20 client's query (PROTOCOL.md §6.2).
+/// A `/changes` path with a 0.20 client's query (docs/protocol.md, "Subscription parameters").
 pub fn changes_path(
     version: u64,
     task_id: &str,

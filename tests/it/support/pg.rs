@@ -1,5 +1,5 @@
 //! The real PostgreSQL of `SIDECAR_TEST_DATABASE_URL` (set by `scripts/with-postgres.sh`): a per-test change DB
-//! schema with Zero 0.20's DDL (PROTOCOL.md §8.2), realistic change-log rows, and a plain client for assertions.
+//! schema with Zero 0.20's DDL (docs/protocol.md, "Tables"), realistic change-log rows, and a plain client for assertions.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -241,7 +241,7 @@ impl TestSchema {
     }
 
     /// One upstream transaction as Zero's storer writes it: `begin`, `data_rows` inserts, `commit`, all at the
-    /// commit watermark (PROTOCOL.md §8.2).
+    /// commit watermark (docs/protocol.md, "Tables").
     pub async fn insert_transaction(&self, watermark: &str, data_rows: i64) {
         let sql = format!(
             r#"INSERT INTO {} (watermark, pos, change, precommit) VALUES ($1, $2, $3::text::json, $4)"#,

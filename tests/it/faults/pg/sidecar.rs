@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::cleanup::state;
+use litestream_sidecar::cleanup::{Decision, HoldReason};
 
 use crate::support::pg::TestSchema;
 use crate::support::process::{metric, Process};

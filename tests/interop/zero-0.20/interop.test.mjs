@@ -1,17 +1,24 @@
-// End-to-end interop tests: the sidecar in the recommended deployment (docs/deploy-zero-0.20.md) with real Zero 0.20
-// processes. Run by `make test` (scripts/interop.sh): PostgreSQL from scripts/with-postgres.sh, the sidecar binary
+// End-to-end interop tests: the sidecar in the recommended deployment (docs/deploy-zero-0.20.md, "Recommended deployment with Zero 0.20") with real Zero 0.20
+// processes. Run by `make test` (scripts/interop.sh 0.20): PostgreSQL from scripts/with-postgres.sh, the sidecar binary
 // from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone, but a
 // later scenario relies on the state an earlier one left (rows, subscribers, processes). The last one starts a
 // second, fresh deployment beside the first.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {listeners, connections, markedPids, tcpCounters, treePids} from '../interop-lib/procs.mjs';
+import {listeners, connections, markedPids, tcpCounters, treePids} from '../lib/procs.mjs';
 import {
   RESERVATION_ENDS, StrayLines, field, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
-} from '../interop-lib/util.mjs';
-import {Topology, eventually, progressSamples, RM_TASK_ID, VS_TASK_ID} from './lib/topology.mjs';
-import {Pump, RawSubscriber, changesQuery, zeroClient} from './lib/clients.mjs';
+} from '../lib/util.mjs';
+import {PROFILE, Topology, eventually, progressSamples} from '../lib/topology.mjs';
+import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
+
+/** The one view-syncer of each deployment here, and the task IDs of Zero's processes (the same in every one). */
+const VS = 'view-syncer';
+const RM_TASK_ID = PROFILE.rmTaskID('main');
+const VS_TASK_ID = PROFILE.vsTaskID('main', VS);
+/** The settings of a deployment's view-syncer (its replica file, its ports), fixed by `prepare` below. */
+const vsOf = topo => topo.viewSyncers.get(VS);
 
 const t = new Topology();
 const extra = []; // further deployments (the cold start), stopped and closed with the main one
@@ -193,6 +200,7 @@ function scenario(name, fn, timeout = 180_000) {
 before(async () => {
   try {
     await t.prepare();
+    await t.viewSyncer(VS);
     // The sidecar first: Zero's view-syncers exit when their reservation is refused, and the replication-manager's
     // backup replicator discovers the sidecar as its change-streamer.
     await t.startSidecar();
@@ -448,8 +456,8 @@ async function scenario3() {
 }
 
 scenario('4. a view-syncer restores from the backup the sidecar hands it and streams through the sidecar', async () => {
-  assert.ok(!(await import('node:fs')).existsSync(t.vsReplica), 'the view-syncer starts with no replica');
-  const vs = t.startViewSyncer();
+  assert.ok(!(await import('node:fs')).existsSync(vsOf(t).replica), 'the view-syncer starts with no replica');
+  const vs = await t.startViewSyncer(VS);
   // Reservation, restore from the URL the sidecar gave, then its subscription ends the reservation.
   const restoring = await vs.waitFor(/restoring backup from /, {timeout: 60_000});
   assert.ok(restoring.includes(`restoring backup from ${t.backupURL}`), restoring);
@@ -464,15 +472,15 @@ scenario('4. a view-syncer restores from the backup the sidecar hands it and str
 
   const w4 = await t.insert([[40, 'forty', 40], [41, 'forty-one', null]]);
   await eventually('the rows to reach the view-syncer replica', () => {
-    const {stateVersion} = t.replicaItems(t.vsReplica);
+    const {stateVersion} = t.replicaItems(vsOf(t).replica);
     return stateVersion >= w4;
   }, {timeout: 30_000});
-  assert.deepEqual(t.replicaItems(t.vsReplica).rows, await t.upstreamItems());
+  assert.deepEqual(t.replicaItems(vsOf(t).replica).rows, await t.upstreamItems());
 
   // The replication-manager's backup replicator streams through the sidecar too, and the backup follows.
   await t.waitBackedUp(w4);
   assert.deepEqual(t.replicaItems(t.rmReplica).rows, await t.upstreamItems());
-  assertLoopbackOnly({'view-syncer sync port': t.ports.vsSync});
+  assertLoopbackOnly({'view-syncer sync port': vsOf(t).ports.sync});
   const sidecarPid = t.procs.get('sidecar').pid;
   for (const c of connections().filter(c => c.peerPort === t.ports.rmChangeStreamer)) {
     assert.deepEqual(c.pids, [sidecarPid], `direct connection to the change-streamer: ${c.line}`);
@@ -498,11 +506,11 @@ scenario('5. the sidecar restarts under both Zero processes; streaming resumes, 
   const w6 = await t.insert([[60, 'sixty', 6], [61, 'sixty-one', 7]]);
   const w7 = await t.insert([[70, 'seventy', 8]]);
 
-  await eventually('the view-syncer to catch up after the restart', () => t.replicaItems(t.vsReplica).stateVersion >= w7,
+  await eventually('the view-syncer to catch up after the restart', () => t.replicaItems(vsOf(t).replica).stateVersion >= w7,
     {timeout: 60_000});
   const upstream = await t.upstreamItems();
-  assert.deepEqual(t.replicaItems(t.vsReplica).rows, upstream, 'view-syncer replica equals upstream');
-  assert.equal(t.replicaItems(t.vsReplica).stateVersion, w7);
+  assert.deepEqual(t.replicaItems(vsOf(t).replica).rows, upstream, 'view-syncer replica equals upstream');
+  assert.equal(t.replicaItems(vsOf(t).replica).stateVersion, w7);
   await t.waitBackedUp(w7);
   assert.deepEqual(t.replicaItems(t.rmReplica).rows, upstream, 'backup replica equals upstream');
 
@@ -516,14 +524,14 @@ scenario('5. the sidecar restarts under both Zero processes; streaming resumes, 
 }, 180_000);
 
 scenario('6. cold start with the first backup late: the view-syncer waits on one open, pinged reservation, then restores once', async ctx => {
-  // Long enough that the wait outlasts Zero 0.20's own liveness limit on the socket (30 s + 3 s: docs/protocol.md,
-  // "Liveness").
+  // Long enough that the wait outlasts Zero 0.20's own liveness limit on the socket (30 s + 3 s, docs/protocol.md, "Liveness").
   const FIRST_UPLOAD_DELAY_MS = 45_000;
   const PING_INTERVAL_MS = 5_000; // the sidecar's server.ping_interval in the Topology's config
   const cold = new Topology('cold', {standinEnv: {INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
   extra.push(cold);
   everyTopology.push(cold);
   await cold.prepare();
+  await cold.viewSyncer(VS);
   await cold.startSidecar();
   const rm = cold.startReplicationManager();
   await eventually('Zero to advertise the sidecar', async () => (await cold.ownerAddress()) === cold.sidecarAddress,
@@ -531,7 +539,7 @@ scenario('6. cold start with the first backup late: the view-syncer waits on one
   await rm.waitFor(/holding the first upload back/, {timeout: 60_000});
   assert.equal(await cold.backedUp(), null, 'no backup yet');
 
-  const vs = cold.startViewSyncer();
+  const vs = await cold.startViewSyncer(VS);
   const timeline = () => reservationTimeline(cold.procs, VS_TASK_ID);
   await eventually('the view-syncer to reserve a snapshot', () => timeline().opened, {timeout: 60_000, interval: 100});
   // Until the sidecar sends the status: the view-syncer's socket to the sidecar as the kernel counts it, whether
@@ -597,12 +605,12 @@ scenario('6. cold start with the first backup late: the view-syncer waits on one
   const w = await cold.insert([[90, 'ninety', 90]]);
   await eventually('the row to reach the view-syncer replica', () => {
     try {
-      return cold.replicaItems(cold.vsReplica).stateVersion >= w;
+      return cold.replicaItems(vsOf(cold).replica).stateVersion >= w;
     } catch {
       return false;
     }
   }, {timeout: 60_000});
-  assert.deepEqual(cold.replicaItems(cold.vsReplica).rows, await cold.upstreamItems());
+  assert.deepEqual(cold.replicaItems(vsOf(cold).replica).rows, await cold.upstreamItems());
   assert.equal(sidecarEventsWith(cold.procs, 'reservation opened', {task_id: VS_TASK_ID}).length, 1, 'exactly one reservation');
   assert.equal(vs.matching(/restoring backup from /).length, 1, 'one restore');
   assert.equal(vs.matching(/\[litestream-standin \d+\] restored /).length, 1, 'one restore');

@@ -1,9 +1,8 @@
-// What both litestream stand-ins (tests/interop/lib and tests/interop-1.9/lib litestream-standin.mjs) share: reading
-// Zero's litestream config, the file:// destination, litestream's number and address formats, holding the first
-// upload back (INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: a slow initial snapshot, for the cold-start scenarios) and
-// holding a restore back (INTEROP_STANDIN_RESTORE_DELAY_MS, in the Zero 1.9 stand-in: a slow restore, for a sidecar
-// restart in the middle of one).
-// Node built-ins only: the stand-ins run from each suite's directory with that suite's node_modules.
+// The litestream stand-in's (litestream-standin.mjs) plumbing: reading Zero's litestream config, the file://
+// destination, litestream's number and address formats, holding the first upload back
+// (INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: a slow initial snapshot, for the cold-start scenarios) and holding a
+// restore back (INTEROP_STANDIN_RESTORE_DELAY_MS: a slow restore, for a sidecar restart in the middle of one).
+// Node built-ins only.
 import {readFileSync} from 'node:fs';
 import {fileURLToPath} from 'node:url';
 import {setTimeout as sleep} from 'node:timers/promises';

@@ -1,4 +1,4 @@
-// Helpers both interop suites use (tests/interop for Zero 0.20, tests/interop-1.9 for Zero 1.9): free ports,
+// Helpers both interop suites use (Zero 0.20 and Zero 1.9): free ports,
 // waiting for a condition, plain HTTP GETs, reading litestream's progress gauge off a metrics page, and the
 // sidecar's JSON log events (and a reservation's course in them) and the lines of its output that are not log records.
 import assert from 'node:assert/strict';

