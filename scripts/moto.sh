@@ -2,7 +2,7 @@
 # Prints the path of a `moto_server` (PyPI `moto[server]`, an S3-compatible server the backup tests run on
 # 127.0.0.1), installing it first when there is none: $MOTO_SERVER if set, else one on PATH, else the virtual
 # environment target/moto-venv, created and filled with pip when missing. Run by scripts/test.sh, and by the test
-# harness itself (tests/common/moto.rs) when it finds no moto_server.
+# harness itself (tests/it/support/moto.rs) when it finds no moto_server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -n ${MOTO_SERVER:-} && -x ${MOTO_SERVER} ]]; then

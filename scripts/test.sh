@@ -76,15 +76,11 @@ phase() {
   return 0
 }
 
-# The Rust integration tests: one binary, `it`, whose tests that need PostgreSQL all have a path segment `pg`.
-if [[ -f tests/it/main.rs ]]; then
-  RUST_NOPG=(--test it -- --skip pg::)
-  RUST_PG=(--test it -- pg::)
-else
-  # The layout before tests/it: every integration test on every major.
-  RUST_NOPG=()
-  RUST_PG=(--tests)
-fi
+# The Rust integration tests: one binary, `it`, whose tests that need PostgreSQL all have a path segment `pg`. They
+# mostly wait (on sockets, timers, the database), so more of them run at once than there are cores.
+TEST_THREADS=${TEST_THREADS:-8}
+RUST_NOPG=(--test it -- --skip pg:: --test-threads="$TEST_THREADS")
+RUST_PG=(--test it -- pg:: --test-threads="$TEST_THREADS")
 
 build() {
   # The installs wait on the network and the disk (and Zero 0.20's compiles zero-sqlite3); the build takes the rest.
@@ -120,7 +116,7 @@ if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
     export MOTO_SERVER
     phase alerts scripts/test-alerts.sh
     phase rust-unit $CARGO test --locked --no-fail-fast --lib --bins
-    if [[ ${#RUST_NOPG[@]} -gt 0 ]]; then phase rust-it $CARGO test --locked --no-fail-fast "${RUST_NOPG[@]}"; fi
+    phase rust-it $CARGO test --locked --no-fail-fast "${RUST_NOPG[@]}"
     # The majors side by side: by now the interop suites are mostly done, and these tests mostly wait too.
     local pids=()
     for major in "${majors[@]}"; do
