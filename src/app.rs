@@ -9,10 +9,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, info_span, warn, Instrument};
 
-use crate::cleanup::reservations::{Registry, SnapshotContext};
+use crate::cleanup::reservations::Registry;
 use crate::cleanup::subscribers::Subscribers;
 use crate::server::{Context, Readiness};
 use crate::streamer::relay::RelayContext;
+use crate::streamer::snapshot::SnapshotContext;
 
 /// Connections the metrics proxy holds at once: Zero's BackupMonitor fetches one page at a time.
 const PROXY_MAX_CONNECTIONS: usize = 64;

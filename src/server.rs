@@ -5,7 +5,7 @@
 //! - `GET /metrics` — the sidecar's own Prometheus metrics ([`crate::ops::metrics`]).
 //! - `GET /status` — the sidecar's state as JSON ([`crate::ops::status`]): backups, reservations, subscribers, cleanup.
 //! - `GET /keepalive` — readiness: 200 `OK` when every readiness condition holds, else 503 naming what is missing.
-//! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::cleanup::reservations::serve`]).
+//! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::streamer::snapshot::serve`]).
 //! - `GET /replication/v{N}/changes?…` — the change-stream relay ([`crate::streamer::relay::serve`]), v1 to v6.
 //!
 //! Each WebSocket job checks its request, upgrades it and starts its connection itself; the router only sends
@@ -32,12 +32,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, warn, Instrument};
 
-use crate::cleanup::reservations::{self, SnapshotContext};
 use crate::net::admission::{read_head, Admission, Head, Refusal, Rewind};
 use crate::net::http::plain;
 use crate::net::sockopt::ClientSocket;
 use crate::protocol::{self, Route};
 use crate::streamer::relay::{self, RelayContext};
+use crate::streamer::snapshot::{self, SnapshotContext};
 
 /// Why a standby is not ready and refuses WebSocket work.
 const STANDBY: &str = "standby: another sidecar holds the shard's purger lock";
@@ -392,7 +392,7 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Context) -> Respo
             plain(StatusCode::SERVICE_UNAVAILABLE, format!("{STANDBY}\n"))
         }
         Route::Snapshot(version) => {
-            reservations::serve(req, &version, peer, &ctx.snapshot, &ctx.tracker)
+            snapshot::serve(req, &version, peer, &ctx.snapshot, &ctx.tracker)
         }
         Route::Changes(version) => {
             relay::serve(req, &version, peer, &ctx.relay, &ctx.tracker).await
