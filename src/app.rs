@@ -24,7 +24,7 @@ pub enum Error {
     /// `litestream.metrics_url` cannot be scraped (not an `http://` URL with a host): neither the monitor nor the
     /// metrics proxy could work.
     #[error("litestream.metrics_url: {0}")]
-    MetricsUrl(#[source] crate::litestream::ScrapeError),
+    MetricsUrl(#[source] crate::net::client::HttpError),
     /// A listener handed to [`App::run`] cannot say its address.
     #[error("listener: {0}")]
     Listener(#[source] std::io::Error),
@@ -279,7 +279,7 @@ impl App {
         };
         let tracker = TaskTracker::new();
         let litestream = &self.config.litestream;
-        let scraper = crate::litestream::Scraper::new(
+        let scraper = crate::net::client::HttpClient::new(
             litestream.metrics_url.clone(),
             litestream.scrape_timeout,
             litestream.max_page_bytes,

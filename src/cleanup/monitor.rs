@@ -21,7 +21,9 @@ use crate::cleanup::{
 };
 use crate::config::Config;
 use crate::litestream::destination::{self, ErrorKind, ListError, Listing};
-use crate::litestream::{Filter, Scraper};
+use crate::litestream::page::scrape;
+use crate::litestream::Filter;
+use crate::net::client::HttpClient;
 
 /// A warning repeated at most this often while the same problem persists.
 const WARN_EVERY: Duration = Duration::from_secs(300);
@@ -331,7 +333,7 @@ pub struct Monitor {
     pub subscribers: Subscribers,
     pub change_db: ChangeDb,
     pub status: StatusHandle,
-    scraper: Scraper,
+    scraper: HttpClient,
     filter: Filter,
     check_interval: Duration,
     reconnect_grace: Duration,
@@ -442,7 +444,7 @@ impl Monitor {
         discovery: crate::cleanup::discovery::StateHandle,
     ) -> Self {
         let litestream = &config.litestream;
-        let scraper = Scraper::new(
+        let scraper = HttpClient::new(
             litestream.metrics_url.clone(),
             litestream.scrape_timeout,
             litestream.max_page_bytes,
@@ -733,7 +735,7 @@ impl Monitor {
         reset_at: Option<SystemTime>,
         now: Instant,
     ) {
-        let parsed = match self.scraper.scrape(&self.filter).await {
+        let parsed = match scrape(&self.scraper, &self.filter).await {
             Ok(parsed) => parsed,
             Err(err) => {
                 self.status.update(|s| s.scrape_errors += 1);
@@ -1218,7 +1220,7 @@ impl Monitor {
     /// Why litestream's page no longer supports the running purge, if it does not: unreadable, no samples, a
     /// restart, or a gauge below the highest it reported.
     async fn gauge_moved(&self, gauge: &GaugeWatch) -> Option<String> {
-        let parsed = match self.scraper.scrape(&self.filter).await {
+        let parsed = match scrape(&self.scraper, &self.filter).await {
             Ok(parsed) => parsed,
             Err(err) => return Some(format!("its page cannot be read: {err}")),
         };

@@ -1,6 +1,7 @@
 //! The network edge, below every endpoint:
 //! - [`address`]: what a `host:port` is and when two addresses name the same endpoint.
 //! - [`allow`]: which peers may connect at all.
+//! - [`client`]: the HTTP GET client (litestream's metrics page, `/status` for the `status` subcommand).
 //! - [`admission`]: connection limits and the request head read before hyper sees it.
 //! - [`sockopt`]: the socket a request came in on, and the option the ack threshold is set with (the only `unsafe`).
 //! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
@@ -10,6 +11,7 @@
 pub mod address;
 pub mod admission;
 pub mod allow;
+pub mod client;
 pub(crate) mod http;
 pub(crate) mod sockopt;
 pub mod tls;

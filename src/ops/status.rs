@@ -509,26 +509,26 @@ pub async fn fetch(
     tls: Option<tokio_rustls::TlsConnector>,
     timeout: Duration,
 ) -> Result<(String, Report), FetchError> {
-    use crate::litestream::ScrapeError;
-    // The scraper's messages name the URL and call it a scrape; here the address is said once, up front.
-    let unreachable = |err: ScrapeError| FetchError::Unreachable {
+    use crate::net::client::HttpError;
+    // The client's messages name the URL and call it a scrape; here the address is said once, up front.
+    let unreachable = |err: HttpError| FetchError::Unreachable {
         addr: addr.to_string(),
         reason: match err {
-            ScrapeError::Io { source, .. } => source.to_string(),
-            ScrapeError::Timeout { after, .. } => format!("no answer within {after:?}"),
-            ScrapeError::Http { status, .. } => format!("GET /status answered HTTP {status}"),
-            ScrapeError::TooLarge { limit, .. } => format!("answer larger than {limit} bytes"),
-            ScrapeError::InvalidUrl { reason, .. } => reason.to_string(),
-            other => other.to_string(),
+            HttpError::Io { source, .. } => source.to_string(),
+            HttpError::Timeout { after, .. } => format!("no answer within {after:?}"),
+            HttpError::Http { status, .. } => format!("GET /status answered HTTP {status}"),
+            HttpError::TooLarge { limit, .. } => format!("answer larger than {limit} bytes"),
+            HttpError::InvalidUrl { reason, .. } => reason.to_string(),
         },
     };
     let url = format!("http://{addr}/status").parse().map_err(|_| {
-        unreachable(ScrapeError::InvalidUrl {
+        unreachable(HttpError::InvalidUrl {
             url: addr.to_string(),
             reason: "not a host:port",
         })
     })?;
-    let scraper = crate::litestream::Scraper::new(url, timeout, 16 << 20).map_err(unreachable)?;
+    let scraper =
+        crate::net::client::HttpClient::new(url, timeout, 16 << 20).map_err(unreachable)?;
     let scraper = match tls {
         Some(connector) => scraper.with_tls(connector),
         None => scraper,
