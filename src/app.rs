@@ -376,7 +376,7 @@ impl App {
                 .instrument(info_span!("discovery")),
         );
         let context = Arc::new(Context {
-            metrics: crate::ops::metrics::Sources {
+            metrics: crate::ops::metrics_page::MetricsSources {
                 instruments: self.instruments.clone(),
                 registry: self.registry.clone(),
                 subscribers: self.subscribers.clone(),

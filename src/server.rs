@@ -307,7 +307,7 @@ impl Readiness {
 
 /// What the main listener's requests read: the router's [`Handler`].
 pub struct Context {
-    pub metrics: crate::ops::metrics::Sources,
+    pub metrics: crate::ops::metrics_page::MetricsSources,
     pub status: crate::ops::status::Sources,
     pub snapshot: SnapshotContext,
     pub relay: RelayContext,
