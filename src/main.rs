@@ -180,7 +180,7 @@ fn status(
     json: bool,
     timeout: std::time::Duration,
 ) -> ExitCode {
-    use litestream_sidecar::ops::status;
+    use litestream_sidecar::ops::status_cli as status;
     // With --addr, a config is read only when --config names one, and only for its TLS settings.
     let config = if addr.is_none() || config_path.is_some() {
         let path = config::resolve_path(config_path);

@@ -35,7 +35,7 @@ use litestream_sidecar::config::{self, ConfigError, Filter};
 use litestream_sidecar::litestream::{destination as backup, filter, page};
 use litestream_sidecar::net::address;
 use litestream_sidecar::net::ws::{self, Assembler, Inbox, PeerClose, ReadError, Reads};
-use litestream_sidecar::ops::status;
+use litestream_sidecar::ops::{status, status_cli};
 use litestream_sidecar::protocol::inspect;
 use litestream_sidecar::protocol::{self, Route, SubscriberContext, Version};
 
@@ -1979,21 +1979,21 @@ fn status_answer() {
     ];
     fuzz("status_answer", input.prop_map(Text), |body| {
         match bounded(
-            "status::read_report",
+            "status_cli::read_report",
             body.len(),
             (4096, READ_PER_BYTE),
-            || status::read_report(&body),
+            || status_cli::read_report(&body),
         )? {
             Ok((_, report)) => {
                 let shown = bounded(
-                    "status::render",
+                    "status_cli::render",
                     body.len(),
                     (16 << 10, RENDER_PER_BYTE),
-                    || status::render(&report),
+                    || status_cli::render(&report),
                 )?;
                 prop_assert!(!shown.is_empty());
             }
-            Err(err) => message_is_clear("status::read_report", &err.to_string())?,
+            Err(err) => message_is_clear("status_cli::read_report", &err.to_string())?,
         }
         Ok(())
     });
