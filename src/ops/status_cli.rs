@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::ops::status::{ChangeLog, Report, SubscriberEntry, Upstream};
+use crate::ops::status::Report;
 
 /// Why `litestream-sidecar status` got no report.
 #[derive(Debug, thiserror::Error)]
@@ -379,6 +379,7 @@ pub fn render(report: &Report) -> String {
 mod tests {
     use super::*;
     use crate::ops::status::tests::report;
+    use crate::ops::status::{ChangeLog, SubscriberEntry, Upstream};
 
     #[test]
     fn the_table_has_a_section_per_question() {
