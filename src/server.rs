@@ -32,7 +32,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, warn, Instrument};
 
-use crate::net::admission::{read_head, Admission, Head, Refusal, Rewind};
+use crate::net::admission::{Admission, Refusal};
+use crate::net::head::{read_head, Head, Rewind};
 use crate::net::http::plain;
 use crate::net::sockopt::ClientSocket;
 use crate::protocol::{self, Route};

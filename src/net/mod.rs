@@ -2,7 +2,8 @@
 //! - [`address`]: what a `host:port` is and when two addresses name the same endpoint.
 //! - [`allow`]: which peers may connect at all.
 //! - [`client`]: the HTTP GET client (litestream's metrics page, `/status` for the `status` subcommand).
-//! - [`admission`]: connection limits and the request head read before hyper sees it.
+//! - [`admission`]: connection limits, the refusal past them, and counts of connections turned away.
+//! - [`head`]: the request head, read before hyper sees it.
 //! - [`sockopt`]: the socket a request came in on, and the option the ack threshold is set with (the only `unsafe`).
 //! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
 //! - `http`: the answers the router and the handlers write themselves: plain text, and WebSocket upgrades.
@@ -12,6 +13,7 @@ pub mod address;
 pub mod admission;
 pub mod allow;
 pub mod client;
+pub mod head;
 pub(crate) mod http;
 pub(crate) mod sockopt;
 pub mod tls;
