@@ -34,7 +34,7 @@ pub enum Error {
 }
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
-fn status_line(missing: &[&str], status: &crate::cleanup::monitor::Status) -> String {
+fn status_line(missing: &[&str], status: &crate::cleanup::status::Status) -> String {
     if !missing.is_empty() {
         return format!("waiting: {}", missing.join("; "));
     }
@@ -128,7 +128,7 @@ pub struct App {
     config: Config,
     registry: Registry,
     subscribers: Subscribers,
-    status: crate::cleanup::monitor::StatusHandle,
+    status: crate::cleanup::status::StatusHandle,
     discovery: crate::cleanup::discovery::StateHandle,
     instruments: crate::ops::metrics::Instruments,
     started: tokio::time::Instant,
@@ -151,7 +151,7 @@ impl App {
             config.cleanup.initial_delay.max(saved.cleanup_delay),
             instruments.reservation_seconds.clone(),
         );
-        let status = crate::cleanup::monitor::StatusHandle::default();
+        let status = crate::cleanup::status::StatusHandle::default();
         status.update(|s| {
             s.memory = start.memory;
             s.state_problem = start.problem;
@@ -224,7 +224,7 @@ impl App {
         self
     }
 
-    pub fn status(&self) -> &crate::cleanup::monitor::StatusHandle {
+    pub fn status(&self) -> &crate::cleanup::status::StatusHandle {
         &self.status
     }
 

@@ -64,7 +64,7 @@ pub struct Proxy {
     pub mode: ProxyMode,
     pub filter: Filter,
     /// Where `clamp` reads the watermark purged below and its backup time.
-    pub status: crate::cleanup::monitor::StatusHandle,
+    pub status: crate::cleanup::status::StatusHandle,
 }
 
 impl Handler for Proxy {

@@ -245,7 +245,7 @@ pub struct Readiness {
     discovery_mode: crate::config::DiscoveryMode,
     discovery: crate::cleanup::discovery::StateHandle,
     /// Where the monitor says whether another sidecar holds the shard's purger lock.
-    status: Option<crate::cleanup::monitor::StatusHandle>,
+    status: Option<crate::cleanup::status::StatusHandle>,
 }
 
 impl Readiness {
@@ -263,7 +263,7 @@ impl Readiness {
 
     /// Also not ready while standby: another sidecar of the shard holds the purger lock, and reservations or
     /// subscriptions served here would be invisible to the one that purges.
-    pub fn with_status(mut self, status: crate::cleanup::monitor::StatusHandle) -> Self {
+    pub fn with_status(mut self, status: crate::cleanup::status::StatusHandle) -> Self {
         self.status = Some(status);
         self
     }

@@ -12,9 +12,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::cleanup::monitor::StatusHandle;
 use crate::cleanup::reservations::{Registry, Written};
 use crate::cleanup::state::{self, Saved, StateError};
+use crate::cleanup::status::StatusHandle;
 use crate::cleanup::Memory;
 
 /// How often what the monitor keeps (the last purge, the highest watermark, the replica version) is compared with

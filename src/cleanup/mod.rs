@@ -20,6 +20,7 @@ pub mod keeper;
 pub mod monitor;
 pub mod reservations;
 pub mod state;
+pub mod status;
 pub mod subscribers;
 
 use std::fmt;

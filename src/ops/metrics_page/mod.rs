@@ -93,7 +93,7 @@ pub struct MetricsSources {
     pub instruments: Instruments,
     pub registry: crate::cleanup::reservations::Registry,
     pub subscribers: crate::cleanup::subscribers::Subscribers,
-    pub status: crate::cleanup::monitor::StatusHandle,
+    pub status: crate::cleanup::status::StatusHandle,
     pub discovery_mode: crate::config::DiscoveryMode,
     pub discovery: crate::cleanup::discovery::StateHandle,
     /// The main listener's connection counts.

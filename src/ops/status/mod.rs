@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::cleanup::monitor::Status;
 use crate::cleanup::reservations::Reservation;
+use crate::cleanup::status::Status;
 use crate::cleanup::subscribers::SubscriberView;
 use crate::cleanup::{Backup, Decision};
 use crate::ops::metrics::UpstreamHealth;
@@ -31,7 +31,7 @@ pub struct Report {
     pub generated_at: String,
     pub uptime_seconds: f64,
     /// The newest backed-up watermarks litestream reported and the sidecar still tracks, newest first (at most
-    /// [`crate::cleanup::monitor::RECENT_BACKUPS`]), plus the gauge's current one if it is not among them.
+    /// [`crate::cleanup::status::RECENT_BACKUPS`]), plus the gauge's current one if it is not among them.
     pub backups: Vec<BackupEntry>,
     /// How many backups are tracked in all (not yet purged below).
     pub backups_tracked: usize,
@@ -361,7 +361,7 @@ pub fn build(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Report {
 fn backup_entry(
     backup: &Backup,
     current: Option<&str>,
-    destination: &crate::cleanup::monitor::BackupStatus,
+    destination: &crate::cleanup::status::BackupStatus,
     wall_now: SystemTime,
 ) -> BackupEntry {
     let verified = destination
@@ -385,7 +385,7 @@ fn backup_entry(
 }
 
 fn destination_entry(
-    destination: &crate::cleanup::monitor::BackupStatus,
+    destination: &crate::cleanup::status::BackupStatus,
     wall_now: SystemTime,
 ) -> Option<DestinationEntry> {
     let newest = destination.listing.and_then(|l| l.newest);
@@ -455,7 +455,7 @@ fn cleanup(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Cleanup {
 pub struct Sources {
     pub registry: crate::cleanup::reservations::Registry,
     pub subscribers: crate::cleanup::subscribers::Subscribers,
-    pub status: crate::cleanup::monitor::StatusHandle,
+    pub status: crate::cleanup::status::StatusHandle,
     pub upstream: crate::shared::Cell<UpstreamHealth>,
     pub upstream_address: String,
     pub cleanup_enabled: bool,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::cleanup::monitor::{HeldSince, LastPurge as Purged};
+use crate::cleanup::status::{HeldSince, LastPurge as Purged};
 use crate::cleanup::subscribers::SubscriberInfo;
 use crate::cleanup::{Bound, HoldReason};
 use crate::ops::status_cli::render;
@@ -42,7 +42,7 @@ fn inputs(now: Instant, wall_now: SystemTime) -> Inputs {
             },
         ],
         backups_tracked: 2,
-        change_log: Some(crate::cleanup::monitor::ChangeLogReading {
+        change_log: Some(crate::cleanup::status::ChangeLogReading {
             size: crate::cleanup::change_db::ChangeLogSize {
                 rows: 1234,
                 exact: true,
@@ -198,7 +198,7 @@ fn claims_say_whether_the_destination_holds_them() {
     let now = Instant::now();
     let wall_now = SystemTime::UNIX_EPOCH + secs(1_750_000_000);
     let mut inputs = inputs(now, wall_now);
-    inputs.status.backup = crate::cleanup::monitor::BackupStatus {
+    inputs.status.backup = crate::cleanup::status::BackupStatus {
         verifying: true,
         slack: secs(60),
         // Written 5 minutes ago: covers the claim of 11m 40s ago, not the one of 1m 30s ago.
