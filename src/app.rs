@@ -30,7 +30,7 @@ pub enum Error {
     Listener(#[source] std::io::Error),
     /// A certificate, key or CA file the config names cannot be used.
     #[error(transparent)]
-    Tls(crate::net::tls::Error),
+    Tls(crate::net::tls::TlsError),
 }
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
@@ -247,7 +247,7 @@ impl App {
 
     /// Reads the TLS files the config names, now rather than in [`App::run`], so that a process can refuse to
     /// start on them; the handle re-reads them (SIGHUP) while the app runs.
-    pub fn reloader(&mut self) -> Result<Reloader, crate::net::tls::Error> {
+    pub fn reloader(&mut self) -> Result<Reloader, crate::net::tls::TlsError> {
         let tls = match &self.tls {
             Some(tls) => tls.clone(),
             None => crate::net::tls::Tls::load(&self.config)?,

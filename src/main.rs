@@ -169,7 +169,7 @@ enum CheckError {
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     #[error(transparent)]
-    Tls(litestream_sidecar::net::tls::Error),
+    Tls(litestream_sidecar::net::tls::TlsError),
 }
 
 /// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came. Only the address and the TLS

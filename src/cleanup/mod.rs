@@ -74,7 +74,7 @@ pub enum GaugeMove {
 
 /// What [`Backlog::observe`] made of one page.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Observed {
+pub struct BacklogUpdate {
     /// Watermarks tracked for the first time.
     pub added: usize,
     /// `None`: the page had no usable sample, so nothing is known about the gauge now and what was known stays.
@@ -140,9 +140,9 @@ impl Backlog {
     /// before it counts (a restore that started meanwhile got the older backup). The highest stays where it was
     /// until the gauge reaches it again; [`decide`] holds until then. Returns what changed, and which move, for the
     /// monitor to pass on to the reservation registry and to log.
-    pub fn observe(&mut self, seen: &[(&str, SystemTime)]) -> Observed {
+    pub fn observe(&mut self, seen: &[(&str, SystemTime)]) -> BacklogUpdate {
         let Some(&(now_at, backed_up_at)) = seen.iter().max_by(|a, b| a.0.cmp(b.0)) else {
-            return Observed {
+            return BacklogUpdate {
                 added: 0,
                 gauge: None,
             };
@@ -183,7 +183,7 @@ impl Backlog {
                 backed_up_at,
             });
         self.current = Some(current);
-        Observed {
+        BacklogUpdate {
             added,
             gauge: Some(gauge),
         }
@@ -286,7 +286,7 @@ impl Subscriber {
 /// What the backup destination (`litestream.backup_url`) shows behind litestream's claims, as the monitor last
 /// listed it. The gauge alone is no proof: a wedged litestream has advanced it without uploading (PROTOCOL.md W3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Destination {
+pub enum DestinationCheck {
     /// `backup.verify = false`: claims are trusted as litestream makes them.
     Unchecked,
     /// A listing that succeeded: the newest object's last-modified time (`None`: the destination is empty). A claim
@@ -300,13 +300,13 @@ pub enum Destination {
     Unreadable,
 }
 
-impl Destination {
+impl DestinationCheck {
     /// Whether a backup claimed at `claimed` has an object behind it.
     pub fn covers(&self, claimed: SystemTime) -> bool {
         match *self {
-            Destination::Unchecked => true,
-            Destination::Unreadable => false,
-            Destination::Listed { newest, slack } => newest.is_some_and(|newest| {
+            DestinationCheck::Unchecked => true,
+            DestinationCheck::Unreadable => false,
+            DestinationCheck::Listed { newest, slack } => newest.is_some_and(|newest| {
                 // Past SystemTime's range the newest object is later than any claim.
                 newest
                     .checked_add(slack)
@@ -344,7 +344,7 @@ pub struct Inputs<'a> {
     /// The watermark the gauge reports now (at the last page that had one).
     pub current_backup: Option<&'a str>,
     /// What the backup destination holds: only claims it covers may be purged below.
-    pub destination: Destination,
+    pub destination: DestinationCheck,
     /// What the sidecar knows beyond the data above: its memory across restarts, litestream's position, the
     /// purger lock, the replica's last reset, the clock.
     pub guards: Guards,
@@ -625,7 +625,7 @@ impl fmt::Display for HoldReason {
 ///
 /// Purges below `W`, the largest tracked backup watermark that satisfies every rule:
 /// - it was backed up at least `cleanup_delay` ago by the wall clock (a time in the future is not aged);
-/// - the destination covers it (see [`Destination::covers`]), unless verification is off;
+/// - the destination covers it (see [`DestinationCheck::covers`]), unless verification is off;
 /// - mode `pin`: `W <=` every open reservation's floor; mode `pause`: no reservation is open;
 /// - `W <=` the acked watermark of every connected subscriber and of every subscriber departed less than
 ///   `reconnect_grace` ago;

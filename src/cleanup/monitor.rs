@@ -19,8 +19,8 @@ use crate::cleanup::status::{
 };
 use crate::cleanup::subscribers::Subscribers;
 use crate::cleanup::{
-    self, Backlog, Backup, Decision, Destination, GaugeMove, HeldReservation, HoldReason, Inputs,
-    Ownership, Subscriber,
+    self, Backlog, Backup, Decision, DestinationCheck, GaugeMove, HeldReservation, HoldReason,
+    Inputs, Ownership, Subscriber,
 };
 use crate::config::Config;
 use crate::litestream::destination::{self, ErrorKind, ListError, Listing};
@@ -700,11 +700,11 @@ impl Monitor {
         known: &mut Option<Listing>,
         said: &mut Said,
         now: Instant,
-    ) -> Destination {
+    ) -> DestinationCheck {
         let Some(destination) = &self.destination else {
-            return Destination::Unchecked;
+            return DestinationCheck::Unchecked;
         };
-        let listed = |listing: &Option<Listing>| Destination::Listed {
+        let listed = |listing: &Option<Listing>| DestinationCheck::Listed {
             newest: listing.and_then(|l| l.newest),
             slack: self.slack,
         };
@@ -754,7 +754,7 @@ impl Monitor {
                         s.backup.verified = false;
                         s.backup.failing = Some(err);
                     });
-                    return Destination::Unreadable;
+                    return DestinationCheck::Unreadable;
                 }
             }
         }

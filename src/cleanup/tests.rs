@@ -73,7 +73,7 @@ struct Case {
     last_purged: Option<String>,
     /// The gauge: `(highest, current)`; unset, it reports the newest backup.
     gauge: Option<(&'static str, &'static str)>,
-    destination: Destination,
+    destination: DestinationCheck,
     guards: Guards,
 }
 
@@ -91,7 +91,7 @@ fn case() -> Case {
         subscribers: vec![],
         last_purged: None,
         gauge: None,
-        destination: Destination::Unchecked,
+        destination: DestinationCheck::Unchecked,
         guards: Guards::default(),
     }
 }
@@ -285,8 +285,8 @@ fn ready_case_purges_below_the_backup() {
 
 // The destination: a claim counts only with an object behind it.
 
-fn listed(secs_ago: Option<u64>) -> Destination {
-    Destination::Listed {
+fn listed(secs_ago: Option<u64>) -> DestinationCheck {
+    DestinationCheck::Listed {
         newest: secs_ago.map(|ago| wall(NOW - ago)),
         slack: Duration::from_secs(60),
     }
@@ -310,10 +310,10 @@ fn holds_unless_the_destination_has_an_object_from_the_claim_minus_the_slack() {
         Decision::Hold(BackupUnverified)
     );
     assert_eq!(
-        with(Destination::Unreadable).decide(),
+        with(DestinationCheck::Unreadable).decide(),
         Decision::Hold(BackupUnverified)
     );
-    assert_eq!(with(Destination::Unchecked).decide(), purge("0a"));
+    assert_eq!(with(DestinationCheck::Unchecked).decide(), purge("0a"));
 }
 
 #[test]
@@ -338,13 +338,13 @@ fn claims_made_after_the_uploads_stopped_lower_the_purge_to_an_older_covered_one
 fn unverified_comes_after_the_other_backup_reasons_and_before_floors_and_acks() {
     let young = Case {
         backups: vec![backup("0a", 10)],
-        destination: Destination::Unreadable,
+        destination: DestinationCheck::Unreadable,
         ..ready()
     };
     assert_eq!(young.decide(), Decision::Hold(BackupTooRecent));
     let nothing_new = Case {
         last_purged: Some(wm("0a")),
-        destination: Destination::Unreadable,
+        destination: DestinationCheck::Unreadable,
         ..ready()
     };
     assert_eq!(nothing_new.decide(), Decision::Hold(NothingNew));
@@ -1075,8 +1075,7 @@ fn worked_timeline() {
 
 #[test]
 fn hold_reasons_have_distinct_labels_in_evaluation_order() {
-    let labels: std::collections::HashSet<_> =
-        HoldReason::ALL.iter().map(|r| r.as_str()).collect();
+    let labels: std::collections::HashSet<_> = HoldReason::ALL.iter().map(|r| r.as_str()).collect();
     assert_eq!(labels.len(), HoldReason::ALL.len());
     for reason in HoldReason::ALL {
         let label = reason.as_str();
@@ -1181,7 +1180,7 @@ struct Model {
     next_task: u32,
     subscribers: Vec<Subscriber>,
     last_purged: Option<String>,
-    destination: Destination,
+    destination: DestinationCheck,
 }
 
 /// The slack of every listing in the model.
@@ -1208,7 +1207,7 @@ impl Model {
             next_task: 0,
             subscribers: vec![],
             last_purged: None,
-            destination: Destination::Unchecked,
+            destination: DestinationCheck::Unchecked,
         }
     }
 
@@ -1290,9 +1289,9 @@ impl Model {
             Event::Advance(secs) => self.clock += secs,
             Event::List { outcome, ago } => {
                 self.destination = match outcome {
-                    0 => Destination::Unchecked,
-                    1 => Destination::Unreadable,
-                    _ => Destination::Listed {
+                    0 => DestinationCheck::Unchecked,
+                    1 => DestinationCheck::Unreadable,
+                    _ => DestinationCheck::Listed {
                         newest: ago.map(|ago| wall(self.clock.saturating_sub(ago))),
                         slack: Duration::from_secs(SLACK),
                     },
@@ -1348,9 +1347,7 @@ impl Model {
         for r in &self.reservations {
             match &r.floor {
                 None => broken.push("purge with a floorless reservation open"),
-                Some(floor) if w > floor.as_str() => {
-                    broken.push("purge above a reservation floor")
-                }
+                Some(floor) if w > floor.as_str() => broken.push("purge above a reservation floor"),
                 Some(_) => {}
             }
         }
@@ -1387,13 +1384,13 @@ impl Model {
         }
         let claimed = self.backups.iter().find(|b| b.watermark == w);
         match (self.destination, claimed) {
-            (Destination::Unchecked, _) | (_, None) => {}
-            (Destination::Unreadable, _) => broken.push("purge on a failed listing"),
-            (Destination::Listed { newest: None, .. }, _) => {
+            (DestinationCheck::Unchecked, _) | (_, None) => {}
+            (DestinationCheck::Unreadable, _) => broken.push("purge on a failed listing"),
+            (DestinationCheck::Listed { newest: None, .. }, _) => {
                 broken.push("purge with an empty destination")
             }
             (
-                Destination::Listed {
+                DestinationCheck::Listed {
                     newest: Some(n), ..
                 },
                 Some(b),
@@ -1433,18 +1430,14 @@ impl Model {
                     .is_empty());
             }
             Bound::Reservation { task_id, floor } => {
-                prop_assert!(
-                    before <= floor.as_str() && newest_candidate > Some(floor.as_str())
-                );
+                prop_assert!(before <= floor.as_str() && newest_candidate > Some(floor.as_str()));
                 prop_assert!(self
                     .reservations
                     .iter()
                     .any(|r| &r.task_id == task_id && r.floor.as_ref() == Some(floor)));
             }
             Bound::Subscriber { acked, .. } => {
-                prop_assert!(
-                    before <= acked.as_str() && newest_candidate > Some(acked.as_str())
-                );
+                prop_assert!(before <= acked.as_str() && newest_candidate > Some(acked.as_str()));
                 prop_assert!(self.tracked().any(|s| &s.acked == acked));
             }
         }
@@ -1558,7 +1551,7 @@ proptest! {
             ownership: Ownership::Unchecked,
             highest_backup: backups.last().map(|b| b.watermark.as_str()),
             current_backup: backups.last().map(|b| b.watermark.as_str()),
-            destination: Destination::Unchecked,
+            destination: DestinationCheck::Unchecked,
             guards: Guards::default(),
         });
         prop_assert_eq!(d, Decision::Purge { before: newest_aged, bound: Bound::Backup });

@@ -22,25 +22,25 @@ use tracing::warn;
 
 /// The TLS connector chosen from `sslmode` once, at start.
 #[derive(Clone)]
-pub(super) enum Tls {
+pub(super) enum ChangeDbTls {
     Off,
     Rustls(MakeRustlsConnect),
 }
 
-impl Tls {
-    pub(super) fn for_mode(mode: SslMode) -> Tls {
+impl ChangeDbTls {
+    pub(super) fn for_mode(mode: SslMode) -> ChangeDbTls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .expect("ring supports the default TLS versions");
         match mode {
-            SslMode::Disable => Tls::Off,
+            SslMode::Disable => ChangeDbTls::Off,
             SslMode::Prefer => {
                 let config = builder
                     .dangerous()
                     .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
                     .with_no_client_auth();
-                Tls::Rustls(MakeRustlsConnect::new(config))
+                ChangeDbTls::Rustls(MakeRustlsConnect::new(config))
             }
             // `require`, and any stricter mode a later tokio-postgres may add: verify.
             _ => {
@@ -52,7 +52,7 @@ impl Tls {
                     );
                 }
                 let config = builder.with_root_certificates(roots).with_no_client_auth();
-                Tls::Rustls(MakeRustlsConnect::new(config))
+                ChangeDbTls::Rustls(MakeRustlsConnect::new(config))
             }
         }
     }

@@ -50,7 +50,7 @@ pub struct Report {
     pub cleanup: Option<Cleanup>,
     /// The last purge that went all the way to its target: of this run, or the previous run's from the state
     /// file (then only `before` is known).
-    pub last_purge: Option<LastPurge>,
+    pub last_purge: Option<LastPurgeEntry>,
     pub change_log: Option<ChangeLog>,
 }
 
@@ -193,7 +193,7 @@ pub struct Cleanup {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct LastPurge {
+pub struct LastPurgeEntry {
     /// Rows below this watermark are gone.
     pub before: String,
     pub bound: Option<String>,
@@ -217,7 +217,7 @@ pub struct ChangeLog {
 
 /// Everything [`build`] reads, gathered at one instant.
 #[derive(Debug, Clone)]
-pub struct Inputs {
+pub struct ReportInputs {
     pub status: Status,
     pub reservations: Vec<Reservation>,
     pub subscribers: Vec<SubscriberView>,
@@ -248,7 +248,7 @@ fn age(at: SystemTime, wall_now: SystemTime) -> f64 {
 }
 
 /// The `/status` document for `inputs` at `now` (`wall_now` on the wall clock).
-pub fn build(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Report {
+pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Report {
     let status = &inputs.status;
     let since = |at: Instant| seconds(now.saturating_duration_since(at));
     let current = status.newest_backup.as_ref().map(|(w, _)| w.as_str());
@@ -309,16 +309,16 @@ pub fn build(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Report {
         })
         .collect();
     let last_purge = match (&status.last_purge, &status.purged_through) {
-        (Some(purge), _) => Some(LastPurge {
+        (Some(purge), _) => Some(LastPurgeEntry {
             before: purge.before.clone(),
             bound: Some(purge.bound.clone()),
             rows: Some(purge.rows),
             completed_at: Some(rfc3339(purge.completed_at)),
             age_seconds: Some(age(purge.completed_at, wall_now)),
         }),
-        (None, Some(through)) => Some(LastPurge {
+        (None, Some(through)) => Some(LastPurgeEntry {
             before: through.watermark.clone(),
-            ..LastPurge::default()
+            ..LastPurgeEntry::default()
         }),
         (None, None) => None,
     };
@@ -369,7 +369,7 @@ fn backup_entry(
         .then_some(destination.listing)
         .flatten()
         .map(|listing| {
-            crate::cleanup::Destination::Listed {
+            crate::cleanup::DestinationCheck::Listed {
                 newest: listing.newest,
                 slack: destination.slack,
             }
@@ -398,7 +398,7 @@ fn destination_entry(
     })
 }
 
-fn cleanup(inputs: &Inputs, now: Instant, wall_now: SystemTime) -> Cleanup {
+fn cleanup(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Cleanup {
     let status = &inputs.status;
     let mut cleanup = Cleanup {
         enabled: inputs.cleanup_enabled,
@@ -465,8 +465,8 @@ pub struct Sources {
 
 impl Sources {
     /// The state now, without I/O: every source is in memory.
-    pub fn gather(&self, now: Instant) -> Inputs {
-        Inputs {
+    pub fn gather(&self, now: Instant) -> ReportInputs {
+        ReportInputs {
             status: self.status.get(),
             reservations: self.registry.open_reservations(),
             subscribers: self.subscribers.view(now, self.reconnect_grace),

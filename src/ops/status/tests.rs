@@ -10,7 +10,7 @@ fn secs(n: u64) -> Duration {
 }
 
 /// A sidecar up for an hour, held for 5 minutes by a subscriber behind the backup, after a purge 10 minutes ago.
-fn inputs(now: Instant, wall_now: SystemTime) -> Inputs {
+fn inputs(now: Instant, wall_now: SystemTime) -> ReportInputs {
     let status = Status {
         checks: 60,
         standby: Some(true),
@@ -51,7 +51,7 @@ fn inputs(now: Instant, wall_now: SystemTime) -> Inputs {
         }),
         ..Status::default()
     };
-    Inputs {
+    ReportInputs {
         status,
         reservations: vec![
             Reservation {
