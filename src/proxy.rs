@@ -87,7 +87,7 @@ impl Handler for Proxy {
                 let filtered = match self.mode {
                     ProxyMode::Hide => strip_progress_family(&page),
                     ProxyMode::Clamp => {
-                        let through = self.status.get().purged_through;
+                        let through = self.status.read(|s| s.purged_through.clone());
                         let through = through
                             .as_ref()
                             .map(|b| (b.watermark.as_str(), b.backed_up_at));

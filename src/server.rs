@@ -272,7 +272,7 @@ impl Readiness {
     pub fn is_standby(&self) -> bool {
         self.status
             .as_ref()
-            .is_some_and(|status| status.get().standby == Some(true))
+            .is_some_and(|status| status.read(|s| s.standby == Some(true)))
     }
 
     pub fn set_listening(&self, value: bool) {
@@ -417,7 +417,7 @@ fn keepalive(ctx: &Context) -> Response<Full<Bytes>> {
     }
     // Still ready while purges fail: reservations and subscriptions are served as before, and taking the sidecar
     // out of rotation would cut view-syncers off. The body says what is wrong.
-    match ctx.metrics.status.get().cleanup_problem() {
+    match ctx.metrics.status.read(|s| s.cleanup_problem()) {
         None => plain(StatusCode::OK, "OK"),
         Some(problem) => plain(StatusCode::OK, format!("OK; {problem}\n")),
     }

@@ -91,18 +91,26 @@ impl Keeper {
     }
 
     fn gather(&self) -> Saved {
-        let status = self.status.get();
+        let (last_purge, highest_backup, replica_version, restores_unknown_since) =
+            self.status.read(|s| {
+                (
+                    s.purged_through.clone(),
+                    s.highest_backup.clone(),
+                    s.replica_version.clone(),
+                    s.restores_unknown_since,
+                )
+            });
         Saved {
             cleanup_delay: self.registry.cleanup_delay(),
-            last_purge: status.purged_through,
-            highest_backup: status.highest_backup,
-            replica_version: status.replica_version,
+            last_purge,
+            highest_backup,
+            replica_version,
             reservations: self.registry.to_keep(),
             subscribers: self
                 .subscribers
                 .to_keep(tokio::time::Instant::now(), self.reconnect_grace),
             knows_reservations: true,
-            restores_unknown_since: status.restores_unknown_since,
+            restores_unknown_since,
         }
     }
 

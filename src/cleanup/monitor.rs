@@ -353,13 +353,15 @@ impl Monitor {
 
     /// The guards of a check at `now` (see [`cleanup::Guards`]).
     fn guards(&self, now: Instant, position: &Position, replica: &Replica) -> cleanup::Guards {
-        let status = self.status.get();
+        let (standby, memory, restores_unknown_since) = self
+            .status
+            .read(|s| (s.standby, s.memory, s.restores_unknown_since));
         let (anchor, anchor_wall) = self.anchor;
         let hold_without_state = self.hold_without_state.for_size(position.db_bytes);
         cleanup::Guards {
-            standby: status.standby == Some(true),
-            memory: status.memory,
-            restores_unknown_until: status.restores_unknown_since.map(|since| {
+            standby: standby == Some(true),
+            memory,
+            restores_unknown_until: restores_unknown_since.map(|since| {
                 // From this run's start at the latest, so that tests and restarts that date the start back agree.
                 let since = since.min(anchor_wall);
                 let remaining = (since + hold_without_state)
@@ -386,7 +388,7 @@ impl Monitor {
             }
             Err(_) => return,
         };
-        match (self.status.get().standby, standby) {
+        match (self.status.read(|s| s.standby), standby) {
             (Some(true) | None, false) => info!("purger lock held: this sidecar purges for the shard"),
             (Some(false) | None, true) => warn!(
                 "standby: another sidecar holds the shard's purger lock; this one serves but does not purge, and \
@@ -618,7 +620,7 @@ impl Monitor {
                 Some((purged.to_owned(), current.watermark.clone()))
             }
             Some(purged) if current.watermark.as_str() < purged => {
-                self.status.get().backup_below_purge
+                self.status.read(|s| s.backup_below_purge.clone())
             }
             _ => None,
         };
@@ -762,7 +764,7 @@ impl Monitor {
         let newest = known.and_then(|l| l.newest);
         let stale =
             destination::is_stale(newest, claimed, self.stale_after).then_some((newest, claimed));
-        let was_stale = self.status.get().backup.stale.is_some();
+        let was_stale = self.status.read(|s| s.backup.stale.is_some());
         match (was_stale, stale) {
             (false, Some(_)) => error!(
                 newest_object = newest.map_or("none".into(), |t| humantime::format_rfc3339_seconds(t).to_string()),

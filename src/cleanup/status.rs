@@ -25,7 +25,8 @@ pub struct Status {
     pub purged_rows: u64,
     pub scrape_errors: u64,
     /// Where litestream's gauge is (the newest watermark of the last page that had one) and when that was
-    /// backed up: after a regression, below the highest it reported.
+    /// backed up: after a regression, below the highest it reported. Published from the loop's backlog (which owns
+    /// it) for readers on other tasks, which cannot reach the backlog without a lock the loop would take every page.
     pub newest_backup: Option<(String, SystemTime)>,
     /// `(highest, current)` while the gauge is below the highest watermark it reported.
     pub backup_regressed: Option<(String, String)>,

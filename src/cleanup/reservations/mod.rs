@@ -67,8 +67,14 @@ struct Book {
     next_id: u64,
     open: HashMap<String, Held>,
     cleanup_delay: Duration,
+    /// Where litestream's gauge is, as the monitor last told ([`Registry::saw_backup`]); the monitor's backlog is
+    /// the fact's owner. A copy stays here because a reservation opens pinned at it and a gauge going back lowers
+    /// the open floors to it: both must happen under this lock, in one step with the reservations, or a reservation
+    /// opened between the two would keep a floor above the backup.
     newest_backup: Option<String>,
-    /// The destination holds something to restore (always, unless the monitor lists it and found nothing yet).
+    /// The destination holds something to restore (always, unless the monitor lists it and found nothing yet). Set
+    /// by the monitor from the same listing it publishes in its status; kept here so that a snapshot status is
+    /// withheld or sent under the same lock that reads `newest_backup`.
     restorable: bool,
 }
 
