@@ -13,6 +13,15 @@
 //! allows.
 //!
 //! Watermarks are compared as plain strings (byte-wise), never parsed (PROTOCOL.md §2).
+//!
+//! The files: this one (the policy), `tests` (its table), and
+//! - [`monitor`]: the loop that gathers the inputs, decides, purges and records.
+//! - [`status`]: what the loop last saw and did, for every reader on another task.
+//! - [`reservations`]: the registry of snapshot reservations.
+//! - [`subscribers`]: the relay's subscribers and their acknowledged watermarks.
+//! - [`discovery`]: whether the replication manager is registered and the change DB answers.
+//! - [`state`] and [`keeper`]: the state file that carries the policy's memory across restarts, and its writer.
+//! - [`change_db`]: the change DB: reads, the purge, the purger lock, TLS toward PostgreSQL.
 
 pub mod change_db;
 pub mod discovery;

@@ -330,7 +330,7 @@ fn client_connector(config: &UpstreamTlsConfig) -> Result<(TlsConnector, usize),
             }
         }
         None => {
-            roots = crate::cleanup::change_db::tls::system_roots().0;
+            roots = system_roots().0;
             if roots.is_empty() {
                 return Err(TlsError::NoRoots);
             }
@@ -430,4 +430,13 @@ impl ServerCertVerifier for Pinned {
             .signature_verification_algorithms
             .supported_schemes()
     }
+}
+
+/// The system's trust store (as `SSL_CERT_FILE`/`SSL_CERT_DIR` or the platform's defaults say), and why any of
+/// it could not be read: the roots every verified TLS client of the sidecar trusts unless told otherwise.
+pub(crate) fn system_roots() -> (rustls::RootCertStore, Vec<rustls_native_certs::Error>) {
+    let loaded = rustls_native_certs::load_native_certs();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(loaded.certs);
+    (roots, loaded.errors)
 }

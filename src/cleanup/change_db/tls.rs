@@ -44,7 +44,7 @@ impl ChangeDbTls {
             }
             // `require`, and any stricter mode a later tokio-postgres may add: verify.
             _ => {
-                let (roots, errors) = system_roots();
+                let (roots, errors) = crate::net::tls::system_roots();
                 if roots.is_empty() {
                     warn!(
                         ?errors,
@@ -56,15 +56,6 @@ impl ChangeDbTls {
             }
         }
     }
-}
-
-/// The system's trust store (as `SSL_CERT_FILE`/`SSL_CERT_DIR` or the platform's defaults say), and why any of
-/// it could not be read: the roots every verified TLS client of the sidecar trusts unless told otherwise.
-pub(crate) fn system_roots() -> (rustls::RootCertStore, Vec<rustls_native_certs::Error>) {
-    let loaded = rustls_native_certs::load_native_certs();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add_parsable_certificates(loaded.certs);
-    (roots, loaded.errors)
 }
 
 /// `sslmode=prefer`: encrypts without checking who is at the other end, as libpq does. Handshake signatures are
