@@ -7,11 +7,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, info_span, warn, Instrument};
 
-use crate::cleanup::reservations::{Registry, SnapshotContext};
+use crate::cleanup::reservations::Registry;
 use crate::cleanup::subscribers::Subscribers;
 use crate::config::Config;
 use crate::server::{Context, Readiness};
 use crate::streamer::relay::RelayContext;
+use crate::streamer::snapshot::SnapshotContext;
 
 /// Connections the metrics proxy holds at once: Zero's BackupMonitor fetches one page at a time.
 const PROXY_MAX_CONNECTIONS: usize = 64;
@@ -22,17 +23,17 @@ pub enum Error {
     /// `litestream.metrics_url` cannot be scraped (not an `http://` URL with a host): neither the monitor nor the
     /// metrics proxy could work.
     #[error("litestream.metrics_url: {0}")]
-    MetricsUrl(#[source] crate::litestream::ScrapeError),
+    MetricsUrl(#[source] crate::net::client::HttpError),
     /// A listener handed to [`App::run`] cannot say its address.
     #[error("listener: {0}")]
     Listener(#[source] std::io::Error),
     /// A certificate, key or CA file the config names cannot be used.
     #[error(transparent)]
-    Tls(crate::net::tls::Error),
+    Tls(crate::net::tls::TlsError),
 }
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
-fn status_line(missing: &[&str], status: &crate::cleanup::monitor::Status) -> String {
+fn status_line(missing: &[&str], status: &crate::cleanup::status::Status) -> String {
     if !missing.is_empty() {
         return format!("waiting: {}", missing.join("; "));
     }
@@ -126,7 +127,7 @@ pub struct App {
     config: Config,
     registry: Registry,
     subscribers: Subscribers,
-    status: crate::cleanup::monitor::StatusHandle,
+    status: crate::cleanup::status::StatusHandle,
     discovery: crate::cleanup::discovery::StateHandle,
     instruments: crate::ops::metrics::Instruments,
     started: tokio::time::Instant,
@@ -149,7 +150,7 @@ impl App {
             config.cleanup.initial_delay.max(saved.cleanup_delay),
             instruments.reservation_seconds.clone(),
         );
-        let status = crate::cleanup::monitor::StatusHandle::default();
+        let status = crate::cleanup::status::StatusHandle::default();
         status.update(|s| {
             s.memory = start.memory;
             s.state_problem = start.problem;
@@ -222,7 +223,7 @@ impl App {
         self
     }
 
-    pub fn status(&self) -> &crate::cleanup::monitor::StatusHandle {
+    pub fn status(&self) -> &crate::cleanup::status::StatusHandle {
         &self.status
     }
 
@@ -245,7 +246,7 @@ impl App {
 
     /// Reads the TLS files the config names, now rather than in [`App::run`], so that a process can refuse to
     /// start on them; the handle re-reads them (SIGHUP) while the app runs.
-    pub fn reloader(&mut self) -> Result<Reloader, crate::net::tls::Error> {
+    pub fn reloader(&mut self) -> Result<Reloader, crate::net::tls::TlsError> {
         let tls = match &self.tls {
             Some(tls) => tls.clone(),
             None => crate::net::tls::Tls::load(
@@ -350,7 +351,7 @@ impl App {
         tracker: &TaskTracker,
     ) -> Result<(), Error> {
         let litestream = &self.config.litestream;
-        let scraper = crate::litestream::Scraper::new(
+        let scraper = crate::net::client::HttpClient::new(
             litestream.metrics_url.clone(),
             litestream.scrape_timeout,
             litestream.max_page_bytes,
@@ -462,7 +463,7 @@ impl App {
     ) -> Context {
         let config = &self.config;
         Context {
-            metrics: crate::ops::metrics::Sources {
+            metrics: crate::ops::metrics_page::MetricsSources {
                 instruments: self.instruments.clone(),
                 registry: self.registry.clone(),
                 subscribers: self.subscribers.clone(),

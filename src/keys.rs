@@ -18,7 +18,7 @@ use serde::Serialize;
 /// ```ignore
 /// keys::section! {
 ///     /// `[relay]`: ...
-///     pub struct RelayConfig(s) {
+///     pub struct ExampleConfig(s) {
 ///         /// Doc of the key.
 ///         max_pending_commits: usize = key(4096u64, |n: u64| usize::try_from(n).map_err(|e| e.to_string())),
 ///         suppress_upstream_cleanup: bool = key(true),
@@ -30,7 +30,7 @@ use serde::Serialize;
 /// `u64`, `i64`, `bool`, an enum, a `Vec<String>`); `key(default)` takes it as it is; `from(expr)` computes a field
 /// from other keys or from earlier fields, which are in scope as `Option`s (`None`: their problem is recorded).
 /// `key(default, check, hide = f)` shows the value through `f` in the printed config (a secret).
-/// Extra arguments of `read` follow the section's name: `pub struct BackupConfig(s, backup_url: Option<&str>)`.
+/// Extra arguments of `read` follow the section's name: `(s, backup_url: Option<&str>)` after the struct's name.
 macro_rules! section {
     (
         $(#[$meta:meta])*

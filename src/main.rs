@@ -173,7 +173,7 @@ enum CheckError {
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     #[error(transparent)]
-    Tls(litestream_sidecar::net::tls::Error),
+    Tls(litestream_sidecar::net::tls::TlsError),
 }
 
 /// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came. Only the address and the TLS
@@ -184,7 +184,7 @@ fn status(
     json: bool,
     timeout: std::time::Duration,
 ) -> ExitCode {
-    use litestream_sidecar::ops::status;
+    use litestream_sidecar::ops::status_cli as status;
     // With --addr, a config is read only when --config names one, and only for its TLS settings.
     let config = if addr.is_none() || config_path.is_some() {
         let path = config::resolve_path(config_path);

@@ -21,7 +21,8 @@ use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
 use crate::litestream::config::{Filter, ProxyMode};
-use crate::litestream::{self, Scraper};
+use crate::litestream::filter::{clamp_progress_family, strip_progress_family};
+use crate::net::client::HttpClient;
 use crate::net::http::plain;
 use crate::server::Handler;
 
@@ -59,11 +60,11 @@ pub async fn bind(listen: &str) -> std::io::Result<Vec<TcpListener>> {
 
 /// The proxy's [`Handler`] for [`crate::server::serve_http`]: `GET /metrics` is litestream's page, filtered.
 pub struct Proxy {
-    pub scraper: Scraper,
+    pub scraper: HttpClient,
     pub mode: ProxyMode,
     pub filter: Filter,
     /// Where `clamp` reads the watermark purged below and its backup time.
-    pub status: crate::cleanup::monitor::StatusHandle,
+    pub status: crate::cleanup::status::StatusHandle,
 }
 
 impl Handler for Proxy {
@@ -84,13 +85,13 @@ impl Handler for Proxy {
         match self.scraper.fetch().await {
             Ok(page) => {
                 let filtered = match self.mode {
-                    ProxyMode::Hide => litestream::strip_progress_family(&page),
+                    ProxyMode::Hide => strip_progress_family(&page),
                     ProxyMode::Clamp => {
-                        let through = self.status.get().purged_through;
+                        let through = self.status.read(|s| s.purged_through.clone());
                         let through = through
                             .as_ref()
                             .map(|b| (b.watermark.as_str(), b.backed_up_at));
-                        litestream::clamp_progress_family(&page, &self.filter, through)
+                        clamp_progress_family(&page, &self.filter, through)
                     }
                 };
                 let body = match filtered {

@@ -5,7 +5,7 @@
 //! - `GET /metrics` — the sidecar's own Prometheus metrics ([`crate::ops::metrics`]).
 //! - `GET /status` — the sidecar's state as JSON ([`crate::ops::status`]): backups, reservations, subscribers, cleanup.
 //! - `GET /keepalive` — readiness: 200 `OK` when every readiness condition holds, else 503 naming what is missing.
-//! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::cleanup::reservations::serve`]).
+//! - `GET /replication/v{N}/snapshot?taskID=…` — snapshot reservation WebSocket ([`crate::streamer::snapshot::serve`]).
 //! - `GET /replication/v{N}/changes?…` — the change-stream relay ([`crate::streamer::relay::serve`]), v1 to v6.
 //!
 //! Each WebSocket job checks its request, upgrades it and starts its connection itself; the router only sends
@@ -32,12 +32,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, warn, Instrument};
 
-use crate::cleanup::reservations::{self, SnapshotContext};
-use crate::net::admission::{read_head, Admission, Head, Refusal, Rewind};
+use crate::net::admission::{Admission, Refusal};
+use crate::net::head::{read_head, Head, Rewind};
 use crate::net::http::plain;
 use crate::net::sockopt::ClientSocket;
 use crate::protocol::{self, Route};
 use crate::streamer::relay::{self, RelayContext};
+use crate::streamer::snapshot::{self, SnapshotContext};
 
 /// Why a standby is not ready and refuses WebSocket work.
 const STANDBY: &str = "standby: another sidecar holds the shard's purger lock";
@@ -244,7 +245,7 @@ pub struct Readiness {
     discovery_mode: crate::cleanup::discovery::DiscoveryMode,
     discovery: crate::cleanup::discovery::StateHandle,
     /// Where the monitor says whether another sidecar holds the shard's purger lock.
-    status: Option<crate::cleanup::monitor::StatusHandle>,
+    status: Option<crate::cleanup::status::StatusHandle>,
 }
 
 impl Readiness {
@@ -262,7 +263,7 @@ impl Readiness {
 
     /// Also not ready while standby: another sidecar of the shard holds the purger lock, and reservations or
     /// subscriptions served here would be invisible to the one that purges.
-    pub fn with_status(mut self, status: crate::cleanup::monitor::StatusHandle) -> Self {
+    pub fn with_status(mut self, status: crate::cleanup::status::StatusHandle) -> Self {
         self.status = Some(status);
         self
     }
@@ -271,7 +272,7 @@ impl Readiness {
     pub fn is_standby(&self) -> bool {
         self.status
             .as_ref()
-            .is_some_and(|status| status.get().standby == Some(true))
+            .is_some_and(|status| status.read(|s| s.standby == Some(true)))
     }
 
     pub fn set_listening(&self, value: bool) {
@@ -308,7 +309,7 @@ impl Readiness {
 
 /// What the main listener's requests read: the router's [`Handler`].
 pub struct Context {
-    pub metrics: crate::ops::metrics::Sources,
+    pub metrics: crate::ops::metrics_page::MetricsSources,
     pub status: crate::ops::status::Sources,
     pub snapshot: SnapshotContext,
     pub relay: RelayContext,
@@ -393,7 +394,7 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Context) -> Respo
             plain(StatusCode::SERVICE_UNAVAILABLE, format!("{STANDBY}\n"))
         }
         Route::Snapshot(version) => {
-            reservations::serve(req, &version, peer, &ctx.snapshot, &ctx.tracker)
+            snapshot::serve(req, &version, peer, &ctx.snapshot, &ctx.tracker)
         }
         Route::Changes(version) => {
             relay::serve(req, &version, peer, &ctx.relay, &ctx.tracker).await
@@ -417,7 +418,7 @@ fn keepalive(ctx: &Context) -> Response<Full<Bytes>> {
     }
     // Still ready while purges fail: reservations and subscriptions are served as before, and taking the sidecar
     // out of rotation would cut view-syncers off. The body says what is wrong.
-    match ctx.metrics.status.get().cleanup_problem() {
+    match ctx.metrics.status.read(|s| s.cleanup_problem()) {
         None => plain(StatusCode::OK, "OK"),
         Some(problem) => plain(StatusCode::OK, format!("OK; {problem}\n")),
     }

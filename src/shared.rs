@@ -19,6 +19,12 @@ impl<T: Clone> Cell<T> {
         self.lock().clone()
     }
 
+    /// Reads what `f` takes from the value under the lock, without copying the rest: for a reader that needs one
+    /// field of a large state.
+    pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        f(&self.lock())
+    }
+
     pub fn update(&self, f: impl FnOnce(&mut T)) {
         f(&mut self.lock());
     }

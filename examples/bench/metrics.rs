@@ -2,7 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use litestream_sidecar::litestream::{parse_progress, strip_progress_family, Filter};
+use litestream_sidecar::litestream::filter::strip_progress_family;
+use litestream_sidecar::litestream::page::parse_progress;
+use litestream_sidecar::litestream::Filter;
 
 use crate::util::{ms, percentile, Report};
 

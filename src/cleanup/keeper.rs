@@ -12,9 +12,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::cleanup::monitor::StatusHandle;
 use crate::cleanup::reservations::{Registry, Written};
 use crate::cleanup::state::{self, Saved, StateError};
+use crate::cleanup::status::StatusHandle;
 use crate::cleanup::Memory;
 
 /// How often what the monitor keeps (the last purge, the highest watermark, the replica version) is compared with
@@ -91,18 +91,26 @@ impl Keeper {
     }
 
     fn gather(&self) -> Saved {
-        let status = self.status.get();
+        let (last_purge, highest_backup, replica_version, restores_unknown_since) =
+            self.status.read(|s| {
+                (
+                    s.purged_through.clone(),
+                    s.highest_backup.clone(),
+                    s.replica_version.clone(),
+                    s.restores_unknown_since,
+                )
+            });
         Saved {
             cleanup_delay: self.registry.cleanup_delay(),
-            last_purge: status.purged_through,
-            highest_backup: status.highest_backup,
-            replica_version: status.replica_version,
+            last_purge,
+            highest_backup,
+            replica_version,
             reservations: self.registry.to_keep(),
             subscribers: self
                 .subscribers
                 .to_keep(tokio::time::Instant::now(), self.reconnect_grace),
             knows_reservations: true,
-            restores_unknown_since: status.restores_unknown_since,
+            restores_unknown_since,
         }
     }
 

@@ -172,7 +172,8 @@ fn http_url(text: &str) -> Result<hyper::Uri, String> {
         ));
     }
     // The scraper is the judge of what it can scrape: whatever it would refuse once running is refused here.
-    crate::litestream::Scraper::new(uri.clone(), Duration::ZERO, 0).map_err(|e| e.to_string())?;
+    crate::net::client::HttpClient::new(uri.clone(), Duration::ZERO, 0)
+        .map_err(|e| e.to_string())?;
     Ok(uri)
 }
 

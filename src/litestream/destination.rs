@@ -2,7 +2,7 @@
 //! a watermark was uploaded, and a wedged litestream has advanced it without uploading anything (docs/protocol.md,
 //! "Backup claims without an upload").
 //! Before a purge relies on a claim, and before a snapshot status sends a view-syncer to restore, the destination
-//! is listed and its newest object's last-modified time becomes a fact for the policy ([`crate::cleanup::Destination`]).
+//! is listed and its newest object's last-modified time becomes a fact for the cleanup policy.
 //!
 //! Only the replica's own path is listed (a directory walk for `file://`, a prefix listing for `s3://`), each
 //! listing bounded by `backup.list_timeout` with no retries of its own: the next check is the retry. The rule

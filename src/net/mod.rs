@@ -1,7 +1,9 @@
 //! The network edge, below every endpoint:
 //! - [`address`]: what a `host:port` is and when two addresses name the same endpoint.
 //! - [`allow`]: which peers may connect at all.
-//! - [`admission`]: connection limits and the request head read before hyper sees it.
+//! - [`client`]: the HTTP GET client (litestream's metrics page, `/status` for the `status` subcommand).
+//! - [`admission`]: connection limits, the refusal past them, and counts of connections turned away.
+//! - [`head`]: the request head, read before hyper sees it.
 //! - [`sockopt`]: the socket a request came in on, and the option the ack threshold is set with (the only `unsafe`).
 //! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
 //! - `http`: the answers the router and the handlers write themselves: plain text, and WebSocket upgrades.
@@ -10,7 +12,9 @@
 pub mod address;
 pub mod admission;
 pub mod allow;
+pub mod client;
 pub mod config;
+pub mod head;
 pub(crate) mod http;
 pub(crate) mod sockopt;
 pub mod tls;

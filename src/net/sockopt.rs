@@ -10,7 +10,7 @@
 use std::os::fd::RawFd;
 
 /// The TCP socket a plain (not TLS) request came in on, put in the request's extensions by the accept loop: the
-/// relay tunes how it is woken for it ([`crate::streamer::wakeup`]). Valid while the connection is, which an upgraded
+/// relay tunes how it is woken for it (the streamer's ack wakeups). Valid while the connection is, which an upgraded
 /// request's handler owns.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientSocket(pub RawFd);

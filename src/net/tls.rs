@@ -31,7 +31,7 @@ const ALPN_HTTP1: &[u8] = b"http/1.1";
 
 /// Why TLS material could not be loaded; each names the key and the file.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum TlsError {
     #[error("{key} = {path:?}: {reason}")]
     File {
         key: &'static str,
@@ -83,7 +83,7 @@ impl Tls {
     pub fn load(
         server: Option<&ServerTlsFiles>,
         upstream: Option<&UpstreamTlsConfig>,
-    ) -> Result<Tls, Error> {
+    ) -> Result<Tls, TlsError> {
         Ok(Tls {
             server: match server {
                 Some(files) => Some(Arc::new(ServerTls::load(files.clone())?)),
@@ -172,7 +172,7 @@ pub struct ServerTls {
 }
 
 impl ServerTls {
-    pub fn load(files: ServerTlsFiles) -> Result<ServerTls, Error> {
+    pub fn load(files: ServerTlsFiles) -> Result<ServerTls, TlsError> {
         let provider = provider();
         let current = Arc::new(CurrentCert(RwLock::new(Arc::new(certified_key(
             &files, &provider,
@@ -196,7 +196,7 @@ impl ServerTls {
     }
 
     /// Re-reads both files; on success new handshakes present the new pair. Returns the chain's length.
-    pub fn reload(&self) -> Result<usize, Error> {
+    pub fn reload(&self) -> Result<usize, TlsError> {
         let loaded = certified_key(&self.files, &self.provider)?;
         let chain = loaded.cert.len();
         swap(&self.current.0, Arc::new(loaded));
@@ -227,7 +227,10 @@ impl ResolvesServerCert for CurrentCert {
 
 /// The certificate chain and its private key, checked to belong together: a renewal that replaced one file and
 /// not (yet) the other is refused rather than served to clients that would all fail their handshake.
-fn certified_key(files: &ServerTlsFiles, provider: &CryptoProvider) -> Result<CertifiedKey, Error> {
+fn certified_key(
+    files: &ServerTlsFiles,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
     const CERT: &str = "server.tls_cert_file";
     const KEY: &str = "server.tls_key_file";
     let chain = certificates(CERT, &files.cert_file)?;
@@ -249,7 +252,7 @@ fn certified_key(files: &ServerTlsFiles, provider: &CryptoProvider) -> Result<Ce
             Ok(certified)
         }
         Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
-            Err(Error::KeyMismatch {
+            Err(TlsError::KeyMismatch {
                 cert: files.cert_file.clone(),
                 key: files.key_file.clone(),
             })
@@ -262,8 +265,8 @@ fn certified_key(files: &ServerTlsFiles, provider: &CryptoProvider) -> Result<Ce
     }
 }
 
-fn file_error(key: &'static str, path: &Path, reason: impl Into<String>) -> Error {
-    Error::File {
+fn file_error(key: &'static str, path: &Path, reason: impl Into<String>) -> TlsError {
+    TlsError::File {
         key,
         path: path.to_path_buf(),
         reason: reason.into(),
@@ -271,12 +274,12 @@ fn file_error(key: &'static str, path: &Path, reason: impl Into<String>) -> Erro
 }
 
 /// The whole of a (small) file named by config key `key`.
-fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, Error> {
+fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|err| file_error(key, path, err.to_string()))
 }
 
 /// Every certificate of a PEM file, at least one; other sections (such as a key) are skipped.
-fn certificates(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, Error> {
+fn certificates(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_slice_iter(&read(key, path)?)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|err| file_error(key, path, format!("not PEM: {err}")))?;
@@ -301,7 +304,7 @@ impl std::fmt::Debug for UpstreamTls {
 }
 
 impl UpstreamTls {
-    pub fn load(config: UpstreamTlsConfig) -> Result<UpstreamTls, Error> {
+    pub fn load(config: UpstreamTlsConfig) -> Result<UpstreamTls, TlsError> {
         let (connector, _) = client_connector(&config)?;
         Ok(UpstreamTls {
             config,
@@ -326,7 +329,7 @@ impl UpstreamTls {
     }
 
     /// Re-reads the trusted CAs; returns how many there are.
-    pub fn reload(&self) -> Result<usize, Error> {
+    pub fn reload(&self) -> Result<usize, TlsError> {
         let (connector, roots) = client_connector(&self.config)?;
         swap(&self.connector, connector);
         Ok(roots)
@@ -335,7 +338,7 @@ impl UpstreamTls {
 
 /// A connector trusting `upstream.tls_ca_file` alone when it is set (as `curl --cacert` does: a private CA is
 /// not a reason to trust every public one too), else the system's trust store; and how many roots it trusts.
-fn client_connector(config: &UpstreamTlsConfig) -> Result<(TlsConnector, usize), Error> {
+fn client_connector(config: &UpstreamTlsConfig) -> Result<(TlsConnector, usize), TlsError> {
     const CA: &str = "upstream.tls_ca_file";
     let mut roots = rustls::RootCertStore::empty();
     match &config.ca_file {
@@ -347,9 +350,9 @@ fn client_connector(config: &UpstreamTlsConfig) -> Result<(TlsConnector, usize),
             }
         }
         None => {
-            roots = crate::cleanup::change_db::tls::system_roots().0;
+            roots = system_roots().0;
             if roots.is_empty() {
-                return Err(Error::NoRoots);
+                return Err(TlsError::NoRoots);
             }
         }
     }
@@ -366,7 +369,7 @@ fn client_connector(config: &UpstreamTlsConfig) -> Result<(TlsConnector, usize),
 /// The connector `litestream-sidecar status` uses toward a daemon whose listener speaks TLS: it trusts exactly the
 /// certificate in `server.tls_cert_file`, whoever issued it and whatever names it carries, since the command
 /// usually asks over loopback, which no certificate names. Only the certificate is read, never the key.
-pub fn status_connector(files: &ServerTlsFiles) -> Result<TlsConnector, Error> {
+pub fn status_connector(files: &ServerTlsFiles) -> Result<TlsConnector, TlsError> {
     let provider = provider();
     let expected = certificates("server.tls_cert_file", &files.cert_file)?.swap_remove(0);
     let mut client = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -447,4 +450,13 @@ impl ServerCertVerifier for Pinned {
             .signature_verification_algorithms
             .supported_schemes()
     }
+}
+
+/// The system's trust store (as `SSL_CERT_FILE`/`SSL_CERT_DIR` or the platform's defaults say), and why any of
+/// it could not be read: the roots every verified TLS client of the sidecar trusts unless told otherwise.
+pub(crate) fn system_roots() -> (rustls::RootCertStore, Vec<rustls_native_certs::Error>) {
+    let loaded = rustls_native_certs::load_native_certs();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(loaded.certs);
+    (roots, loaded.errors)
 }

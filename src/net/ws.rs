@@ -3,7 +3,7 @@
 //! flush, ping liveness, a deadline for write progress, and the close code each protocol violation earns. Both
 //! handlers read, assemble and write with the same pieces:
 //!
-//! | piece            | `/snapshot` ([`crate::cleanup::reservations`])        | `/changes` ([`crate::streamer::relay`])               |
+//! | piece            | `/snapshot` (`streamer::snapshot`)           | `/changes` (`streamer::relay`)              |
 //! |------------------|----------------------------------------------|---------------------------------------------|
 //! | [`Inbox`]        | `read_frame`: a frame at a time; small reads | `fill`, frames taken in place; 32 KiB reads |
 //! | [`parse_header`] | inside `read_frame`                          | `header_at`, over the frames of each read   |

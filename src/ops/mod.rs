@@ -1,9 +1,13 @@
 //! What operators read:
-//! - [`metrics`]: the sidecar's own Prometheus metrics: instruments, the state read at scrape time, the page.
-//! - [`status`]: `GET /status` (the state as JSON) and the table `litestream-sidecar status` prints from it.
+//! - [`metrics`]: the sidecar's own Prometheus instruments, updated on the hot paths.
+//! - [`metrics_page`]: `GET /metrics`: the state read at scrape time and the page rendered from it.
+//! - [`status`]: `GET /status`: the state as one JSON report.
+//! - [`status_cli`]: `litestream-sidecar status`: fetching that report and printing it as tables.
 //! - [`notify`]: systemd's readiness, status and watchdog notifications.
 
 pub mod log;
 pub mod metrics;
+pub mod metrics_page;
 pub mod notify;
 pub mod status;
+pub mod status_cli;

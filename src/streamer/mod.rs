@@ -1,8 +1,10 @@
 //! The change-streamer endpoints Zero's view-syncers use, from their upgrade on:
-//! - `/snapshot`: reservations, served by the sidecar itself ([`crate::cleanup::reservations`] keeps them).
+//! - [`snapshot`]: `/snapshot`, the reservation's WebSocket, served by the sidecar itself (the cleanup side's
+//!   registry keeps the reservations).
 //! - [`relay`]: `/changes`, relayed to Zero's change-streamer while each subscriber's acks are watched.
 //! - [`wakeup`]: how many bytes of a subscriber's acks are worth waking the relay for, without I/O.
 
 pub mod config;
 pub mod relay;
+pub mod snapshot;
 pub mod wakeup;

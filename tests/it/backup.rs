@@ -62,7 +62,7 @@ async fn list_dir(dir: &Path) -> Listing {
 }
 
 fn covers(listing: &Listing, claimed: SystemTime) -> bool {
-    cleanup::Destination::Listed {
+    cleanup::DestinationCheck::Listed {
         newest: listing.newest,
         slack: SLACK,
     }

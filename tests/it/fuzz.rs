@@ -34,10 +34,10 @@ use tokio::io::{AsyncRead, ReadBuf};
 use litestream_sidecar::cleanup::state;
 use litestream_sidecar::config::{self, ConfigError};
 use litestream_sidecar::litestream::config::Filter;
-use litestream_sidecar::litestream::{self, destination as backup};
+use litestream_sidecar::litestream::{destination as backup, filter, page};
 use litestream_sidecar::net::address;
 use litestream_sidecar::net::ws::{self, Assembler, Inbox, PeerClose, ReadError, Reads};
-use litestream_sidecar::ops::status;
+use litestream_sidecar::ops::{status, status_cli};
 use litestream_sidecar::protocol::inspect;
 use litestream_sidecar::protocol::{self, Route, SubscriberContext, Version};
 
@@ -1175,7 +1175,7 @@ fn commit_inspector() {
 
 const ZERO_FORK_PAGE: &str = include_str!("../fixtures/litestream/zero-fork.prom");
 const UPSTREAM_PAGE: &str = include_str!("../fixtures/litestream/upstream-0.5.17.prom");
-const FAMILY: &str = litestream::PROGRESS_FAMILY;
+const FAMILY: &str = page::PROGRESS_FAMILY;
 
 fn label_value() -> impl Strategy<Value = String> + Clone {
     prop_oneof![
@@ -1296,7 +1296,7 @@ fn filter() -> impl Strategy<Value = Filter> + Clone {
 /// up to the regex crate's own cap, which is no cost of any one page.
 const PAGE_FIXED: usize = 256 << 10;
 
-/// Peak heap of [`litestream::parse_progress`] per input byte. A sample line of the family as short as
+/// Peak heap of [`page::parse_progress`] per input byte. A sample line of the family as short as
 /// `litestream_replica_progress{a=""} 1` (35 bytes) holds a label map (a B-tree node of about 540 bytes), its
 /// candidate entry and an entry in the duplicate index; a malformed one a warning quoting up to 160 bytes of it.
 const PARSE_PER_BYTE: usize = 32;
@@ -1312,33 +1312,33 @@ fn litestream_page() {
         |(page, filter)| {
             let len = page.len();
             let stripped = bounded("strip_progress_family", len, (64, 1), || {
-                litestream::strip_progress_family(&page)
+                filter::strip_progress_family(&page)
             })?;
             prop_assert!(stripped.len() <= len);
             prop_assert!(matches!(
-                litestream::strip_progress_family(&stripped),
+                filter::strip_progress_family(&stripped),
                 Cow::Borrowed(_)
             ));
-            let hidden = litestream::clamp_progress_family(&page, &filter, None);
+            let hidden = filter::clamp_progress_family(&page, &filter, None);
             prop_assert_eq!(&hidden[..], &stripped[..]);
             let clamped = bounded(
                 "clamp_progress_family",
                 len,
                 (PAGE_FIXED, PARSE_PER_BYTE + 4),
-                || litestream::clamp_progress_family(&page, &filter, Some(("5bt456o", purged_at))),
+                || filter::clamp_progress_family(&page, &filter, Some(("5bt456o", purged_at))),
             )?;
             let Ok(text) = std::str::from_utf8(&page) else {
                 prop_assert_eq!(&clamped[..], &stripped[..]);
                 return Ok(());
             };
             let parsed = bounded("parse_progress", len, (PAGE_FIXED, PARSE_PER_BYTE), || {
-                litestream::parse_progress(text, &filter)
+                page::parse_progress(text, &filter)
             })?;
             let parsed = match parsed {
                 Ok(parsed) => parsed,
                 Err(err) => {
                     message_is_clear("parse_progress", &err.to_string())?;
-                    prop_assert!(matches!(err, litestream::ScrapeError::Parse(_)));
+                    prop_assert!(matches!(err, page::ScrapeError::Parse(_)));
                     prop_assert_eq!(&clamped[..], &stripped[..]);
                     return Ok(());
                 }
@@ -1347,17 +1347,16 @@ fn litestream_page() {
                 message_is_clear("parse_progress warning", warning)?;
             }
             for progress in &parsed.progress {
-                prop_assert!(litestream::is_lexi_version(&progress.watermark));
+                prop_assert!(page::is_lexi_version(&progress.watermark));
                 prop_assert!(
                     progress.backed_up_at
-                        >= UNIX_EPOCH
-                            + Duration::from_secs_f64(litestream::MIN_PLAUSIBLE_BACKUP_SECS)
+                        >= UNIX_EPOCH + Duration::from_secs_f64(page::MIN_PLAUSIBLE_BACKUP_SECS)
                 );
                 prop_assert!(filter.matches(&progress.db, &progress.name));
             }
             // What the proxy serves shows no progress, or exactly the purged watermark for the replica's own series.
             if let Ok(stripped) = std::str::from_utf8(&stripped) {
-                if let Ok(seen) = litestream::parse_progress(stripped, &filter) {
+                if let Ok(seen) = page::parse_progress(stripped, &filter) {
                     prop_assert!(seen.progress.is_empty(), "{:?}", seen.progress);
                 }
             }
@@ -1367,7 +1366,7 @@ fn litestream_page() {
                 return Ok(());
             };
             let clamped_text = std::str::from_utf8(&clamped).expect("a UTF-8 page stays UTF-8");
-            let seen = litestream::parse_progress(clamped_text, &filter).map_err(|e| {
+            let seen = page::parse_progress(clamped_text, &filter).map_err(|e| {
                 TestCaseError::fail(format!("the clamped page does not parse: {e}"))
             })?;
             prop_assert_eq!(seen.progress.len(), 1, "{:?}", seen);
@@ -1965,21 +1964,21 @@ fn status_answer() {
     ];
     fuzz("status_answer", input.prop_map(Text), |body| {
         match bounded(
-            "status::read_report",
+            "status_cli::read_report",
             body.len(),
             (4096, READ_PER_BYTE),
-            || status::read_report(&body),
+            || status_cli::read_report(&body),
         )? {
             Ok((_, report)) => {
                 let shown = bounded(
-                    "status::render",
+                    "status_cli::render",
                     body.len(),
                     (16 << 10, RENDER_PER_BYTE),
-                    || status::render(&report),
+                    || status_cli::render(&report),
                 )?;
                 prop_assert!(!shown.is_empty());
             }
-            Err(err) => message_is_clear("status::read_report", &err.to_string())?,
+            Err(err) => message_is_clear("status_cli::read_report", &err.to_string())?,
         }
         Ok(())
     });

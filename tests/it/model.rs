@@ -936,7 +936,7 @@ impl World {
                     highest_backup: self.backlog.highest(),
                     current_backup: self.backlog.current().map(|b| b.watermark.as_str()),
                     // The model's backups exist where they are claimed: verification is tested on its own.
-                    destination: cleanup::Destination::Unchecked,
+                    destination: cleanup::DestinationCheck::Unchecked,
                     guards: self.guards(now),
                 });
                 if let Decision::Purge { before, .. } = decision {

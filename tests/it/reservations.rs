@@ -407,7 +407,7 @@ async fn binary_and_invalid_utf8_get_their_close_codes() {
 
 #[tokio::test]
 async fn messages_up_to_the_limit_are_read_and_larger_ones_close_with_1009() {
-    use litestream_sidecar::cleanup::reservations::MAX_CLIENT_FRAME;
+    use litestream_sidecar::streamer::snapshot::MAX_CLIENT_FRAME;
     let sidecar = start(config("")).await;
     let path = "/replication/v3/snapshot?taskID=big";
 

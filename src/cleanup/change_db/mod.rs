@@ -51,7 +51,7 @@ use crate::net::address::same_address;
 use crate::protocol::shard::ZeroConfig;
 use sql::{byte_order_probe, Sql, WatermarkSql};
 use supervisor::{Link, Logged};
-use tls::Tls;
+use tls::ChangeDbTls;
 
 /// Rows deleted per purge statement unless the caller asks otherwise; keeps each batch transaction short.
 pub const DEFAULT_PURGE_BATCH_ROWS: i64 = 10_000;
@@ -455,7 +455,7 @@ impl ChangeDb {
             purger_lock: purger_lock_key(zero),
             purger_required: AtomicBool::new(false),
         });
-        let tls = Tls::for_mode(pg.get_ssl_mode());
+        let tls = ChangeDbTls::for_mode(pg.get_ssl_mode());
         tokio::spawn(supervisor::supervise(
             inner.clone(),
             pg,

@@ -15,7 +15,7 @@ use tokio_postgres::{Client, NoTls};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::tls::Tls;
+use super::tls::ChangeDbTls;
 use super::{with_cause, Inner, Options};
 
 /// Connection state as the supervisor sees it.
@@ -124,7 +124,7 @@ type ConnectionTask = JoinHandle<Result<(), tokio_postgres::Error>>;
 pub(super) async fn supervise(
     inner: Arc<Inner>,
     pg: tokio_postgres::Config,
-    tls: Tls,
+    tls: ChangeDbTls,
     options: Options,
     shutdown: CancellationToken,
 ) {
@@ -193,15 +193,15 @@ async fn release_on_shutdown(inner: &Inner, client: Client) {
 /// One connection with its driver task spawned, and the session set up.
 async fn open(
     pg: &tokio_postgres::Config,
-    tls: &Tls,
+    tls: &ChangeDbTls,
     setup: &str,
 ) -> Result<(Client, ConnectionTask), tokio_postgres::Error> {
     let (client, task) = match tls {
-        Tls::Off => {
+        ChangeDbTls::Off => {
             let (client, connection) = pg.connect(NoTls).await?;
             (client, tokio::spawn(connection))
         }
-        Tls::Rustls(make) => {
+        ChangeDbTls::Rustls(make) => {
             let (client, connection) = pg.connect(make.clone()).await?;
             (client, tokio::spawn(connection))
         }

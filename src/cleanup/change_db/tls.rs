@@ -22,29 +22,29 @@ use tracing::warn;
 
 /// The TLS connector chosen from `sslmode` once, at start.
 #[derive(Clone)]
-pub(super) enum Tls {
+pub(super) enum ChangeDbTls {
     Off,
     Rustls(MakeRustlsConnect),
 }
 
-impl Tls {
-    pub(super) fn for_mode(mode: SslMode) -> Tls {
+impl ChangeDbTls {
+    pub(super) fn for_mode(mode: SslMode) -> ChangeDbTls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .expect("ring supports the default TLS versions");
         match mode {
-            SslMode::Disable => Tls::Off,
+            SslMode::Disable => ChangeDbTls::Off,
             SslMode::Prefer => {
                 let config = builder
                     .dangerous()
                     .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
                     .with_no_client_auth();
-                Tls::Rustls(MakeRustlsConnect::new(config))
+                ChangeDbTls::Rustls(MakeRustlsConnect::new(config))
             }
             // `require`, and any stricter mode a later tokio-postgres may add: verify.
             _ => {
-                let (roots, errors) = system_roots();
+                let (roots, errors) = crate::net::tls::system_roots();
                 if roots.is_empty() {
                     warn!(
                         ?errors,
@@ -52,19 +52,10 @@ impl Tls {
                     );
                 }
                 let config = builder.with_root_certificates(roots).with_no_client_auth();
-                Tls::Rustls(MakeRustlsConnect::new(config))
+                ChangeDbTls::Rustls(MakeRustlsConnect::new(config))
             }
         }
     }
-}
-
-/// The system's trust store (as `SSL_CERT_FILE`/`SSL_CERT_DIR` or the platform's defaults say), and why any of
-/// it could not be read: the roots every verified TLS client of the sidecar trusts unless told otherwise.
-pub(crate) fn system_roots() -> (rustls::RootCertStore, Vec<rustls_native_certs::Error>) {
-    let loaded = rustls_native_certs::load_native_certs();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add_parsable_certificates(loaded.certs);
-    (roots, loaded.errors)
 }
 
 /// `sslmode=prefer`: encrypts without checking who is at the other end, as libpq does. Handshake signatures are

@@ -72,7 +72,7 @@ pub struct Sidecar {
     pub proxy_addr: SocketAddr,
     pub registry: Registry,
     pub subscribers: Subscribers,
-    pub status: litestream_sidecar::cleanup::monitor::StatusHandle,
+    pub status: litestream_sidecar::cleanup::status::StatusHandle,
     pub discovery: litestream_sidecar::cleanup::discovery::StateHandle,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), litestream_sidecar::Error>>,

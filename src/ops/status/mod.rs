@@ -1,0 +1,490 @@
+//! `GET /status`: everything an operator asks when cleanup does not run, in one JSON document ([`Report`]). The
+//! `status` subcommand's side (fetching it, the tables) is `status_cli`.
+//!
+//! [`build`] is pure: the server gathers the state the loops already keep ([`Sources::gather`]), and the tests feed
+//! it plain data. Nothing here touches the
+//! change DB: its size is the monitor's last reading, so `/status` answers at once even while the DB is dead.
+//!
+//! Field names are part of the interface (scripts and alerts read them): add fields, never rename them. Every
+//! field the renderer reads is optional on the way in, so a newer `status` reads an older daemon's answer.
+
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::cleanup::reservations::Reservation;
+use crate::cleanup::status::Status;
+use crate::cleanup::subscribers::SubscriberView;
+use crate::cleanup::{Backup, Decision};
+use crate::ops::metrics::UpstreamHealth;
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+/// The whole `/status` document.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Report {
+    pub version: String,
+    /// When the document was made (RFC 3339, UTC); every `*_seconds` age is relative to it.
+    pub generated_at: String,
+    pub uptime_seconds: f64,
+    /// The newest backed-up watermarks litestream reported and the sidecar still tracks, newest first (at most
+    /// [`crate::cleanup::status::RECENT_BACKUPS`]), plus the gauge's current one if it is not among them.
+    pub backups: Vec<BackupEntry>,
+    /// How many backups are tracked in all (not yet purged below).
+    pub backups_tracked: usize,
+    /// Set while litestream's gauge reports less than it once did (cleanup holds until it is back).
+    pub backup_regressed: Option<Regressed>,
+    /// What the backup destination holds behind the claims; `null` while `backup.verify` is off.
+    pub destination: Option<DestinationEntry>,
+    /// Open snapshot reservations, oldest first.
+    pub reservations: Vec<ReservationEntry>,
+    /// Relayed subscribers the cleanup policy tracks: connected ones, and departed ones within the reconnect grace
+    /// (or any while the upstream is lost).
+    pub subscribers: Vec<SubscriberEntry>,
+    /// The newest commit the relay has passed to any tracked subscriber: what `caught_up` compares with.
+    pub newest_commit: Option<Commit>,
+    pub upstream: Option<Upstream>,
+    pub cleanup: Option<Cleanup>,
+    /// The last purge that went all the way to its target: of this run, or the previous run's from the state
+    /// file (then only `before` is known).
+    pub last_purge: Option<LastPurgeEntry>,
+    pub change_log: Option<ChangeLog>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackupEntry {
+    /// The watermark litestream claims to have backed up.
+    pub watermark: String,
+    pub backed_up_at: Option<String>,
+    pub age_seconds: Option<f64>,
+    /// Where litestream's gauge is now: what a restore started now gets.
+    pub current: bool,
+    /// Whether the destination holds an object written at or after its backup time minus `backup.slack` (only
+    /// then may the sidecar purge below it); `null` while `backup.verify` is off or nothing was listed yet.
+    pub verified: Option<bool>,
+}
+
+/// The backup destination as the last listing saw it (`backup.verify`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DestinationEntry {
+    /// Objects under the replica's path, and the newest one's last-modified time.
+    pub objects: Option<u64>,
+    pub newest_object_at: Option<String>,
+    pub newest_object_age_seconds: Option<f64>,
+    /// The newest object is more than `backup.stale_after` older than litestream's newest claim.
+    pub stale: bool,
+    /// Why the latest listing failed, while listings fail.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Regressed {
+    pub highest: String,
+    pub current: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReservationEntry {
+    pub task_id: String,
+    pub started_at: Option<String>,
+    pub age_seconds: f64,
+    /// The watermark it pins: no row at or above it is purged while it is open. `null`: no backup was known
+    /// when it opened, so it protects every row.
+    pub floor: Option<String>,
+    /// Opened before the sidecar's last restart and kept from its state file: honoured until its task subscribes
+    /// or `cleanup.restore_limit` has passed since it opened.
+    pub kept: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SubscriberEntry {
+    /// Zero's subscriber `id`.
+    pub id: String,
+    pub task_id: Option<String>,
+    /// `serving` or `backup`.
+    pub mode: String,
+    pub replica_version: String,
+    /// The newest commit it acknowledged (or the watermark it subscribed from): rows from here on are kept.
+    pub acked: String,
+    /// `connected` or `departed`.
+    pub state: String,
+    pub connected_at: Option<String>,
+    pub departed_at: Option<String>,
+    /// Seconds since it departed; `null` while connected.
+    pub departed_seconds: Option<f64>,
+    /// `acked` is at or past `newest_commit` (true when no commit has been relayed yet).
+    pub caught_up: bool,
+    /// Seconds since the oldest commit relayed to it that it has not acknowledged was relayed; 0 when it has
+    /// acknowledged everything relayed to it.
+    pub lag_seconds: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Commit {
+    pub watermark: String,
+    pub relayed_at: Option<String>,
+    pub age_seconds: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Upstream {
+    pub address: String,
+    /// Whether the relay's last connect succeeded (true before any).
+    pub up: bool,
+    pub last_attempt_at: Option<String>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Cleanup {
+    /// `cleanup.enabled`: when false the decision is made and logged, and nothing is deleted.
+    pub enabled: bool,
+    /// `hold`, `purge`, or `pending` before the first check.
+    pub decision: String,
+    /// The [`crate::cleanup::HoldReason`] label (as in the metrics' `reason`), while held.
+    pub hold_reason: Option<String>,
+    /// The same in words.
+    pub hold_reason_text: Option<String>,
+    /// Since when this hold reason has been in force without interruption.
+    pub held_since: Option<String>,
+    pub held_seconds: Option<f64>,
+    /// While purging: rows below this watermark go.
+    pub purge_before: Option<String>,
+    /// While purging: what set `purge_before`.
+    pub purge_bound: Option<String>,
+    /// Why cleanup cannot do its job (litestream's gauge went back, purges fail), as `/keepalive` says it.
+    pub problem: Option<String>,
+    /// How long a backup must exist before the rows it covers may go.
+    pub delay_seconds: f64,
+    pub checks: u64,
+    pub purges: u64,
+    pub purged_rows: u64,
+    pub consecutive_purge_failures: u64,
+    pub purge_failures: u64,
+    /// `purger` (holds the shard's purger lock), `standby` (another sidecar does), or `unknown` before the first
+    /// try.
+    pub role: String,
+    /// `kept` (the state file is current), `none` (`cleanup.state_file = "none"`), `unwritable` or `unreadable`.
+    pub state: String,
+    /// Why the state file is not current, while it is not.
+    pub state_problem: Option<String>,
+    /// Since when which restores were in flight is unknown (a start without a state file), while cleanup holds
+    /// for it.
+    pub restores_unknown_since: Option<String>,
+    /// Why litestream's backed-up position is unknown, while it is.
+    pub backup_unknown: Option<String>,
+    /// The change DB's replica version, and when it last changed (a resync) in this run.
+    pub replica_version: Option<String>,
+    pub replica_reset_at: Option<String>,
+    /// Reservations kept across a restart that ended unanswered at `cleanup.restore_limit`.
+    pub kept_reservations_expired: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LastPurgeEntry {
+    /// Rows below this watermark are gone.
+    pub before: String,
+    pub bound: Option<String>,
+    pub rows: Option<u64>,
+    pub completed_at: Option<String>,
+    pub age_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChangeLog {
+    /// `null` until the monitor has read it once.
+    pub rows: Option<u64>,
+    /// Counted (small logs) rather than PostgreSQL's estimate (`pg_class.reltuples`, large logs).
+    pub exact: Option<bool>,
+    pub read_at: Option<String>,
+    pub age_seconds: Option<f64>,
+    /// Why the last reading failed, while it is the last: `rows` is then older.
+    pub error: Option<String>,
+}
+
+/// Everything [`build`] reads, gathered at one instant.
+#[derive(Debug, Clone)]
+pub struct ReportInputs {
+    pub status: Status,
+    pub reservations: Vec<Reservation>,
+    pub subscribers: Vec<SubscriberView>,
+    pub newest_commit: Option<(String, Instant)>,
+    pub upstream: UpstreamHealth,
+    pub upstream_address: String,
+    pub cleanup_enabled: bool,
+    pub cleanup_delay: Duration,
+    pub started: Instant,
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// Seconds, to the millisecond: finer is noise.
+fn seconds(d: Duration) -> f64 {
+    d.as_millis() as f64 / 1000.0
+}
+
+/// The wall-clock time of the monotonic instant `at`.
+fn wall(at: Instant, now: Instant, wall_now: SystemTime) -> SystemTime {
+    wall_now - now.saturating_duration_since(at)
+}
+
+fn age(at: SystemTime, wall_now: SystemTime) -> f64 {
+    seconds(wall_now.duration_since(at).unwrap_or_default())
+}
+
+/// The `/status` document for `inputs` at `now` (`wall_now` on the wall clock).
+pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Report {
+    let status = &inputs.status;
+    let since = |at: Instant| seconds(now.saturating_duration_since(at));
+    let current = status.newest_backup.as_ref().map(|(w, _)| w.as_str());
+    let mut backups: Vec<BackupEntry> = status
+        .recent_backups
+        .iter()
+        .map(|b| backup_entry(b, current, &status.backup, wall_now))
+        .collect();
+    if let Some((watermark, at)) = &status.newest_backup {
+        if !backups.iter().any(|b| &b.watermark == watermark) {
+            let gauge = Backup {
+                watermark: watermark.clone(),
+                backed_up_at: *at,
+            };
+            backups.push(backup_entry(&gauge, current, &status.backup, wall_now));
+            backups.sort_by(|a, b| b.watermark.cmp(&a.watermark));
+        }
+    }
+    let newest_commit = inputs.newest_commit.as_ref().map(|(watermark, at)| Commit {
+        watermark: watermark.clone(),
+        relayed_at: Some(rfc3339(wall(*at, now, wall_now))),
+        age_seconds: since(*at),
+    });
+    let subscribers = inputs
+        .subscribers
+        .iter()
+        .map(|s| SubscriberEntry {
+            id: s.info.id.clone(),
+            task_id: s.info.task_id.clone(),
+            mode: s.info.mode.as_str().to_string(),
+            replica_version: s.info.replica_version.clone(),
+            acked: s.acked.clone(),
+            state: if s.departed.is_some() {
+                "departed"
+            } else {
+                "connected"
+            }
+            .into(),
+            connected_at: Some(rfc3339(wall(s.connected, now, wall_now))),
+            departed_at: s.departed.map(|at| rfc3339(wall(at, now, wall_now))),
+            departed_seconds: s.departed.map(since),
+            caught_up: inputs
+                .newest_commit
+                .as_ref()
+                .is_none_or(|(newest, _)| s.acked.as_str() >= newest.as_str()),
+            lag_seconds: s.unacked_since.map_or(0.0, since),
+        })
+        .collect();
+    let reservations = inputs
+        .reservations
+        .iter()
+        .map(|r| ReservationEntry {
+            task_id: r.task_id.clone(),
+            started_at: Some(rfc3339(wall(r.started, now, wall_now))),
+            age_seconds: since(r.started),
+            floor: r.floor.clone(),
+            kept: r.kept,
+        })
+        .collect();
+    let last_purge = match (&status.last_purge, &status.purged_through) {
+        (Some(purge), _) => Some(LastPurgeEntry {
+            before: purge.before.clone(),
+            bound: Some(purge.bound.clone()),
+            rows: Some(purge.rows),
+            completed_at: Some(rfc3339(purge.completed_at)),
+            age_seconds: Some(age(purge.completed_at, wall_now)),
+        }),
+        (None, Some(through)) => Some(LastPurgeEntry {
+            before: through.watermark.clone(),
+            ..LastPurgeEntry::default()
+        }),
+        (None, None) => None,
+    };
+    let change_log = ChangeLog {
+        rows: status.change_log.as_ref().map(|r| r.size.rows),
+        exact: status.change_log.as_ref().map(|r| r.size.exact),
+        read_at: status.change_log.as_ref().map(|r| rfc3339(r.read_at)),
+        age_seconds: status.change_log.as_ref().map(|r| age(r.read_at, wall_now)),
+        error: status.change_log_error.clone(),
+    };
+    Report {
+        version: env!("CARGO_PKG_VERSION").into(),
+        generated_at: rfc3339(wall_now),
+        uptime_seconds: since(inputs.started),
+        backups,
+        backups_tracked: status.backups_tracked,
+        destination: destination_entry(&status.backup, wall_now),
+        backup_regressed: status
+            .backup_regressed
+            .as_ref()
+            .map(|(highest, current)| Regressed {
+                highest: highest.clone(),
+                current: current.clone(),
+            }),
+        reservations,
+        subscribers,
+        newest_commit,
+        upstream: Some(Upstream {
+            address: inputs.upstream_address.clone(),
+            up: inputs.upstream.up,
+            last_attempt_at: inputs.upstream.last_attempt.map(rfc3339),
+            last_error: inputs.upstream.last_error.clone(),
+        }),
+        cleanup: Some(cleanup(inputs, now, wall_now)),
+        last_purge,
+        change_log: Some(change_log),
+    }
+}
+
+fn backup_entry(
+    backup: &Backup,
+    current: Option<&str>,
+    destination: &crate::cleanup::status::BackupStatus,
+    wall_now: SystemTime,
+) -> BackupEntry {
+    let verified = destination
+        .verifying
+        .then_some(destination.listing)
+        .flatten()
+        .map(|listing| {
+            crate::cleanup::DestinationCheck::Listed {
+                newest: listing.newest,
+                slack: destination.slack,
+            }
+            .covers(backup.backed_up_at)
+        });
+    BackupEntry {
+        watermark: backup.watermark.clone(),
+        backed_up_at: Some(rfc3339(backup.backed_up_at)),
+        age_seconds: Some(age(backup.backed_up_at, wall_now)),
+        current: current == Some(backup.watermark.as_str()),
+        verified,
+    }
+}
+
+fn destination_entry(
+    destination: &crate::cleanup::status::BackupStatus,
+    wall_now: SystemTime,
+) -> Option<DestinationEntry> {
+    let newest = destination.listing.and_then(|l| l.newest);
+    destination.verifying.then(|| DestinationEntry {
+        objects: destination.listing.map(|l| l.objects),
+        newest_object_at: newest.map(rfc3339),
+        newest_object_age_seconds: newest.map(|t| age(t, wall_now)),
+        stale: destination.stale.is_some(),
+        error: destination.failing.as_ref().map(ToString::to_string),
+    })
+}
+
+fn cleanup(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Cleanup {
+    let status = &inputs.status;
+    let mut cleanup = Cleanup {
+        enabled: inputs.cleanup_enabled,
+        decision: "pending".into(),
+        problem: status.cleanup_problem(),
+        delay_seconds: seconds(inputs.cleanup_delay),
+        checks: status.checks,
+        purges: status.purges,
+        purged_rows: status.purged_rows,
+        consecutive_purge_failures: status.purge_failures.consecutive,
+        purge_failures: status.purge_failures.total,
+        role: match status.standby {
+            None => "unknown",
+            Some(false) => "purger",
+            Some(true) => "standby",
+        }
+        .into(),
+        state: match status.memory {
+            crate::cleanup::Memory::Kept => "kept",
+            crate::cleanup::Memory::OptedOut => "none",
+            crate::cleanup::Memory::Unwritable => "unwritable",
+            crate::cleanup::Memory::Unreadable => "unreadable",
+        }
+        .into(),
+        state_problem: status.state_problem.clone(),
+        restores_unknown_since: status.restores_unknown_since.map(rfc3339),
+        backup_unknown: status.backup_unknown.clone(),
+        replica_version: status.replica_version.clone(),
+        replica_reset_at: status.replica_reset.as_ref().map(|(_, _, at)| rfc3339(*at)),
+        kept_reservations_expired: status.kept_expired,
+        ..Cleanup::default()
+    };
+    match &status.last_decision {
+        None => {}
+        Some(Decision::Hold(reason)) => {
+            cleanup.decision = "hold".into();
+            cleanup.hold_reason = Some(reason.as_str().into());
+            cleanup.hold_reason_text = Some(reason.to_string());
+            if let Some(held) = status.held_since.as_ref().filter(|h| h.reason == *reason) {
+                cleanup.held_since = Some(rfc3339(held.since_wall.min(wall_now)));
+                cleanup.held_seconds = Some(seconds(now.saturating_duration_since(held.since)));
+            }
+        }
+        Some(Decision::Purge { before, bound }) => {
+            cleanup.decision = "purge".into();
+            cleanup.purge_before = Some(before.clone());
+            cleanup.purge_bound = Some(bound.to_string());
+        }
+    }
+    cleanup
+}
+
+/// What `/status` reads: the handles of the state the loops keep, and the configuration it reports.
+pub struct Sources {
+    pub registry: crate::cleanup::reservations::Registry,
+    pub subscribers: crate::cleanup::subscribers::Subscribers,
+    pub status: crate::cleanup::status::StatusHandle,
+    pub upstream: crate::shared::Cell<UpstreamHealth>,
+    pub upstream_address: String,
+    pub cleanup_enabled: bool,
+    pub reconnect_grace: Duration,
+    pub started: Instant,
+}
+
+impl Sources {
+    /// The state now, without I/O: every source is in memory.
+    pub fn gather(&self, now: Instant) -> ReportInputs {
+        ReportInputs {
+            status: self.status.get(),
+            reservations: self.registry.open_reservations(),
+            subscribers: self.subscribers.view(now, self.reconnect_grace),
+            newest_commit: self.subscribers.newest_commit(),
+            upstream: self.upstream.get(),
+            upstream_address: self.upstream_address.clone(),
+            cleanup_enabled: self.cleanup_enabled,
+            cleanup_delay: self.registry.cleanup_delay(),
+            started: self.started,
+        }
+    }
+
+    /// The JSON `GET /status` serves.
+    pub fn render_json(&self) -> String {
+        let now = Instant::now();
+        let report = build(&self.gather(now), now, SystemTime::now());
+        let mut json = serde_json::to_string_pretty(&report).expect("a report always serializes");
+        json.push('\n');
+        json
+    }
+}

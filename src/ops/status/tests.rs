@@ -1,0 +1,230 @@
+use super::*;
+use crate::cleanup::status::{HeldSince, LastPurge as Purged};
+use crate::cleanup::subscribers::SubscriberInfo;
+use crate::cleanup::{Bound, HoldReason};
+use crate::ops::status_cli::render;
+use crate::protocol::Mode;
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A sidecar up for an hour, held for 5 minutes by a subscriber behind the backup, after a purge 10 minutes ago.
+fn inputs(now: Instant, wall_now: SystemTime) -> ReportInputs {
+    let status = Status {
+        checks: 60,
+        standby: Some(true),
+        memory: crate::cleanup::Memory::Unwritable,
+        state_problem: Some("cannot write /var/lib/x/state.json: denied".into()),
+        last_decision: Some(Decision::Hold(HoldReason::SubscriberBehind)),
+        held_since: Some(HeldSince {
+            reason: HoldReason::SubscriberBehind,
+            since: now - secs(300),
+            since_wall: wall_now - secs(300),
+        }),
+        purges: 1,
+        purged_rows: 42,
+        last_purge: Some(Purged {
+            before: "0c".into(),
+            bound: "the newest aged backup".into(),
+            rows: 42,
+            completed_at: wall_now - secs(600),
+        }),
+        newest_backup: Some(("0f".into(), wall_now - secs(90))),
+        recent_backups: vec![
+            Backup {
+                watermark: "0f".into(),
+                backed_up_at: wall_now - secs(90),
+            },
+            Backup {
+                watermark: "0c".into(),
+                backed_up_at: wall_now - secs(700),
+            },
+        ],
+        backups_tracked: 2,
+        change_log: Some(crate::cleanup::status::ChangeLogReading {
+            size: crate::cleanup::change_db::ChangeLogSize {
+                rows: 1234,
+                exact: true,
+            },
+            read_at: wall_now - secs(20),
+        }),
+        ..Status::default()
+    };
+    ReportInputs {
+        status,
+        reservations: vec![
+            Reservation {
+                task_id: "restore-7".into(),
+                started: now - secs(45),
+                floor: Some("0c".into()),
+                kept: false,
+            },
+            Reservation {
+                task_id: "restore-6".into(),
+                started: now - secs(30),
+                floor: Some("0b".into()),
+                kept: true,
+            },
+        ],
+        subscribers: vec![
+            SubscriberView {
+                info: SubscriberInfo {
+                    id: "vs-slow".into(),
+                    task_id: Some("task-1".into()),
+                    mode: Mode::Serving,
+                    replica_version: "01".into(),
+                    watermark: "0b".into(),
+                },
+                acked: "0d".into(),
+                connected: now - secs(1800),
+                departed: None,
+                unacked_since: Some(now - secs(75)),
+            },
+            SubscriberView {
+                info: SubscriberInfo {
+                    id: "vs-gone".into(),
+                    task_id: None,
+                    mode: Mode::Backup,
+                    replica_version: "01".into(),
+                    watermark: "0e".into(),
+                },
+                acked: "0g".into(),
+                connected: now - secs(900),
+                departed: Some(now - secs(10)),
+                unacked_since: None,
+            },
+        ],
+        newest_commit: Some(("0g".into(), now - secs(2))),
+        upstream: UpstreamHealth::default(),
+        upstream_address: "127.0.0.1:4849".into(),
+        cleanup_enabled: true,
+        cleanup_delay: secs(120),
+        started: now - secs(3600),
+    }
+}
+
+pub(crate) fn report() -> Report {
+    let now = Instant::now();
+    let wall_now = SystemTime::UNIX_EPOCH + secs(1_750_000_000);
+    build(&inputs(now, wall_now), now, wall_now)
+}
+
+#[test]
+fn the_report_says_who_holds_cleanup_and_since_when() {
+    let report = report();
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["cleanup"]["decision"], "hold");
+    assert_eq!(json["cleanup"]["hold_reason"], "subscriber_behind");
+    assert_eq!(json["cleanup"]["held_since"], "2025-06-15T15:01:40Z");
+    assert_eq!(json["cleanup"]["held_seconds"], 300.0);
+    assert_eq!(json["cleanup"]["delay_seconds"], 120.0);
+    assert_eq!(json["backups"][0]["watermark"], "0f");
+    assert_eq!(json["backups"][0]["current"], true);
+    assert_eq!(json["backups"][0]["age_seconds"], 90.0);
+    assert_eq!(json["backups"][1]["current"], false);
+    assert_eq!(json["reservations"][0]["task_id"], "restore-7");
+    assert_eq!(json["reservations"][0]["age_seconds"], 45.0);
+    assert_eq!(json["reservations"][0]["floor"], "0c");
+    assert_eq!(json["reservations"][0]["kept"], false);
+    assert_eq!(json["reservations"][1]["task_id"], "restore-6");
+    assert_eq!(json["reservations"][1]["kept"], true);
+    let slow = &json["subscribers"][0];
+    assert_eq!(
+        (
+            &slow["id"],
+            &slow["state"],
+            &slow["caught_up"],
+            &slow["lag_seconds"]
+        ),
+        (
+            &"vs-slow".into(),
+            &"connected".into(),
+            &false.into(),
+            &75.0.into()
+        )
+    );
+    let gone = &json["subscribers"][1];
+    assert_eq!(gone["state"], "departed");
+    assert_eq!(gone["departed_seconds"], 10.0);
+    assert_eq!(gone["caught_up"], true);
+    assert_eq!(json["last_purge"]["before"], "0c");
+    assert_eq!(json["last_purge"]["rows"], 42);
+    assert_eq!(json["last_purge"]["age_seconds"], 600.0);
+    assert_eq!(json["change_log"]["rows"], 1234);
+    assert_eq!(json["change_log"]["exact"], true);
+    assert_eq!(json["upstream"]["up"], true);
+    assert_eq!(json["newest_commit"]["watermark"], "0g");
+}
+
+#[test]
+fn the_gauges_backup_is_listed_even_when_no_longer_tracked() {
+    let now = Instant::now();
+    let wall_now = SystemTime::now();
+    let mut inputs = inputs(now, wall_now);
+    inputs.status.recent_backups.clear();
+    inputs.status.newest_backup = Some(("0a".into(), wall_now - secs(5)));
+    let report = build(&inputs, now, wall_now);
+    assert_eq!(report.backups.len(), 1);
+    assert!(report.backups[0].current);
+}
+
+#[test]
+fn a_purge_decision_has_its_bound_and_no_hold() {
+    let now = Instant::now();
+    let wall_now = SystemTime::now();
+    let mut inputs = inputs(now, wall_now);
+    inputs.status.last_decision = Some(Decision::Purge {
+        before: "0d".into(),
+        bound: Bound::Reservation {
+            task_id: "restore-7".into(),
+            floor: "0d".into(),
+        },
+    });
+    inputs.status.held_since = None;
+    let cleanup = build(&inputs, now, wall_now).cleanup.unwrap();
+    assert_eq!(cleanup.decision, "purge");
+    assert_eq!(cleanup.purge_before.as_deref(), Some("0d"));
+    assert_eq!(
+        cleanup.purge_bound.as_deref(),
+        Some("reservation restore-7 at floor 0d")
+    );
+    assert_eq!((cleanup.hold_reason, cleanup.held_since), (None, None));
+}
+
+/// With `backup.verify` on, each claim says whether the destination covers it, and the destination is shown.
+#[test]
+fn claims_say_whether_the_destination_holds_them() {
+    let now = Instant::now();
+    let wall_now = SystemTime::UNIX_EPOCH + secs(1_750_000_000);
+    let mut inputs = inputs(now, wall_now);
+    inputs.status.backup = crate::cleanup::status::BackupStatus {
+        verifying: true,
+        slack: secs(60),
+        // Written 5 minutes ago: covers the claim of 11m 40s ago, not the one of 1m 30s ago.
+        listing: Some(crate::litestream::destination::Listing {
+            objects: 3,
+            newest: Some(wall_now - secs(300)),
+        }),
+        stale: Some((Some(wall_now - secs(300)), wall_now - secs(90))),
+        ..Default::default()
+    };
+    let report = build(&inputs, now, wall_now);
+    let verified: Vec<_> = report.backups.iter().map(|b| b.verified).collect();
+    assert_eq!(verified, [Some(false), Some(true)]);
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["destination"]["objects"], 3);
+    assert_eq!(json["destination"]["stale"], true);
+    let text = render(&report);
+    for needle in [
+        "0f         2025-06-15T15:05:10Z  1m 30s   NO              current",
+        "0c         2025-06-15T14:55:00Z  11m 40s  yes",
+        "destination: 3 objects, newest object 2025-06-15T15:01:40Z (5m ago); STALE",
+    ] {
+        assert!(text.contains(needle), "no {needle:?} in\n{text}");
+    }
+    // Verification off: no verdicts, no destination.
+    let report = build(&self::inputs(now, wall_now), now, wall_now);
+    assert!(report.backups.iter().all(|b| b.verified.is_none()));
+    assert_eq!(report.destination, None);
+}

@@ -1,0 +1,375 @@
+//! `/snapshot`: the WebSocket a view-syncer holds open for its snapshot reservation: its request checks, its
+//! upgrade ([`serve`]), the status frame, and the socket held open until the reservation ends. The reservations
+//! themselves are kept by the cleanup side's registry.
+//!
+//! Requests Zero would reject are refused with HTTP 400 *before* the upgrade, with Zero's own message as the body:
+//! a 0.20 view-syncer whose snapshot socket is accepted and then closed without a status waits forever
+//! (docs/protocol.md, "A snapshot socket closed before its status"), while a refused upgrade makes it fail and
+//! restart.
+//!
+//! The socket is read, assembled and written with [`crate::net::ws`]'s pieces, as the relay's are: an idle reservation
+//! keeps neither a read nor a write buffer, since thousands may wait for hours.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fastwebsockets::{OpCode, Role, WebSocket};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, warn};
+
+use crate::cleanup::reservations::{EndReason, Lease, Registry};
+use crate::net::http::{accept_upgrade, plain, spawn_upgraded};
+use crate::net::ws::{
+    self, Assembler, CloseWith, Inbox, Liveness, Outbox, OwnedFrame, PeerClose, ReadError, Reads,
+};
+use crate::protocol::{self, close, Version};
+
+/// Everything a snapshot connection needs besides its socket.
+#[derive(Clone)]
+pub struct SnapshotContext {
+    pub registry: Registry,
+    /// Where v4+ statuses read `replicaVersion` and `minWatermark`.
+    pub change_db: Option<crate::cleanup::change_db::ChangeDb>,
+    pub backup_url: Arc<str>,
+    pub ping_interval: Duration,
+    /// A peer silent this long is dropped (`server.peer_timeout`).
+    pub peer_timeout: Duration,
+    pub shutdown: CancellationToken,
+}
+
+/// Largest frame (and message) a reservation's client may send. It only ever sends acks (`{"ack":1}`,
+/// docs/protocol.md, "Frames and acks"), so a few KiB is generous, and a socket claiming more is closed (1009)
+/// before it costs anything.
+pub const MAX_CLIENT_FRAME: usize = 4096;
+
+/// Answers a `/snapshot` upgrade request: refused (HTTP 400 with Zero's message, 503 while shutting down), or
+/// upgraded, the reservation then held on its own task in `tracker`.
+pub fn serve(
+    mut req: Request<Incoming>,
+    version: &Version,
+    peer: SocketAddr,
+    ctx: &SnapshotContext,
+    tracker: &TaskTracker,
+) -> Response<Full<Bytes>> {
+    let (version, task_id) = match protocol::check_snapshot(version, req.uri().query()) {
+        Ok(checked) => checked,
+        Err(message) => {
+            debug!(%message, "snapshot request refused");
+            return plain(StatusCode::BAD_REQUEST, message);
+        }
+    };
+    if ctx.shutdown.is_cancelled() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    let (response, upgrade) = match accept_upgrade(&mut req) {
+        Ok(accepted) => accepted,
+        Err(message) => return plain(StatusCode::BAD_REQUEST, message),
+    };
+    let ctx = ctx.clone();
+    let span = info_span!("reservation", task_id = %task_id, %peer);
+    spawn_upgraded(tracker, upgrade, span, move |ws| async move {
+        handle_snapshot(ctx, version, task_id, ws).await;
+    });
+    response
+}
+
+/// How a reservation socket ended, for logs and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ReservationEnd {
+    ClosedByPeer,
+    Ended(EndReason),
+    Shutdown,
+    Unresponsive,
+    ProtocolError(CloseWith),
+    Gone,
+}
+
+/// How often a v4+ status that cannot be built yet (change DB not readable) is tried again.
+const STATUS_RETRY: Duration = Duration::from_secs(1);
+
+/// Builds the status frame for `version` and pins the reservation where that status needs it; `None` while it
+/// cannot be built yet, and the handler tries again (pinging the socket meanwhile).
+///
+/// Withheld for every version until litestream has reported a backup and (with `backup.verify`) a listing found an
+/// object in the destination, as Zero 1.8+ withholds it: a view-syncer handed a status with nothing to restore
+/// fails and retries with a new reservation.
+///
+/// v3's status carries only the backup URL: the reservation keeps the floor it opened with, or the newest backup
+/// when none was known then. v4+'s also carries `minWatermark`, from which a view-syncer that keeps its own replica
+/// catches up, so the reservation protects every row from there: while the change DB is read the floor is lowered
+/// to "everything" (a running purge stops before its next batch, and the read waits for the batch in flight), then
+/// set to the lower of the newest backup and the `minWatermark` sent.
+async fn status_frame(ctx: &SnapshotContext, version: u64, lease: &mut Lease) -> Option<String> {
+    let status = build_status(ctx, version, lease).await?;
+    // The view-syncer restores once it has the status: the reservation must survive a restart from then on.
+    if !ctx.registry.durable(DURABLE_WAIT).await {
+        warn!("snapshot status sent before its reservation reached the state file");
+    }
+    Some(status)
+}
+
+/// How long a status waits for its reservation to reach the state file; a slower disk is logged, not waited for
+/// (cleanup holds while the file cannot be written).
+const DURABLE_WAIT: Duration = Duration::from_secs(5);
+
+async fn build_status(ctx: &SnapshotContext, version: u64, lease: &mut Lease) -> Option<String> {
+    let newest = ctx.registry.newest_backup()?;
+    if !ctx.registry.is_restorable() {
+        return None;
+    }
+    if version < 4 {
+        if lease.floor().is_none() {
+            lease.set_floor(Some(newest));
+        }
+        return Some(protocol::snapshot_status_v3(&ctx.backup_url));
+    }
+    let db = ctx.change_db.as_ref()?;
+    let pinned = lease.floor();
+    lease.set_floor(None);
+    let read = async {
+        let replica_version = match db.replica_version().await {
+            Ok(Some(v)) => v,
+            Ok(None) => return None,
+            Err(err) => {
+                debug!(error = %err, "snapshot status waits for the change DB");
+                return None;
+            }
+        };
+        match db.min_watermark().await {
+            // An empty change log can be caught up from the replica version itself (docs/protocol.md, "Fresh
+            // replicas refused by Zero 0.25").
+            Ok(min) => Some((replica_version.clone(), min.unwrap_or(replica_version))),
+            Err(err) => {
+                debug!(error = %err, "snapshot status waits for the change DB");
+                None
+            }
+        }
+    };
+    let Some((replica_version, min_watermark)) = read.await else {
+        lease.set_floor(pinned);
+        return None;
+    };
+    lease.set_floor(Some(newest.min(min_watermark.clone())));
+    Some(protocol::snapshot_status_v4(
+        &ctx.backup_url,
+        &replica_version,
+        &min_watermark,
+    ))
+}
+
+/// Logs the floor a reservation keeps once its status is built (v3: the newest backup when it opened, or when the
+/// first one came; v4+: lowered to the status's `minWatermark`): while it is open, no purge deletes a change-log row
+/// at or above it. Once per reservation, as its status is sent once.
+fn log_pinned(lease: &Lease) {
+    info!(
+        floor = lease.floor().as_deref().unwrap_or(""),
+        "reservation pinned"
+    );
+}
+
+/// How a reservation's socket is left once the loop has decided that it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// At once: the peer is gone or stopped answering.
+    Drop,
+    /// Once what is queued is written (an answer to the peer's close, or a close after a broken frame).
+    Flush,
+    /// Once what is queued (ending with our close) is written and the peer's close has arrived, or briefly.
+    Linger,
+}
+
+/// Serves one reservation: status frame, then hold the socket open with pings until something ends it. A v4+
+/// status that cannot be built yet is held back (the socket is pinged meanwhile) rather than sent incomplete;
+/// a reservation is never closed without a status for lack of one.
+async fn handle_snapshot<S>(
+    ctx: SnapshotContext,
+    version: u64,
+    task_id: String,
+    ws: WebSocket<S>,
+) -> ReservationEnd
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut lease = ctx.registry.open_for(&task_id, version, Instant::now());
+    info!(
+        floor = lease.floor().unwrap_or_default(),
+        "reservation opened"
+    );
+    // The socket is read with a buffer that exists only while bytes are pending, and written through an outbox
+    // that keeps none once flushed: an open reservation mostly waits, and thousands may be open at once.
+    let (mut reader, mut writer) = tokio::io::split(ws.into_inner());
+    let mut inbox = Inbox::new(true, MAX_CLIENT_FRAME, Reads::Small);
+    let mut outbox = Outbox::new(Role::Server);
+    // v3's status needs nothing but config: it is queued at once, and the loop's first flush writes it. A v4+
+    // status that cannot be built yet is retried in the loop below. Boxed: the database read is a large future
+    // that idle reservations never need.
+    let mut status_sent = false;
+    if let Some(status) = Box::pin(status_frame(&ctx, version, &mut lease)).await {
+        outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
+        status_sent = true;
+        log_pinned(&lease);
+    } else if ctx.registry.newest_backup().is_none() {
+        info!("snapshot status withheld until litestream reports a first backup");
+    } else if !ctx.registry.is_restorable() {
+        info!("snapshot status withheld until the backup destination holds a restorable backup");
+    } else {
+        info!("snapshot status held back until the change DB answers");
+    }
+    let mut status_retry = tokio::time::interval_at(Instant::now() + STATUS_RETRY, STATUS_RETRY);
+    status_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    let mut liveness = Liveness::new(ctx.ping_interval, ctx.peer_timeout);
+    let mut assembler = Assembler::new(MAX_CLIENT_FRAME);
+    let mut acked = false;
+
+    let (outcome, leave) = loop {
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => {
+                outbox.push_close(Some(&CloseWith::new(close::GOING_AWAY, "sidecar shutting down")));
+                break (ReservationEnd::Shutdown, Leave::Linger);
+            }
+            reason = lease.ended() => {
+                // Zero closes an ended or replaced reservation without a status code (docs/protocol.md, "How a
+                // reservation ends").
+                outbox.push_close(None);
+                break (ReservationEnd::Ended(reason), Leave::Linger);
+            }
+            _ = status_retry.tick(), if !status_sent => {
+                if let Some(status) = Box::pin(status_frame(&ctx, version, &mut lease)).await {
+                    outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
+                    status_sent = true;
+                    log_pinned(&lease);
+                }
+            }
+            at = liveness.tick() => {
+                if liveness.is_silent(at, false) {
+                    // Like Zero's terminate(): no close handshake with a peer that stopped answering.
+                    break (ReservationEnd::Unresponsive, Leave::Drop);
+                }
+                outbox.push_control(OpCode::Ping, b"");
+            }
+            result = outbox.flush(&mut writer), if !outbox.is_empty() => {
+                if result.is_err() {
+                    break (ReservationEnd::Gone, Leave::Drop);
+                }
+            }
+            result = inbox.read_frame(&mut reader) => {
+                let frame = match result {
+                    Ok(frame) => frame,
+                    Err(ReadError::Protocol(with)) => {
+                        debug!(reason = %with.reason, "bad frame");
+                        // The stream is unusable after a framing error: close and drop without lingering.
+                        outbox.push_close(Some(&with));
+                        break (ReservationEnd::ProtocolError(with), Leave::Flush);
+                    }
+                    Err(ReadError::Gone) => break (ReservationEnd::Gone, Leave::Drop),
+                };
+                liveness.heard();
+                match frame.opcode {
+                    OpCode::Ping => outbox.push_control(OpCode::Pong, &frame.payload),
+                    OpCode::Pong => {}
+                    OpCode::Close => match ws::read_close(frame.payload) {
+                        PeerClose::Valid { payload, .. } => {
+                            outbox.push(true, OpCode::Close, payload);
+                            break (ReservationEnd::ClosedByPeer, Leave::Flush);
+                        }
+                        PeerClose::Invalid(with) => {
+                            outbox.push_close(Some(&with));
+                            break (ReservationEnd::ProtocolError(with), Leave::Flush);
+                        }
+                    },
+                    OpCode::Text | OpCode::Binary | OpCode::Continuation => {
+                        match read_ack(&mut assembler, &frame, acked || !status_sent) {
+                            Ok(ack) => acked |= ack,
+                            Err(with) => {
+                                outbox.push_close(Some(&with));
+                                break (ReservationEnd::ProtocolError(with), Leave::Linger);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if leave != Leave::Drop && outbox.flush(&mut writer).await.is_ok() && leave == Leave::Linger {
+        // Wait briefly for the peer's close so that ours is not lost to a reset.
+        let linger = async {
+            while let Ok(frame) = inbox.read_frame(&mut reader).await {
+                if frame.opcode == OpCode::Close {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(ws::CLOSE_LINGER, linger).await;
+    }
+    drop(lease);
+    info!(outcome = ?outcome, "reservation closed");
+    outcome
+}
+
+/// Takes a data frame from a reservation client: `Ok(true)` once it completes the ack of the status. Anything
+/// else a client may not send is refused with its close: a binary message, a second ack, a broken fragment.
+fn read_ack(
+    assembler: &mut Assembler,
+    frame: &OwnedFrame,
+    already_acked: bool,
+) -> Result<bool, CloseWith> {
+    let read = assembler.push_checked(
+        frame.fin,
+        frame.opcode,
+        &frame.payload,
+        |opcode, message| match opcode {
+            OpCode::Text => check_ack(message, already_acked),
+            _ => Err(CloseWith::new(
+                close::UNSUPPORTED_DATA,
+                "binary frames are not supported",
+            )),
+        },
+    );
+    Ok(read.and_then(Option::transpose)?.is_some())
+}
+
+/// The only message a reservation client sends is the ack of the status, id 1, once.
+fn check_ack(payload: &[u8], already_acked: bool) -> Result<(), CloseWith> {
+    match protocol::decode_ack(payload) {
+        Ok(1) if !already_acked => Ok(()),
+        Ok(n) => Err(CloseWith::new(
+            close::PROTOCOL_ERROR,
+            format!("Error: unexpected ack {n}: only the status (message 1) is acknowledged, once"),
+        )),
+        Err(err) => Err(CloseWith::new(
+            close::PROTOCOL_ERROR,
+            format!("Error: {err}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_single_ack_of_the_status_is_accepted() {
+        assert_eq!(check_ack(br#"{"ack":1}"#, false), Ok(()));
+        assert_eq!(
+            check_ack(br#"{"ack":1}"#, true).unwrap_err().code,
+            close::PROTOCOL_ERROR
+        );
+        assert_eq!(
+            check_ack(br#"{"ack":2}"#, false).unwrap_err().code,
+            close::PROTOCOL_ERROR
+        );
+        assert_eq!(
+            check_ack(br#"{"ack":1,"x":1}"#, false).unwrap_err().code,
+            close::PROTOCOL_ERROR
+        );
+    }
+}
