@@ -443,6 +443,17 @@ impl World {
             self.reset_at = Some(self.wall());
             self.backlog = Backlog::default();
             self.registry.replica_reset();
+            // A reservation opened after the resync but before this check was pinned at the old replica's backup,
+            // which says nothing of the new log. Open reservations protect every row from now on (docs/operations.md,
+            // "Reliability"), and one whose status is still to come restores what litestream has when it is sent,
+            // as one opened while no backup was known does.
+            let first = self.log[0].clone();
+            for held in self.held.iter_mut().flatten() {
+                if !matches!(held.status, StatusStep::Sent { .. }) {
+                    held.need = Some(first.clone());
+                    held.unpinned = true;
+                }
+            }
         }
     }
 
