@@ -443,6 +443,17 @@ impl World {
             self.reset_at = Some(self.wall());
             self.backlog = Backlog::default();
             self.registry.replica_reset();
+            // A reservation opened after the resync but before this check was pinned at the old replica's backup,
+            // which says nothing of the new log. Open reservations protect every row from now on (docs/operations.md,
+            // "Reliability"), and one whose status is still to come restores what litestream has when it is sent,
+            // as one opened while no backup was known does.
+            let first = self.log[0].clone();
+            for held in self.held.iter_mut().flatten() {
+                if !matches!(held.status, StatusStep::Sent { .. }) {
+                    held.need = Some(first.clone());
+                    held.unpinned = true;
+                }
+            }
         }
     }
 
@@ -787,6 +798,17 @@ impl World {
                     // The backup it restored: where the gauge is (nothing tells it which one came first).
                     (None, _) => held.need.clone().or(self.gauge.clone()).unwrap_or_default(),
                 };
+                // A restore the sidecar could not know of is promised nothing once `cleanup.hold_without_state` has
+                // passed (docs/operations.md, "What survives a restart"), and `check` stops counting it then. Should
+                // its rows be gone by the time it subscribes, they went while nothing protected them: it cannot catch
+                // up whatever the sidecar does now, and the model follows it no further.
+                let unprotected = held
+                    .unknown_until
+                    .is_some_and(|until| Instant::now() >= until);
+                if unprotected && self.deleted.as_ref().is_some_and(|d| *d >= watermark) {
+                    self.drop_held(task);
+                    return Ok(());
+                }
                 let serial = held.serial;
                 self.held[task].as_mut().unwrap().restored = Some(watermark.clone());
                 // As the relay does: the ticket first, then the upstream connection, and the subscriber tracked
@@ -1180,4 +1202,50 @@ fn a_subscriber_registered_behind_a_running_purge_holds_its_remaining_batches() 
         Monitor,
     ];
     run(settings, events).unwrap();
+}
+
+/// A restore begun before a restart that lost the state file is protected for `cleanup.hold_without_state` and no
+/// longer: once that hold and the reconnect grace of its cut-off subscription have passed, its rows may be purged,
+/// and a subscription it asks for later cannot count as a subscriber the sidecar failed.
+#[test]
+fn a_restore_unknown_to_the_sidecar_is_promised_only_the_hold_without_state() {
+    use Event::*;
+    let settings = Settings {
+        mode: ReservationMode::Pin,
+        without_subscribers: WithoutSubscribers::Hold,
+        initial_delay: Duration::ZERO,
+        grace: Duration::ZERO,
+        batch_rows: 1,
+        start: 10,
+        restore_limit: Duration::from_secs(60),
+    };
+    let status = Status {
+        held: 0,
+        steps: 1,
+        read_fails: false,
+    };
+    let request = Request {
+        held: 0,
+        own_replica: false,
+        pick: 0,
+    };
+    let events = vec![
+        Open { task: 0, v4: false },
+        Backup { lag: 0 },
+        status,
+        request.clone(),
+        Restart { kept: false },
+        Commit(1),
+        Join,
+        Reconnect(0),
+        Advance(60),
+        Leave(1), // the reconnected subscription, at the replica version
+        Backup { lag: 30 },
+        Monitor,
+        Monitor, // gather, decide: purge below the backup
+        Monitor, // the replica version's row goes
+        Monitor, // nothing more below the backup: the purge is done
+        request,
+    ];
+    assert_eq!(run(settings, events).unwrap(), 1);
 }
