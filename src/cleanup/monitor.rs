@@ -130,6 +130,8 @@ struct Gathered {
     subscribers: Vec<Subscriber>,
     /// When the replica was last reset in this run.
     reset_at: Option<SystemTime>,
+    /// The replica version this check read: a purge it decides stops at a batch that finds another.
+    replica_version: Option<String>,
 }
 
 impl Gathered {
@@ -324,7 +326,7 @@ impl Monitor {
             self.expire_kept(now, position.db_bytes);
             self.claim_purger().await;
             let destination = self.verify(&backlog, &mut known, &mut said, now).await;
-            let observed = self.gather(now, replica.reset_at);
+            let observed = self.gather(now, &replica);
             let guards = self.guards(now, &position, &replica);
             self.settle_unknown_restores(&guards, now);
             let decision = cleanup::decide(&Inputs {
@@ -802,7 +804,7 @@ impl Monitor {
     }
 
     /// Everything else the policy reads, at one instant.
-    fn gather(&self, now: Instant, reset_at: Option<SystemTime>) -> Gathered {
+    fn gather(&self, now: Instant, replica: &Replica) -> Gathered {
         let discovery = self.discovery.get();
         let registered =
             discovery.registration == Some(crate::cleanup::discovery::Registration::Registered);
@@ -819,7 +821,8 @@ impl Monitor {
             cleanup_delay: self.registry.cleanup_delay(),
             reservations: self.registry.for_policy(),
             subscribers: self.subscribers.for_policy(now, self.reconnect_grace),
-            reset_at,
+            reset_at: replica.reset_at,
+            replica_version: replica.version.clone(),
         }
     }
 
@@ -887,6 +890,8 @@ impl Monitor {
             .purge_within(
                 &before,
                 expected,
+                // The version this decision was made for: a resync while the purge runs stops it.
+                observed.replica_version.as_deref(),
                 self.batch_rows,
                 shutdown,
                 || self.batch_limit(&gauge),

@@ -270,6 +270,8 @@ enum MonitorStep {
         reserved: bool,
         /// The gauge's highest when the purge was decided: a page below it stops the purge.
         highest: Option<String>,
+        /// The replica version the deciding check read: a batch that finds another deletes nothing.
+        replica: Option<String>,
     },
 }
 
@@ -976,6 +978,7 @@ impl World {
                         before,
                         reserved: false,
                         highest: self.backlog.highest().map(str::to_owned),
+                        replica: self.known_replica.clone(),
                     };
                 }
             }
@@ -983,6 +986,7 @@ impl World {
                 before,
                 mut reserved,
                 highest,
+                replica,
             } => {
                 // The closure the monitor hands `ChangeDb::purge_within`: the page read again, then the ceiling.
                 let limit = if self.gauge_holds(highest.as_deref()) {
@@ -1007,10 +1011,13 @@ impl World {
                     }
                     Ceiling::Below(_) => Some(before.clone()),
                 };
-                // Each batch checks the owner and the purger lock, and refuses a target above the newest row.
+                // Each batch checks the owner, the purger lock and the replica version, and refuses a target above
+                // the newest row.
                 let newest = self.log.last().unwrap().clone();
+                let same_replica = replica.as_ref().is_none_or(|r| *r == self.replica);
                 let target = target.filter(|target| {
-                    let allowed = self.registered && !self.standby && *target <= newest;
+                    let allowed =
+                        self.registered && !self.standby && same_replica && *target <= newest;
                     reserved |= !allowed;
                     allowed
                 });
@@ -1035,6 +1042,7 @@ impl World {
                         before,
                         reserved,
                         highest,
+                        replica,
                     };
                 } else if !reserved {
                     self.backlog.purged(&before);

@@ -285,6 +285,10 @@ pub enum PurgeStop {
     /// The target is above the newest watermark in the log (`None`: the log is empty): the log has not reached it
     /// (a backup ahead of the storer, or a bound from before a resync), so the batch deleted nothing.
     BeyondLog { newest: Option<String> },
+    /// `replicaVersion` is no longer the one the purge was decided for: the replica was resynced while it ran, and
+    /// its bound, which belongs to the old log, says nothing of the new one (whose rows may sit below it). The
+    /// batch that saw it deleted nothing.
+    ReplicaChanged { found: Option<String> },
 }
 
 /// The result of [`ChangeDb::claim_purger`].
@@ -693,6 +697,7 @@ impl ChangeDb {
         self.purge_within(
             before,
             expected,
+            None,
             batch_rows,
             stop,
             || std::future::ready(Ceiling::None),
@@ -702,7 +707,8 @@ impl ChangeDb {
         Ok(outcome)
     }
 
-    /// [`ChangeDb::purge`], with `ceiling` asked (and awaited: it may re-read litestream's gauge) before every
+    /// [`ChangeDb::purge`], checking `replicaVersion` in each batch when `replica_version` is given (a purge decided
+    /// for another replica than the log's deletes nothing: [`PurgeStop::ReplicaChanged`]), with `ceiling` asked (and awaited: it may re-read litestream's gauge) before every
     /// batch: a reservation opened (or a subscriber
     /// registered behind the target) while the purge runs lowers the target of the batches after it to its floor
     /// or ack (to nothing for a reservation that protects every row), and the purge then ends as
@@ -712,6 +718,7 @@ impl ChangeDb {
         &self,
         before: &str,
         expected: Option<impl Into<Expected<'a>>>,
+        replica_version: Option<&str>,
         batch_rows: i64,
         stop: &CancellationToken,
         ceiling: impl Fn() -> C,
@@ -741,7 +748,13 @@ impl ChangeDb {
                 Ceiling::Below(_) => before.to_owned(),
             };
             let result = self
-                .purge_batch(before, &target, expected_address, batch_rows)
+                .purge_batch(
+                    before,
+                    &target,
+                    expected_address,
+                    replica_version,
+                    batch_rows,
+                )
                 .await;
             let batch = self.noting_schema(result).map_err(|err| match err {
                 DbError::Query { context, source } => DbError::Query {
@@ -781,6 +794,7 @@ impl ChangeDb {
         bound: &str,
         target: &str,
         expected: Option<Expected<'_>>,
+        replica_version: Option<&str>,
         batch_rows: i64,
     ) -> Result<Batch, DbError> {
         let mut client = self.client().await?;
@@ -791,7 +805,10 @@ impl ChangeDb {
             .await
             .map_err(|e| self.query_error("beginning a purge batch", e))?;
 
-        if let Some(stop) = self.batch_stop(&tx, sql, bound, expected).await? {
+        if let Some(stop) = self
+            .batch_stop(&tx, sql, bound, expected, replica_version)
+            .await?
+        {
             let _ = tx.rollback().await;
             return Ok(Batch::Stopped(stop));
         }
@@ -825,6 +842,7 @@ impl ChangeDb {
         sql: &WatermarkSql,
         bound: &str,
         expected: Option<Expected<'_>>,
+        replica_version: Option<&str>,
     ) -> Result<Option<PurgeStop>, DbError> {
         if let Some(expected) = expected {
             // A plain read: no row version, no lock, so the storer's SERIALIZABLE transaction never conflicts.
@@ -857,6 +875,16 @@ impl ChangeDb {
                 .get(0);
             if !held {
                 return Ok(Some(PurgeStop::NotPurger));
+            }
+        }
+        if let Some(want) = replica_version {
+            let found: Option<String> = tx
+                .query_opt(&self.inner.sql.replica_version, &[])
+                .await
+                .map_err(|e| self.query_error("reading replicaVersion", e))?
+                .map(|row| row.get(0));
+            if found.as_deref() != Some(want) {
+                return Ok(Some(PurgeStop::ReplicaChanged { found }));
             }
         }
         let newest: Option<String> = tx

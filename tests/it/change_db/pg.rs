@@ -114,6 +114,66 @@ async fn purge_never_deletes_the_newest_watermark() {
     schema.drop().await;
 }
 
+/// A purge decided for one replica stops at the first batch that finds another: a resync while it ran started a new
+/// log, which its bound says nothing of (the new log's rows may sit below it). Rows of the new log stay.
+#[tokio::test]
+async fn a_purge_decided_before_a_resync_deletes_nothing_of_the_new_log() {
+    let schema = TestSchema::create(Some(5), Some(SIDECAR)).await;
+    let (db, shutdown) = schema.connected().await;
+    for w in ["0a", "0b", "0c", "0d", "0e"] {
+        schema.insert_transaction(w, 1).await;
+    }
+    let all = schema.rows().await;
+    let current = db
+        .replica_version()
+        .await
+        .unwrap()
+        .expect("a replica version");
+
+    let mut outcome = PurgeOutcome::default();
+    db.purge_within(
+        "0d",
+        Some(SIDECAR),
+        Some("00-the-old-replica"),
+        1,
+        &CancellationToken::new(),
+        || std::future::ready(litestream_sidecar::cleanup::Ceiling::None),
+        &mut outcome,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (outcome.rows, outcome.batches, outcome.stopped),
+        (
+            0,
+            0,
+            Some(PurgeStop::ReplicaChanged {
+                found: Some(current.clone())
+            })
+        )
+    );
+    assert_eq!(schema.rows().await, all);
+
+    // The same purge for the log's own replica goes ahead.
+    let mut outcome = PurgeOutcome::default();
+    db.purge_within(
+        "0d",
+        Some(SIDECAR),
+        Some(current.as_str()),
+        1,
+        &CancellationToken::new(),
+        || std::future::ready(litestream_sidecar::cleanup::Ceiling::None),
+        &mut outcome,
+    )
+    .await
+    .unwrap();
+    // Three transactions of three rows each (begin, one change, commit).
+    assert_eq!((outcome.rows, outcome.stopped), (9, None));
+    assert_eq!(schema.rows().await, expected_rows(&["0d", "0e"], 3));
+    shutdown.cancel();
+    schema.drop().await;
+}
+
 /// A target above the newest watermark was not taken from this log (a bound left from before a resync onto a
 /// cluster with lower LSNs, say): it deletes nothing, where purging below it would leave only the newest transaction.
 #[tokio::test]
@@ -1016,6 +1076,7 @@ async fn purge_under(
     db.purge_within(
         before,
         Some(SIDECAR),
+        None,
         3,
         &CancellationToken::new(),
         || std::future::ready(ceiling()),

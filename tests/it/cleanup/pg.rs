@@ -597,8 +597,12 @@ async fn a_second_sidecar_for_the_shard_is_standby_until_the_first_lets_go() {
 async fn a_resync_forgets_the_old_replicas_claims_and_purges_nothing_of_the_new_log() {
     let (db, litestream, sidecar, _sub) = purged_below_0c().await;
     let old = aged();
+    // Read at the start of each check, and a check may skip it on a slow read: waited for, not read in passing.
+    eventually("the replica version read", || {
+        sidecar.status.get().replica_version.is_some()
+    })
+    .await;
     let first = sidecar.status.get().replica_version;
-    assert!(first.is_some());
 
     // The resync: a new replica version, a new log from 05 up, and the old replica's claim at 0d still shown.
     db.client
