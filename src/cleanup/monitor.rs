@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Level};
 
-use crate::cleanup::change_db::{ChangeDb, DbError, Expected, PurgeOutcome};
+use crate::cleanup::change_db::{ChangeDb, DbError, Expected, PurgeOutcome, PurgeTarget};
 use crate::cleanup::config::CleanupConfig;
 use crate::cleanup::discovery::DiscoveryConfig;
 use crate::cleanup::reservations::Registry;
@@ -888,10 +888,12 @@ impl Monitor {
         let purged = self
             .change_db
             .purge_within(
-                &before,
-                expected,
                 // The version this decision was made for: a resync while the purge runs stops it.
-                observed.replica_version.as_deref(),
+                PurgeTarget {
+                    before: &before,
+                    replica_version: observed.replica_version.as_deref(),
+                },
+                expected,
                 self.batch_rows,
                 shutdown,
                 || self.batch_limit(&gauge),

@@ -321,6 +321,14 @@ fn fnv1a_32(bytes: &[u8]) -> u32 {
     })
 }
 
+/// What a cleanup check decided to purge: the rows below `before`, of the log of replica `replica_version`
+/// (`None`: not checked), so that each batch can tell a log that is no longer the one decided for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeTarget<'a> {
+    pub before: &'a str,
+    pub replica_version: Option<&'a str>,
+}
+
 /// Who must still own the change log for a purge batch to delete anything: `ownerAddress` must name `address`,
 /// and, when given, `owner` must still be that replication-manager task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -695,9 +703,11 @@ impl ChangeDb {
     ) -> Result<PurgeOutcome, DbError> {
         let mut outcome = PurgeOutcome::default();
         self.purge_within(
-            before,
+            PurgeTarget {
+                before,
+                replica_version: None,
+            },
             expected,
-            None,
             batch_rows,
             stop,
             || std::future::ready(Ceiling::None),
@@ -707,7 +717,7 @@ impl ChangeDb {
         Ok(outcome)
     }
 
-    /// [`ChangeDb::purge`], checking `replicaVersion` in each batch when `replica_version` is given (a purge decided
+    /// [`ChangeDb::purge`], checking `replicaVersion` in each batch when the target names one (a purge decided
     /// for another replica than the log's deletes nothing: [`PurgeStop::ReplicaChanged`]), with `ceiling` asked (and awaited: it may re-read litestream's gauge) before every
     /// batch: a reservation opened (or a subscriber
     /// registered behind the target) while the purge runs lowers the target of the batches after it to its floor
@@ -716,14 +726,17 @@ impl ChangeDb {
     /// restarted, the connection dropped) it still counts the rows that went first.
     pub async fn purge_within<'a, C: std::future::Future<Output = Ceiling>>(
         &self,
-        before: &str,
+        target: PurgeTarget<'_>,
         expected: Option<impl Into<Expected<'a>>>,
-        replica_version: Option<&str>,
         batch_rows: i64,
         stop: &CancellationToken,
         ceiling: impl Fn() -> C,
         outcome: &mut PurgeOutcome,
     ) -> Result<(), DbError> {
+        let PurgeTarget {
+            before,
+            replica_version,
+        } = target;
         let expected_address = expected.map(Into::into);
         let batch_rows = batch_rows.max(1);
         *outcome = PurgeOutcome::default();

@@ -3,8 +3,8 @@ use std::time::Duration;
 use crate::support::lexi;
 use crate::support::pg::{self, expected_rows, TestSchema};
 use litestream_sidecar::cleanup::change_db::{
-    purger_lock_key, ChangeDb, DbError, DbState, FailureClass, PurgeOutcome, PurgeStop, Purger,
-    DEFAULT_PURGE_BATCH_ROWS,
+    purger_lock_key, ChangeDb, DbError, DbState, FailureClass, PurgeOutcome, PurgeStop,
+    PurgeTarget, Purger, DEFAULT_PURGE_BATCH_ROWS,
 };
 use litestream_sidecar::protocol::shard::ZeroConfig;
 use tokio::net::TcpListener;
@@ -132,9 +132,11 @@ async fn a_purge_decided_before_a_resync_deletes_nothing_of_the_new_log() {
 
     let mut outcome = PurgeOutcome::default();
     db.purge_within(
-        "0d",
+        PurgeTarget {
+            before: "0d",
+            replica_version: Some("00-the-old-replica"),
+        },
         Some(SIDECAR),
-        Some("00-the-old-replica"),
         1,
         &CancellationToken::new(),
         || std::future::ready(litestream_sidecar::cleanup::Ceiling::None),
@@ -157,10 +159,12 @@ async fn a_purge_decided_before_a_resync_deletes_nothing_of_the_new_log() {
     // The same purge for the log's own replica goes ahead.
     let mut outcome = PurgeOutcome::default();
     db.purge_within(
-        "0d",
+        PurgeTarget {
+            before: "0d",
+            replica_version: Some(current.as_str()),
+        },
         Some(SIDECAR),
-        Some(current.as_str()),
-        1,
+        3,
         &CancellationToken::new(),
         || std::future::ready(litestream_sidecar::cleanup::Ceiling::None),
         &mut outcome,
@@ -1074,9 +1078,11 @@ async fn purge_under(
 ) -> PurgeOutcome {
     let mut outcome = PurgeOutcome::default();
     db.purge_within(
-        before,
+        PurgeTarget {
+            before,
+            replica_version: None,
+        },
         Some(SIDECAR),
-        None,
         3,
         &CancellationToken::new(),
         || std::future::ready(ceiling()),

@@ -602,7 +602,6 @@ async fn a_resync_forgets_the_old_replicas_claims_and_purges_nothing_of_the_new_
         sidecar.status.get().replica_version.is_some()
     })
     .await;
-    let first = sidecar.status.get().replica_version;
 
     // The resync: a new replica version, a new log from 05 up, and the old replica's claim at 0d still shown.
     db.client
