@@ -378,6 +378,9 @@ pub struct Guards {
     /// The change DB's `replicaVersion` changed (a resync) at this wall-clock time: every claim from before it is
     /// about another replica, and cleanup holds until a backup taken after it has aged.
     pub reset_at: Option<SystemTime>,
+    /// The change DB's `replicaVersion` has not been read in this run, and none was kept from the last: a resync
+    /// could not be told apart, nor could a purge batch check it is still working on the log it was decided for.
+    pub replica_unknown: bool,
     /// Where litestream's backup stands is unknown: it restarted, its page lost its samples, or it could not be
     /// read. Nothing is purged until a page shows the gauge again.
     pub position_unknown: bool,
@@ -521,6 +524,8 @@ pub enum HoldReason {
     RestoresUnknown,
     /// The replica was reset (a resync): no backup taken since has aged yet.
     ReplicaReset,
+    /// The change DB's replica version has not been read yet (and none was kept): which log this is is unknown.
+    ReplicaUnknown,
     /// Mode `pause` and at least one reservation is open.
     ReservationsOpen,
     /// Mode `pin` and a reservation opened before any backup was known: it protects every row.
@@ -554,7 +559,7 @@ pub enum HoldReason {
 
 impl HoldReason {
     /// Every variant, in evaluation order (for pre-registering metric label values).
-    pub const ALL: [HoldReason; 20] = [
+    pub const ALL: [HoldReason; 21] = [
         HoldReason::NotRegistered,
         HoldReason::RecentlyRegistered,
         HoldReason::Standby,
@@ -563,6 +568,7 @@ impl HoldReason {
         HoldReason::StateUnwritable,
         HoldReason::RestoresUnknown,
         HoldReason::ReplicaReset,
+        HoldReason::ReplicaUnknown,
         HoldReason::ReservationsOpen,
         HoldReason::ReservationWithoutFloor,
         HoldReason::BackupUnknown,
@@ -588,6 +594,7 @@ impl HoldReason {
             HoldReason::StateUnwritable => "state_unwritable",
             HoldReason::RestoresUnknown => "restores_unknown",
             HoldReason::ReplicaReset => "replica_reset",
+            HoldReason::ReplicaUnknown => "replica_unknown",
             HoldReason::ReservationsOpen => "reservations_open",
             HoldReason::ReservationWithoutFloor => "reservation_without_floor",
             HoldReason::BackupUnknown => "backup_unknown",
@@ -617,6 +624,9 @@ impl fmt::Display for HoldReason {
                 "started without a state file: restores in flight unknown"
             }
             HoldReason::ReplicaReset => "replica reset: no backup of the new replica has aged",
+            HoldReason::ReplicaUnknown => {
+                "replica version not read yet: which change log this is is unknown"
+            }
             HoldReason::ReservationsOpen => "reservations open",
             HoldReason::ReservationWithoutFloor => "reservation opened before any backup",
             HoldReason::BackupUnknown => "litestream's backed-up position unknown",
@@ -657,20 +667,21 @@ impl fmt::Display for HoldReason {
 /// 5. `StateUnreadable`, 6. `StateUnwritable`: the state file cannot be read, or written ([`Memory`]).
 /// 7. `RestoresUnknown`: started without a state file, less than `cleanup.hold_without_state` ago.
 /// 8. `ReplicaReset`: the replica was reset and no backup taken after the reset has aged.
-/// 9. `ReservationsOpen`: mode `pause` and a reservation is open.
-/// 10. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
-/// 11. `BackupUnknown`: litestream's position is unknown (restarted, no samples, unreadable).
-/// 12. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
+/// 9. `ReplicaUnknown`: the change DB's replica version has not been read in this run, and none was kept.
+/// 10. `ReservationsOpen`: mode `pause` and a reservation is open.
+/// 11. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
+/// 12. `BackupUnknown`: litestream's position is unknown (restarted, no samples, unreadable).
+/// 13. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
 ///     tracked, and it is the news an operator needs.
-/// 13. `NoBackup`: no backup is tracked.
-/// 14. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
+/// 14. `NoBackup`: no backup is tracked.
+/// 15. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
 ///     [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or uptime `< reconnect_grace`.
-/// 15. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
-/// 16. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
-/// 17. `BackupTooRecent`: none of those is old enough.
-/// 18. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
-/// 19. `ReservationFloor`: all of the covered ones are above some reservation's floor.
-/// 20. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+/// 16. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
+/// 17. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
+/// 18. `BackupTooRecent`: none of those is old enough.
+/// 19. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
+/// 20. `ReservationFloor`: all of the covered ones are above some reservation's floor.
+/// 21. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
 pub fn decide(inputs: &Inputs) -> Decision {
     match choose(inputs) {
         Ok((before, bound)) => Decision::Purge {
@@ -718,6 +729,9 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
         if !inputs.backups.iter().any(since_reset) {
             return Err(HoldReason::ReplicaReset);
         }
+    }
+    if guards.replica_unknown {
+        return Err(HoldReason::ReplicaUnknown);
     }
 
     let mut lowest_floor: Option<&'a HeldReservation> = None;

@@ -385,6 +385,7 @@ impl Monitor {
                 anchor.min(self.started) + remaining
             }),
             reset_at: replica.reset_at,
+            replica_unknown: replica.version.is_none(),
             position_unknown: position.unknown.is_some(),
             steady_now: anchor_wall.checked_add(now.saturating_duration_since(anchor)),
         }

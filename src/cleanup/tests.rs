@@ -193,6 +193,13 @@ fn each_guard_holds_with_its_own_reason_and_the_quiet_case_purges() {
         }),
         Decision::Hold(BackupUnknown)
     );
+    assert_eq!(
+        with(Guards {
+            replica_unknown: true,
+            ..held
+        }),
+        Decision::Hold(ReplicaUnknown)
+    );
 }
 
 #[test]
@@ -1091,10 +1098,10 @@ fn hold_reasons_have_distinct_labels_in_evaluation_order() {
     }
     assert_eq!(HoldReason::ALL[0], NotRegistered);
     assert_eq!(HoldReason::ALL[3], StartingUp);
-    assert_eq!(HoldReason::ALL[10], BackupUnknown);
-    assert_eq!(HoldReason::ALL[11], BackupRegressed);
-    assert_eq!(HoldReason::ALL[17], BackupUnverified);
-    assert_eq!(HoldReason::ALL[19], SubscriberBehind);
+    assert_eq!(HoldReason::ALL[11], BackupUnknown);
+    assert_eq!(HoldReason::ALL[12], BackupRegressed);
+    assert_eq!(HoldReason::ALL[18], BackupUnverified);
+    assert_eq!(HoldReason::ALL[20], SubscriberBehind);
 }
 
 // Property tests: a model of the monitor's view over random event sequences.

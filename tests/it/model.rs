@@ -465,6 +465,7 @@ impl World {
             standby: self.standby,
             memory: Memory::Kept,
             restores_unknown_until: self.restores_unknown_until,
+            replica_unknown: self.known_replica.is_none(),
             reset_at: self.reset_at,
             position_unknown: self.position_unknown,
             steady_now: Some(anchor_wall + now.saturating_duration_since(anchor)),

@@ -61,6 +61,8 @@ async fn a_claimed_backup_with_nothing_behind_it_never_leads_to_a_purge() {
     .await;
     let _sub = sidecar.subscribers.connect(subscriber("vs-1", "0e"));
 
+    // Once the change DB has answered (a first check may hold for its replica version), then check after check.
+    settles_on(&sidecar, Decision::Hold(HoldReason::BackupUnverified)).await;
     for _ in 0..3 {
         assert_eq!(
             decisions(&sidecar, 1).await,
@@ -149,6 +151,8 @@ async fn a_listing_that_fails_holds_cleanup() {
     )
     .await;
     let _sub = sidecar.subscribers.connect(subscriber("vs-1", "0c"));
+    // Once the change DB has answered (a first check may hold for its replica version), then check after check.
+    settles_on(&sidecar, Decision::Hold(HoldReason::BackupUnverified)).await;
     for _ in 0..3 {
         assert_eq!(
             decisions(&sidecar, 1).await,

@@ -23,8 +23,17 @@ async fn status_tells_what_holds_cleanup_since_when_and_what_the_last_purge_did(
     ));
     let sidecar = start_aged(config, Duration::from_secs(60)).await;
 
-    // Before any subscriber, cleanup holds for want of one.
-    eventually("a hold", || sidecar.status.get().held_since.is_some()).await;
+    // Before any subscriber, cleanup holds for want of one (once the change DB has answered: the first check may
+    // come before its connection and hold for the replica version).
+    eventually("a hold for want of a subscriber", || {
+        let s = sidecar.status.get();
+        s.held_since.is_some()
+            && s.last_decision
+                == Some(litestream_sidecar::cleanup::Decision::Hold(
+                    litestream_sidecar::cleanup::HoldReason::NoSubscribers,
+                ))
+    })
+    .await;
     let page = scrape(&sidecar).await;
     assert!(
         value(
