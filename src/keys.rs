@@ -143,19 +143,16 @@ impl<'a> Section<'a> {
 
     /// Records a problem of `key` found by a check that spans keys; always `None`.
     pub fn problem<T>(&mut self, key: &'static str, problem: String) -> Option<T> {
-        self.problems.push(KeyError {
-            key: format!("{}.{key}", self.name),
-            problem,
-        });
+        let key = format!("{}.{key}", self.name);
+        self.problems.push(KeyError { key, problem });
         None
     }
 
-    /// Records a problem of a key of another section that this section's reading found; always `None`.
+    /// Records a problem of a key of another section (`section.key`) that this section's reading found; always
+    /// `None`.
     pub fn problem_elsewhere<T>(&mut self, key: &'static str, problem: String) -> Option<T> {
-        self.problems.push(KeyError {
-            key: key.into(),
-            problem,
-        });
+        let key = key.to_string();
+        self.problems.push(KeyError { key, problem });
         None
     }
 
@@ -178,13 +175,15 @@ impl<'a> Section<'a> {
                 *text = without_userinfo(text);
             }
         }
-        for key in self.table.keys() {
-            if !self.read.contains(key) {
-                self.problems.push(KeyError {
-                    key: format!("{}.{key}", self.name),
-                    problem: "unknown key".into(),
-                });
-            }
+        let unknown: Vec<String> = self
+            .table
+            .keys()
+            .filter(|key| !self.read.contains(*key))
+            .map(|key| format!("{}.{key}", self.name))
+            .collect();
+        for key in unknown {
+            let problem = "unknown key".to_string();
+            self.problems.push(KeyError { key, problem });
         }
         self.shown
     }
@@ -193,11 +192,12 @@ impl<'a> Section<'a> {
 /// A raw value of type `R` from TOML, or from text when it came from the environment: `"1024"` is a number there,
 /// `"true"` a boolean and `"a, b"` a list.
 fn from_value<R: DeserializeOwned>(value: &toml::Value) -> Result<R, String> {
-    let typed = value.clone().try_into::<R>();
-    let text = match (typed, value) {
-        (Ok(raw), _) => return Ok(raw),
-        (Err(_), toml::Value::String(text)) => text,
-        (Err(err), _) => return Err(wrong_type(&err)),
+    let err = match value.clone().try_into::<R>() {
+        Ok(raw) => return Ok(raw),
+        Err(err) => wrong_type(&err),
+    };
+    let toml::Value::String(text) = value else {
+        return Err(err);
     };
     let scalar = format!("v = {text}")
         .parse::<toml::Table>()
@@ -212,11 +212,7 @@ fn from_value<R: DeserializeOwned>(value: &toml::Value) -> Result<R, String> {
             .map(|s| toml::Value::String(s.to_string()))
             .collect(),
     );
-    list.try_into::<R>()
-        .map_err(|_| match value.clone().try_into::<R>() {
-            Err(err) => wrong_type(&err),
-            Ok(_) => unreachable!("the same conversion failed above"),
-        })
+    list.try_into::<R>().map_err(|_| err)
 }
 
 fn wrong_type(err: &toml::de::Error) -> String {

@@ -74,7 +74,7 @@ impl RawConfig {
 
     /// The effective configuration as TOML, every key with its value or default, secrets and credentials hidden.
     pub fn to_redacted_toml(&self) -> String {
-        toml::to_string(&self.read().1).expect("config serializes")
+        toml::to_string(&self.effective()).expect("config serializes")
     }
 
     /// Every key's effective value, as [`RawConfig::to_redacted_toml`] prints it.
