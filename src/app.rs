@@ -310,7 +310,8 @@ impl App {
             let status = self.status.clone();
             tracker.spawn(
                 crate::ops::notify::run(shutdown.clone(), move || {
-                    status_line(&context.readiness.missing(), &status.get())
+                    let missing = context.readiness.missing();
+                    status.read(|s| status_line(&missing, s))
                 })
                 .instrument(info_span!("notify")),
             );
@@ -425,7 +426,7 @@ impl App {
         // An unusable file is left as it is for the operator: writing over it would erase what it may still say.
         if let (Some(path), false) = (
             config.cleanup.state_file.clone(),
-            self.status.get().memory == crate::cleanup::Memory::Unreadable,
+            self.status.read(|s| s.memory) == crate::cleanup::Memory::Unreadable,
         ) {
             let keeper = crate::cleanup::keeper::Keeper {
                 path,
