@@ -68,10 +68,10 @@ trap 'exit 143' TERM
 phase() {
   local name=$1 start rc=0
   shift
-  start=$(date +%s.%N)
+  start=$(date +%s)
   echo "[$(date +%T)] $name: started" >&2
   "$@" >"$LOGS/$name.log" 2>&1 </dev/null || rc=$?
-  printf '%s %.0f %s\n' "$name" "$(echo "$(date +%s.%N) - $start" | bc)" "$rc" >"$LOGS/$name.phase"
+  echo "$name $(($(date +%s) - start)) $rc" >"$LOGS/$name.phase"
   echo "[$(date +%T)] $name: $([[ $rc -eq 0 ]] && echo passed || echo "FAILED (exit $rc)")" >&2
   return 0
 }
