@@ -7,7 +7,7 @@
 # Phases, each with its output in a log file of its own (target/test-logs/PHASE.log; a failed phase's log is printed
 # in full at the end):
 #   build       the sidecar binary (debug: what the interop suites run); the interop suites' npm packages are
-#               installed meanwhile
+#               installed meanwhile, and the real litestream binaries (scripts/install-litestream.sh)
 #   build-tests the tests, examples and benchmarks (so a change cannot break `make bench` unnoticed), and moto
 #   alerts      the alerting rules' unit tests (scripts/test-alerts.sh), once
 #   rust-unit   `cargo test --lib --bins`, once
@@ -88,10 +88,13 @@ build() {
   local i020=$!
   scripts/install-interop.sh 1.9 >/dev/null &
   local i19=$!
+  (scripts/install-litestream.sh 0.3 >"$LOGS/litestream.path" && scripts/install-litestream.sh 0.5 >"$LOGS/litestream-0.5.path") &
+  local ils=$!
   local rc=0
   $CARGO build --locked --bin litestream-sidecar || rc=$?
   wait $i020 || rc=$?
   wait $i19 || rc=$?
+  wait $ils || rc=$?
   return $rc
 }
 build_tests() {
@@ -108,6 +111,10 @@ wait "${LANES[0]}"
 LANES=()
 export SIDECAR_BIN=${CARGO_TARGET_DIR:-$PWD/target}/debug/litestream-sidecar
 [[ $SIDECAR_BIN = /* ]] || SIDECAR_BIN=$PWD/$SIDECAR_BIN
+# The real litestream binaries (scripts/install-litestream.sh) that the tests, the interop suites and the drills run.
+LITESTREAM_BIN=$(cat "$LOGS/litestream.path" 2>/dev/null || true)
+LITESTREAM_05_BIN=$(cat "$LOGS/litestream-0.5.path" 2>/dev/null || true)
+export LITESTREAM_BIN LITESTREAM_05_BIN
 
 if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
   rust_lane() {
