@@ -423,6 +423,17 @@ impl App {
                 .run(shutdown.clone())
                 .instrument(info_span!("monitor")),
         );
+        let mut drill = config.backup.drill(&config.litestream.backup_url);
+        if let Some(env) = self.backup_env.clone() {
+            drill.env = env;
+        }
+        let drills = crate::cleanup::drills::Drills::new(
+            drill,
+            config.backup.drill_interval,
+            config.cleanup.requires == crate::cleanup::config::Requires::Restore,
+            self.status.clone(),
+        );
+        tracker.spawn(drills.run(shutdown.clone()).instrument(info_span!("drills")));
         // An unusable file is left as it is for the operator: writing over it would erase what it may still say.
         if let (Some(path), false) = (
             config.cleanup.state_file.clone(),

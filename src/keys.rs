@@ -142,6 +142,15 @@ impl<'a> Section<'a> {
     }
 
     /// Records a problem of `key` found by a check that spans keys; always `None`.
+    /// A key that is no longer read: its presence is a problem that says why, rather than "unknown key".
+    pub fn removed(&mut self, key: &'static str, why: &str) -> Option<()> {
+        self.read.insert(key.to_string());
+        if self.table.contains_key(key) {
+            return self.problem(key, why.to_string());
+        }
+        Some(())
+    }
+
     pub fn problem<T>(&mut self, key: &'static str, problem: String) -> Option<T> {
         let key = format!("{}.{key}", self.name);
         self.problems.push(KeyError { key, problem });

@@ -63,6 +63,12 @@ enum Command {
         #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
+    /// Restore the newest backup now with the config's litestream, check it with SQLite, and print the outcome
+    #[command(
+        after_help = "Exit codes: 0 the backup restored and passed the check, 1 the drill failed,\n\
+                      78 invalid config."
+    )]
+    Drill,
 }
 
 fn main() -> ExitCode {
@@ -74,6 +80,9 @@ fn main() -> ExitCode {
     }) = &args.command
     {
         return status(args.config.as_deref(), addr.as_deref(), *json, *timeout);
+    }
+    if let Some(Command::Drill) = &args.command {
+        return drill(args.config.as_deref());
     }
     let path = config::resolve_path(args.config.as_deref());
     let loaded = config::load(path.as_deref())
@@ -244,6 +253,41 @@ fn status(
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `litestream-sidecar drill`: one restore drill in this process (see `ops::drill_cli`).
+fn drill(config_path: Option<&std::path::Path>) -> ExitCode {
+    use litestream_sidecar::ops::drill_cli;
+    let path = config::resolve_path(config_path);
+    let config = match config::load(path.as_deref()).and_then(|raw| raw.validate()) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("litestream-sidecar drill: {err}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("litestream-sidecar drill: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(drill_cli::run(
+        &config.backup,
+        &config.litestream.backup_url,
+        &config.change_db,
+        &config.zero,
+    ));
+    print!("{}", drill_cli::render(&outcome));
+    if outcome.result.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -70,9 +70,21 @@ impl RestoreLimit {
     }
 }
 
+/// `requires`: what proves a backup before the change log is purged below it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Requires {
+    /// litestream's claim, covered by the newest generation's unbroken chain in the destination (names only).
+    #[default]
+    Listing,
+    /// A restore drill restored and checked the backup: purges stay below the watermark a drill proved, and
+    /// snapshot statuses wait for a drill. Needs no watermark gauge: works with a stock litestream 0.3.
+    Restore,
+}
+
 keys::section! {
     /// `[cleanup]`
-    pub struct CleanupConfig(s) {
+    pub struct CleanupConfig(s, drills: bool) {
         /// Off: the sidecar decides and reports, but never deletes.
         enabled: bool = key(true),
         /// Lower bound of the cleanup delay, raised by long reservations (docs/protocol.md, "Zero 0.20's backup
@@ -104,6 +116,14 @@ keys::section! {
         restore_limit: RestoreLimit = key("auto", RestoreLimit::parse),
         /// How long a start without a state file holds cleanup: a restore begun before it may be in flight.
         hold_without_state: RestoreLimit = key("auto", RestoreLimit::parse),
+        requires: Requires = key(Requires::Listing, |requires: Requires| {
+            if requires == Requires::Restore && !drills {
+                Err("\"restore\" needs scheduled drills: set backup.drill_interval to a duration, not \"off\""
+                    .to_string())
+            } else {
+                Ok(requires)
+            }
+        }),
     }
 }
 

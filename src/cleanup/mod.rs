@@ -28,6 +28,7 @@
 pub mod change_db;
 pub mod config;
 pub mod discovery;
+pub mod drills;
 pub mod keeper;
 pub mod monitor;
 pub mod reservations;
@@ -301,15 +302,12 @@ impl Subscriber {
 /// "Backup claims without an upload").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DestinationCheck {
-    /// `backup.verify = false`: claims are trusted as litestream makes them.
+    /// `backup.verify = false`, or the claims are a drill's: proven by a restore, not by names.
     Unchecked,
-    /// A listing that succeeded: the newest object's last-modified time (`None`: the destination is empty). A claim
-    /// backed up at `T` is covered when that time is at or after `T - slack`, Zero's own rule since 1.7.0: objects
-    /// are written before the gauge moves, and the two clocks may differ a little.
-    Listed {
-        newest: Option<SystemTime>,
-        slack: Duration,
-    },
+    /// A listing that succeeded: the last-modified time of the newest object of the newest generation's unbroken
+    /// chain (`None`: nothing restorable). A claim stamped at `T` is covered when that time is at or after `T`:
+    /// litestream wrote an object a restore reaches no earlier than the claim, with no slack for clocks.
+    Listed { reaches: Option<SystemTime> },
     /// The listing failed or timed out: nothing is known to be behind any claim.
     Unreadable,
 }
@@ -320,12 +318,7 @@ impl DestinationCheck {
         match *self {
             DestinationCheck::Unchecked => true,
             DestinationCheck::Unreadable => false,
-            DestinationCheck::Listed { newest, slack } => newest.is_some_and(|newest| {
-                // Past SystemTime's range the newest object is later than any claim.
-                newest
-                    .checked_add(slack)
-                    .is_none_or(|reach| reach >= claimed)
-            }),
+            DestinationCheck::Listed { reaches } => reaches.is_some_and(|reaches| reaches >= claimed),
         }
     }
 }

@@ -13,11 +13,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Level};
 
 use crate::cleanup::change_db::{ChangeDb, DbError, Expected, PurgeOutcome, PurgeTarget};
-use crate::cleanup::config::CleanupConfig;
+use crate::cleanup::config::{CleanupConfig, Requires};
 use crate::cleanup::discovery::DiscoveryConfig;
 use crate::cleanup::reservations::Registry;
 use crate::cleanup::status::{
-    ChangeLogReading, HeldSince, LastPurge, Loudness, PurgeFailure, StatusHandle, RECENT_BACKUPS,
+    layout_problem, ChangeLogReading, HeldSince, LastPurge, Loudness, PurgeFailure, StatusHandle,
+    RECENT_BACKUPS,
 };
 use crate::cleanup::subscribers::Subscribers;
 use crate::cleanup::{
@@ -25,7 +26,7 @@ use crate::cleanup::{
     Inputs, Ownership, Subscriber,
 };
 use crate::litestream::config::{BackupConfig, LitestreamConfig};
-use crate::litestream::destination::{self, ErrorKind, ListError, Listing};
+use crate::litestream::destination::{self, ErrorKind, ListError};
 use crate::litestream::page::scrape;
 use crate::litestream::Filter;
 use crate::net::client::HttpClient;
@@ -115,8 +116,8 @@ pub struct Monitor {
     /// `None`: `backup.verify` is off. `Err`: the client could not be built (an unusable `AWS_*` variable, say),
     /// reported as a failed listing at every check.
     destination: Option<Result<destination::Destination, String>>,
-    slack: Duration,
     stale_after: Duration,
+    requires: Requires,
 }
 
 /// What one check saw besides the backlog, in the policy's own types.
@@ -147,6 +148,7 @@ impl Gathered {
 struct Said {
     scrape_problem: Throttle,
     listing_problem: Throttle,
+    layout_problem: Throttle,
     last_hold: Option<HoldReason>,
     replica_problem: Throttle,
 }
@@ -250,8 +252,8 @@ impl Monitor {
                     std::env::vars(),
                 )
             }),
-            slack: config.backup.slack,
             stale_after: config.backup.stale_after,
+            requires: config.cleanup.requires,
         }
     }
 
@@ -298,34 +300,33 @@ impl Monitor {
             ..Position::default()
         };
         let mut said = Said::default();
-        let mut known: Option<Listing> = None;
         if self.destination.is_some() {
-            let slack = self.slack;
-            self.status.update(|s| {
-                s.backup.verifying = true;
-                s.backup.slack = slack;
-            });
+            self.status.update(|s| s.backup.verifying = true);
         }
         let mut every = crate::shared::Every::new(self.check_interval);
         while every.tick(&shutdown).await {
             let now = Instant::now();
-            if self
-                .read_replica(&mut replica, &mut backlog, &mut said, now)
-                .await
-            {
-                known = None;
+            self.read_replica(&mut replica, &mut backlog, &mut said, now)
+                .await;
+            match self.requires {
+                Requires::Listing => {
+                    self.scrape(
+                        &mut backlog,
+                        &mut position,
+                        &mut said,
+                        replica.reset_at,
+                        now,
+                    )
+                    .await
+                }
+                Requires::Restore => {
+                    self.read_size_of_page(&mut position).await;
+                    self.take_proofs(&mut backlog, &mut position, &replica);
+                }
             }
-            self.scrape(
-                &mut backlog,
-                &mut position,
-                &mut said,
-                replica.reset_at,
-                now,
-            )
-            .await;
             self.expire_kept(now, position.db_bytes);
             self.claim_purger().await;
-            let destination = self.verify(&backlog, &mut known, &mut said, now).await;
+            let destination = self.verify(&backlog, &mut said, now).await;
             let observed = self.gather(now, &replica);
             let guards = self.guards(now, &position, &replica);
             self.settle_unknown_restores(&guards, now);
@@ -554,6 +555,7 @@ impl Monitor {
         }
         if parsed.db_bytes.is_some() {
             position.db_bytes = parsed.db_bytes;
+            self.status.update(|s| s.db_bytes = parsed.db_bytes);
         }
         let restarted = match (position.process_started, parsed.process_started) {
             (Some(before), Some(after)) => before != after,
@@ -708,23 +710,66 @@ impl Monitor {
         });
     }
 
-    /// What the destination holds behind litestream's claims, for the policy. Lists it at most once per check, and
-    /// only when what is `known` from an earlier listing does not settle it: nothing restorable seen yet, or the
-    /// newest claim newer than the newest object plus the slack. Before litestream's first claim nothing is
-    /// listed: no status is sent and nothing is purged then anyway.
-    async fn verify(
-        &self,
-        backlog: &Backlog,
-        known: &mut Option<Listing>,
-        said: &mut Said,
-        now: Instant,
-    ) -> DestinationCheck {
+    /// What the destination holds behind the claims, for the policy. Lists it at every check: a snapshot deleted
+    /// under an idle database must be seen although no new claim asks about it. The names say whether the newest
+    /// generation restores ([`crate::litestream::layout`]); a layout that does not is logged once and holds
+    /// cleanup and statuses until it does again.
+    async fn verify(&self, backlog: &Backlog, said: &mut Said, now: Instant) -> DestinationCheck {
         let Some(destination) = &self.destination else {
             return DestinationCheck::Unchecked;
         };
-        let listed = |listing: &Option<Listing>| DestinationCheck::Listed {
-            newest: listing.and_then(|l| l.newest),
-            slack: self.slack,
+        let result = match destination {
+            Ok(destination) => destination.list().await,
+            Err(problem) => Err(ListError {
+                kind: ErrorKind::Other,
+                message: problem.clone(),
+            }),
+        };
+        let listing = match result {
+            Ok(listing) => listing,
+            Err(err) => {
+                said.listing_problem.failed(
+                    "cannot list the backup destination; cleanup holds",
+                    err.to_string(),
+                    Level::WARN,
+                    now,
+                );
+                self.status.update(|s| {
+                    *s.backup.errors.entry(err.kind).or_default() += 1;
+                    s.backup.verified = false;
+                    s.backup.failing = Some(err);
+                });
+                self.registry.set_restorable(false);
+                return DestinationCheck::Unreadable;
+            }
+        };
+        debug!(
+            objects = listing.objects,
+            layout = listing.layout.kind(),
+            newest = ?listing.newest.map(humantime::format_rfc3339_millis),
+            "backup destination listed"
+        );
+        said.listing_problem
+            .succeeded("backup destination can be listed again");
+        match layout_problem(&listing.layout) {
+            Some(problem) => said.layout_problem.failed(
+                "backup destination does not restore",
+                problem,
+                Level::ERROR,
+                now,
+            ),
+            None => said
+                .layout_problem
+                .succeeded("backup destination restores again (by its names)"),
+        }
+        self.registry.set_restorable(listing.is_restorable());
+        let fact = match self.requires {
+            // A drill's proof was restored from the destination: it needs no object to stand behind it, only a
+            // destination that still restores.
+            Requires::Restore if listing.is_restorable() => DestinationCheck::Unchecked,
+            _ => DestinationCheck::Listed {
+                reaches: listing.chain_newest(),
+            },
         };
         let claimed = backlog
             .backups()
@@ -732,57 +777,13 @@ impl Monitor {
             .chain(backlog.current())
             .map(|b| b.backed_up_at)
             .max();
-        let Some(claimed) = claimed else {
-            return listed(known);
-        };
-        let settled = known.is_some_and(|l| l.is_restorable() && listed(known).covers(claimed));
-        if !settled {
-            let result = match destination {
-                Ok(destination) => destination.list().await,
-                Err(problem) => Err(ListError {
-                    kind: ErrorKind::Other,
-                    message: problem.clone(),
-                }),
-            };
-            match result {
-                Ok(listing) => {
-                    debug!(
-                        objects = listing.objects,
-                        newest = ?listing.newest.map(humantime::format_rfc3339_millis),
-                        "backup destination listed"
-                    );
-                    *known = Some(listing);
-                    self.registry.set_restorable(listing.is_restorable());
-                    said.listing_problem
-                        .succeeded("backup destination can be listed again");
-                    self.status.update(|s| {
-                        s.backup.listing = Some(listing);
-                        s.backup.failing = None;
-                    });
-                }
-                Err(err) => {
-                    said.listing_problem.failed(
-                        "cannot list the backup destination; cleanup holds",
-                        err.to_string(),
-                        Level::WARN,
-                        now,
-                    );
-                    self.status.update(|s| {
-                        *s.backup.errors.entry(err.kind).or_default() += 1;
-                        s.backup.verified = false;
-                        s.backup.failing = Some(err);
-                    });
-                    return DestinationCheck::Unreadable;
-                }
-            }
-        }
-        let fact = listed(known);
-        let newest = known.and_then(|l| l.newest);
-        let stale =
-            destination::is_stale(newest, claimed, self.stale_after).then_some((newest, claimed));
+        let stale = claimed.and_then(|claimed| {
+            destination::is_stale(listing.newest, claimed, self.stale_after)
+                .then_some((listing.newest, claimed))
+        });
         let was_stale = self.status.read(|s| s.backup.stale.is_some());
         match (was_stale, stale) {
-            (false, Some(_)) => error!(
+            (false, Some((newest, claimed))) => error!(
                 newest_object = newest.map_or("none".into(), |t| humantime::format_rfc3339_seconds(t).to_string()),
                 claimed = %humantime::format_rfc3339_seconds(claimed),
                 stale_after = ?self.stale_after,
@@ -790,7 +791,8 @@ impl Monitor {
                  for those claims (the sidecar keeps serving)"
             ),
             (true, None) => info!(
-                newest_object = newest
+                newest_object = listing
+                    .newest
                     .map_or("none".into(), |t| humantime::format_rfc3339_seconds(t)
                         .to_string()),
                 "backup destination no longer stale"
@@ -798,10 +800,78 @@ impl Monitor {
             _ => {}
         }
         self.status.update(|s| {
-            s.backup.verified = fact.covers(claimed);
+            s.backup.verified = claimed.is_some_and(|claimed| fact.covers(claimed));
             s.backup.stale = stale;
+            s.backup.listing = Some(listing);
+            s.backup.failing = None;
         });
         fact
+    }
+
+    /// `cleanup.requires = "restore"`: the latest drill's proof stands in for litestream's gauge, through the
+    /// same backlog, regression watch and reservation floors. A drill that found the backup broken makes the
+    /// position unknown (cleanup holds, statuses wait) until a drill proves it again; one that could not run
+    /// leaves the last proof standing.
+    fn take_proofs(
+        &self,
+        backlog: &mut Backlog,
+        position: &mut Position,
+        replica: &Replica,
+    ) {
+        let (last, proof) = self
+            .status
+            .read(|s| (s.drills.last.clone(), s.drills.last_proof.clone()));
+        if let Some(crate::cleanup::status::DrillOutcome::Failed { failure, .. }) = &last {
+            if failure.is_backup() {
+                self.position_unknown(
+                    position,
+                    format!("the last restore drill failed: {failure}"),
+                    true,
+                );
+                return;
+            }
+        }
+        let Some(proof) = proof else {
+            return;
+        };
+        let of_this_replica = replica
+            .version
+            .as_deref()
+            .is_some_and(|version| version == proof.replica_version)
+            && replica.reset_at.is_none_or(|reset| proof.started >= reset);
+        if !of_this_replica {
+            if backlog.current().is_some() {
+                self.position_unknown(
+                    position,
+                    "the last drill's proof is of another replica version".to_string(),
+                    true,
+                );
+            }
+            return;
+        }
+        if let Some(why) = position.unknown.take() {
+            info!(was = %why, "a restore drill proved the backup again");
+            self.status.update(|s| s.backup_unknown = None);
+        }
+        self.take_samples(
+            backlog,
+            position,
+            &[(proof.watermark.as_str(), proof.finished)],
+        );
+    }
+
+    /// `cleanup.requires = "restore"`: litestream's page says only how large the database is (a drill's disk
+    /// need); it may be down, or have no gauge, without holding anything.
+    async fn read_size_of_page(&self, position: &mut Position) {
+        match scrape(&self.scraper, &self.filter).await {
+            Ok(parsed) => {
+                if parsed.db_bytes.is_some() {
+                    position.db_bytes = parsed.db_bytes;
+                    self.status.update(|s| s.db_bytes = parsed.db_bytes);
+                }
+            }
+            Err(err) => debug!(error = %err, "litestream's page not read (only its size is used)"),
+        }
     }
 
     /// Everything else the policy reads, at one instant.
@@ -999,6 +1069,9 @@ impl Monitor {
     /// Why litestream's page no longer supports the running purge, if it does not: unreadable, no samples, a
     /// restart, or a gauge below the highest it reported.
     async fn gauge_moved(&self, gauge: &GaugeWatch) -> Option<String> {
+        if self.requires == Requires::Restore {
+            return self.proof_moved(gauge);
+        }
         let parsed = match scrape(&self.scraper, &self.filter).await {
             Ok(parsed) => parsed,
             Err(err) => return Some(format!("its page cannot be read: {err}")),
@@ -1024,6 +1097,27 @@ impl Monitor {
             Some(highest) if newest < highest => {
                 Some(format!("it went back from {highest} to {newest}"))
             }
+            _ => None,
+        }
+    }
+
+    /// `cleanup.requires = "restore"`: a drill that ended during the purge and found the backup broken, or proved
+    /// less than before, stops it as a gauge that went back would.
+    fn proof_moved(&self, gauge: &GaugeWatch) -> Option<String> {
+        let (last, proof) = self
+            .status
+            .read(|s| (s.drills.last.clone(), s.drills.last_proof.clone()));
+        if let Some(crate::cleanup::status::DrillOutcome::Failed { failure, .. }) = last {
+            if failure.is_backup() {
+                self.registry.forget_backup();
+                return Some(format!("a restore drill failed: {failure}"));
+            }
+        }
+        match (gauge.highest.as_deref(), proof) {
+            (Some(highest), Some(proof)) if proof.watermark.as_str() < highest => Some(format!(
+                "a restore drill proved only {} (below {highest})",
+                proof.watermark
+            )),
             _ => None,
         }
     }

@@ -8,6 +8,8 @@ use tokio::time::Instant;
 use crate::cleanup::change_db::{DbError, FailureClass};
 use crate::cleanup::{self, Backup, Decision, HoldReason};
 use crate::litestream::destination::{ErrorKind, ListError, Listing};
+use crate::litestream::drill::{Failure, Proof};
+use crate::litestream::layout::Layout;
 
 /// How many of the tracked backups [`Status`] keeps, newest first: enough to see the recent ones, few enough that
 /// copying the status for every scrape stays cheap while cleanup is held for days.
@@ -68,6 +70,9 @@ pub struct Status {
     /// Why the last attempt to read the change log's size failed, while it is the last.
     pub change_log_error: Option<String>,
     pub backup: BackupStatus,
+    pub drills: DrillStatus,
+    /// The largest database on litestream's last page that said: the space a drill needs.
+    pub db_bytes: Option<u64>,
 }
 
 /// A hold reason in force, and since when.
@@ -98,13 +103,51 @@ pub struct ChangeLogReading {
     pub read_at: SystemTime,
 }
 
+/// Restore drills as the drill task last ran them.
+#[derive(Debug, Clone, Default)]
+pub struct DrillStatus {
+    /// `backup.drill_interval`; `None`: drills run only on demand.
+    pub interval: Option<Duration>,
+    /// `cleanup.requires = "restore"`: drills' proofs drive cleanup and statuses.
+    pub drives_cleanup: bool,
+    /// When the drill in progress started.
+    pub running_since: Option<SystemTime>,
+    /// When the next scheduled drill is due.
+    pub next_at: Option<SystemTime>,
+    /// The latest drill's outcome.
+    pub last: Option<DrillOutcome>,
+    /// The latest drill that proved the backup.
+    pub last_proof: Option<Proof>,
+    pub runs: u64,
+    /// Failed drills, by [`Failure::kind`].
+    pub failures: std::collections::HashMap<&'static str, u64>,
+}
+
+/// One drill's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrillOutcome {
+    Proved(Proof),
+    Failed {
+        failure: Failure,
+        started: SystemTime,
+        finished: SystemTime,
+    },
+}
+
+impl DrillOutcome {
+    pub fn finished(&self) -> SystemTime {
+        match self {
+            DrillOutcome::Proved(proof) => proof.finished,
+            DrillOutcome::Failed { finished, .. } => *finished,
+        }
+    }
+}
+
 /// The backup destination as the monitor last saw it (`backup.verify`).
 #[derive(Debug, Clone, Default)]
 pub struct BackupStatus {
     /// `backup.verify` is on: the fields below mean something.
     pub verifying: bool,
-    /// `backup.slack`: how much older than a claim the newest object may be and still cover it.
-    pub slack: Duration,
     /// The last listing that succeeded.
     pub listing: Option<Listing>,
     /// Litestream's newest claim is covered by the destination.
@@ -116,6 +159,25 @@ pub struct BackupStatus {
     pub errors: std::collections::HashMap<ErrorKind, u64>,
     /// The error of the latest listing, while listings fail.
     pub failing: Option<ListError>,
+}
+
+/// What an operator must hear of the destination's layout; `None` while it restores or holds nothing yet.
+pub fn layout_problem(layout: &Layout) -> Option<String> {
+    match layout {
+        Layout::Empty | Layout::Restorable(_) => None,
+        Layout::Broken {
+            generation,
+            problem,
+        } => Some(format!(
+            "cleanup and snapshot statuses held: the backup's newest generation {generation} does not restore: \
+             {problem}"
+        )),
+        Layout::Ltx => Some(
+            "refused: the backup destination holds litestream 0.5 (LTX) files; Zero reads such backups itself, so \
+             the sidecar cannot keep it from purging. Back up with litestream 0.3 (Zero's fork)"
+                .to_string(),
+        ),
+    }
 }
 
 impl Status {
@@ -162,7 +224,25 @@ impl Status {
                  cannot catch up (litestream restored from an older backup?)"
             )
         });
-        let problems: Vec<String> = [state, below, regressed, unknown, stale, unlisted, failing]
+        let layout = self
+            .backup
+            .listing
+            .as_ref()
+            .and_then(|listing| layout_problem(&listing.layout));
+        let drill = match &self.drills.last {
+            Some(DrillOutcome::Failed { failure, .. }) => Some(format!(
+                "the last restore drill failed ({failure}){}",
+                if self.drills.drives_cleanup && failure.is_backup() {
+                    "; cleanup and snapshot statuses hold until a drill proves the backup"
+                } else {
+                    ""
+                }
+            )),
+            _ => None,
+        };
+        let problems: Vec<String> = [
+            state, below, regressed, unknown, stale, unlisted, layout, drill, failing,
+        ]
             .into_iter()
             .flatten()
             .collect();

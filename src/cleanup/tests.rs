@@ -294,22 +294,22 @@ fn ready_case_purges_below_the_backup() {
 
 fn listed(secs_ago: Option<u64>) -> DestinationCheck {
     DestinationCheck::Listed {
-        newest: secs_ago.map(|ago| wall(NOW - ago)),
-        slack: Duration::from_secs(60),
+        reaches: secs_ago.map(|ago| wall(NOW - ago)),
     }
 }
 
 #[test]
-fn holds_unless_the_destination_has_an_object_from_the_claim_minus_the_slack() {
+fn holds_unless_the_restorable_chain_reaches_the_claim() {
     let with = |destination| Case {
         destination,
         ..ready()
     };
-    // "0a" was claimed 120 s ago: an object from 180 s ago covers it with 60 s of slack, one from 181 s not.
-    assert_eq!(with(listed(Some(180))).decide(), purge("0a"));
+    // "0a" was claimed 120 s ago: a chain whose newest object is from then or later covers it; one a second
+    // older does not, with no slack for clocks.
+    assert_eq!(with(listed(Some(120))).decide(), purge("0a"));
     assert_eq!(with(listed(Some(0))).decide(), purge("0a"));
     assert_eq!(
-        with(listed(Some(181))).decide(),
+        with(listed(Some(121))).decide(),
         Decision::Hold(BackupUnverified)
     );
     assert_eq!(
@@ -1190,8 +1190,6 @@ struct Model {
     destination: DestinationCheck,
 }
 
-/// The slack of every listing in the model.
-const SLACK: u64 = 60;
 
 impl Model {
     fn new(
@@ -1299,8 +1297,7 @@ impl Model {
                     0 => DestinationCheck::Unchecked,
                     1 => DestinationCheck::Unreadable,
                     _ => DestinationCheck::Listed {
-                        newest: ago.map(|ago| wall(self.clock.saturating_sub(ago))),
-                        slack: Duration::from_secs(SLACK),
+                        reaches: ago.map(|ago| wall(self.clock.saturating_sub(ago))),
                     },
                 }
             }
@@ -1393,16 +1390,11 @@ impl Model {
         match (self.destination, claimed) {
             (DestinationCheck::Unchecked, _) | (_, None) => {}
             (DestinationCheck::Unreadable, _) => broken.push("purge on a failed listing"),
-            (DestinationCheck::Listed { newest: None, .. }, _) => {
-                broken.push("purge with an empty destination")
+            (DestinationCheck::Listed { reaches: None }, _) => {
+                broken.push("purge with nothing restorable in the destination")
             }
-            (
-                DestinationCheck::Listed {
-                    newest: Some(n), ..
-                },
-                Some(b),
-            ) => {
-                if n + Duration::from_secs(SLACK) < b.backed_up_at {
+            (DestinationCheck::Listed { reaches: Some(n) }, Some(b)) => {
+                if n < b.backed_up_at {
                     broken.push("purge at a claim with no object behind it")
                 }
             }

@@ -94,7 +94,8 @@ impl RawConfig {
         let backup = reader.section("backup", |s| BackupConfig::read(s, backup_url));
         let zero = reader.section("zero", ZeroConfig::read);
         let change_db = reader.section("change_db", ChangeDbConfig::read);
-        let cleanup = reader.section("cleanup", CleanupConfig::read);
+        let drills = backup.as_ref().is_none_or(|b| b.drill_interval.is_some());
+        let cleanup = reader.section("cleanup", |s| CleanupConfig::read(s, drills));
         let tls_listener = server.as_ref().is_some_and(|s| s.tls.is_some());
         let discovery = reader.section("discovery", |s| DiscoveryConfig::read(s, tls_listener));
         let upstream = reader.section("upstream", UpstreamConfig::read);

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::keys::{self, Section};
 use crate::litestream::destination::{Location, S3Settings};
+use crate::litestream::drill::CheckLevel;
 use crate::net::address::parse_host_port;
 
 /// `proxy_mode`: what Zero sees of the watermark gauge behind the metrics proxy.
@@ -95,17 +96,14 @@ keys::section! {
     pub struct BackupConfig(s, backup_url: Option<&str>) {
         /// Off: claims are trusted as litestream makes them, and snapshot statuses wait only for a first claim.
         verify: bool = key(true),
-        /// A claim backed up at `T` is covered by an object last modified at or after `T - slack`.
-        slack: Duration = key("60s", keys::duration),
+        /// Removed: a claim is covered only by an object of an unbroken chain written at or after it.
+        slack_removed: () = from(s.removed(
+            "slack",
+            "no longer used: a claim counts as backed up only when the newest generation's unbroken chain holds an \
+             object written at or after it (docs/operations.md, \"Backups you can restore\"); delete the key",
+        )),
         /// The destination is stale when its newest object is this much older than litestream's newest claim.
-        stale_after: Duration = key("15m", |text: String| {
-            keys::positive_duration(text.clone()).and_then(|d| match slack {
-                Some(slack) if d <= slack => Err(format!(
-                    "{text:?} must be longer than backup.slack ({slack:?})"
-                )),
-                _ => Ok(d),
-            })
-        }),
+        stale_after: Duration = key("15m", keys::positive_duration),
         /// One listing, every page of it, gives up after this long; cleanup then holds.
         list_timeout: Duration = key("10s", keys::positive_duration),
         /// Where the backup lives, parsed from `litestream.backup_url` (`None` with `verify` off).
@@ -117,6 +115,30 @@ keys::section! {
             _ => Some(None),
         }),
         s3: S3Settings = from(s3_settings(s)),
+        /// The litestream executable restore drills run: the one the host runs for Zero.
+        litestream: std::path::PathBuf = key("litestream", |text: String| match text.trim() {
+            "" => Err("must name the litestream executable".to_string()),
+            path => Ok(path.into()),
+        }),
+        /// How often a drill restores the newest backup; `None` (`"off"`): only `litestream-sidecar drill`.
+        drill_interval: Option<Duration> = key("1h", |text: String| match text.trim() {
+            "off" => Ok(None),
+            _ => keys::at_least(text, Duration::from_secs(1)).map(Some),
+        }),
+        /// A drill that has not restored and checked the backup by then is stopped and reported.
+        drill_timeout: Duration = key("1h", keys::positive_duration),
+        /// Where drills restore to, each into a directory of its own that is removed afterwards. On disk, not in
+        /// memory: `/tmp` is often a tmpfs.
+        drill_dir: std::path::PathBuf = key("/var/tmp/litestream-sidecar", |text: String| {
+            match text.trim() {
+                path if path.starts_with('/') => Ok(path.into()),
+                _ => Err("must be an absolute path".to_string()),
+            }
+        }),
+        /// Free space a drill leaves on `drill_dir`'s filesystem: it does not start below the database's size plus
+        /// this, and is stopped when free space falls below it.
+        drill_reserve: u64 = key(1u64 << 30),
+        drill_check: CheckLevel = key(CheckLevel::Quick),
     }
 }
 
@@ -205,4 +227,20 @@ fn endpoint_url(text: &str, allow_http: bool) -> Result<String, String> {
         other => return Err(format!("{text:?}: scheme {other:?} is neither https nor http")),
     }
     Ok(text.trim_end_matches('/').to_string())
+}
+
+impl BackupConfig {
+    /// The restore drill these settings describe, of the backup at `backup_url`.
+    pub fn drill(&self, backup_url: &str) -> crate::litestream::drill::Drill {
+        crate::litestream::drill::Drill {
+            litestream: self.litestream.clone(),
+            backup_url: backup_url.to_string(),
+            s3: self.s3.clone(),
+            dir: self.drill_dir.clone(),
+            timeout: self.drill_timeout,
+            reserve: self.drill_reserve,
+            check: self.drill_check,
+            env: Vec::new(),
+        }
+    }
 }

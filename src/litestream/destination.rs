@@ -5,9 +5,8 @@
 //! is listed and its newest object's last-modified time becomes a fact for the cleanup policy.
 //!
 //! Only the replica's own path is listed (a directory walk for `file://`, a prefix listing for `s3://`), each
-//! listing bounded by `backup.list_timeout` with no retries of its own: the next check is the retry. The rule
-//! "newest object at or after the claim minus the slack" needs no knowledge of litestream's layout, so it holds for
-//! the Zero fork's `generations/<id>/snapshots|wal/…` and for litestream 0.5's LTX files alike.
+//! listing bounded by `backup.list_timeout` with no retries of its own: the next check is the retry. The names are
+//! read by [`crate::litestream::layout`]: a claim counts as covered only by the newest generation's unbroken chain.
 //!
 //! S3 credentials never come from the config file: `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
 //! `AWS_SESSION_TOKEN`, web identity (`AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ROLE_ARN`), the ECS container endpoint, and
@@ -21,6 +20,8 @@ use futures_util::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
+
+use crate::litestream::layout::{Layout, Object};
 
 /// Where litestream writes the replica, from `litestream.backup_url`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,17 +72,32 @@ fn percent_decode(text: &str) -> String {
 }
 
 /// What one listing found under the replica's path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listing {
     pub objects: u64,
     /// The newest last-modified time; `None` when there is no object.
     pub newest: Option<SystemTime>,
+    /// What the names say of a restore of the newest generation.
+    pub layout: Layout,
 }
 
 impl Listing {
-    /// At least one object: something a view-syncer can restore.
+    /// The newest generation has a snapshot and an unbroken chain: something a view-syncer can restore.
     pub fn is_restorable(&self) -> bool {
-        self.objects > 0
+        self.layout.chain().is_some()
+    }
+
+    /// The newest time a restore reaches: the last-modified time of the newest object of the restorable chain.
+    pub fn chain_newest(&self) -> Option<SystemTime> {
+        self.layout.chain().map(|chain| chain.newest)
+    }
+
+    fn of(objects: &[Object]) -> Listing {
+        Listing {
+            objects: objects.len() as u64,
+            newest: objects.iter().map(|o| o.modified).max(),
+            layout: Layout::read(objects),
+        }
     }
 }
 
@@ -228,12 +244,7 @@ async fn list_local(dir: &std::path::Path) -> Result<Listing, ListError> {
                 message: format!("{} is not a directory", dir.display()),
             })
         }
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(Listing {
-                objects: 0,
-                newest: None,
-            })
-        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Listing::of(&[])),
         Err(err) => {
             return Err(ListError {
                 kind: ErrorKind::Other,
@@ -249,17 +260,23 @@ async fn newest_of(
     store: &dyn ObjectStore,
     prefix: Option<&object_store::path::Path>,
 ) -> Result<Listing, ListError> {
-    let mut objects = store.list(prefix);
-    let mut listing = Listing {
-        objects: 0,
-        newest: None,
-    };
-    while let Some(meta) = objects.try_next().await.map_err(|e| ListError::of(&e))? {
-        let modified = SystemTime::from(meta.last_modified);
-        listing.objects += 1;
-        listing.newest = listing.newest.max(Some(modified));
+    let mut listed = store.list(prefix);
+    let mut objects = Vec::new();
+    while let Some(meta) = listed.try_next().await.map_err(|e| ListError::of(&e))? {
+        // Names below the replica's path, as litestream lays them out there.
+        let path = meta.location.as_ref();
+        let path = match prefix {
+            Some(prefix) => path
+                .strip_prefix(prefix.as_ref())
+                .map_or(path, |rest| rest.trim_start_matches('/')),
+            None => path,
+        };
+        objects.push(Object {
+            path: path.to_string(),
+            modified: SystemTime::from(meta.last_modified),
+        });
     }
-    Ok(listing)
+    Ok(Listing::of(&objects))
 }
 
 /// S3 connection settings from the file; credentials come only from the environment (see [`crate::litestream::destination`]).

@@ -11,3 +11,4 @@ pub mod metrics_page;
 pub mod notify;
 pub mod status;
 pub mod status_cli;
+pub mod drill_cli;

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::cleanup::reservations::Reservation;
-use crate::cleanup::status::Status;
+use crate::cleanup::status::{DrillOutcome, DrillStatus, Status};
+use crate::litestream::drill::Proof;
+use crate::litestream::layout::Layout;
 use crate::cleanup::subscribers::SubscriberView;
 use crate::cleanup::{Backup, Decision};
 use crate::ops::metrics::UpstreamHealth;
@@ -39,6 +41,7 @@ pub struct Report {
     pub backup_regressed: Option<Regressed>,
     /// What the backup destination holds behind the claims; `null` while `backup.verify` is off.
     pub destination: Option<DestinationEntry>,
+    pub drills: Option<DrillsEntry>,
     /// Open snapshot reservations, oldest first.
     pub reservations: Vec<ReservationEntry>,
     /// Relayed subscribers the cleanup policy tracks: connected ones, and departed ones within the reconnect grace
@@ -80,6 +83,53 @@ pub struct DestinationEntry {
     pub stale: bool,
     /// Why the latest listing failed, while listings fail.
     pub error: Option<String>,
+    /// What the names say of a restore: `restorable`, `empty`, `no_snapshot`, `index_gap`, `unreadable_name` or
+    /// `ltx` (litestream 0.5: refused).
+    pub layout: Option<String>,
+    /// The newest generation, and the chain a restore of it applies (while `restorable`).
+    pub generation: Option<String>,
+    pub snapshot_index: Option<u64>,
+    pub last_wal_index: Option<u64>,
+    /// The newest object a restore reaches: claims up to this time are covered.
+    pub restore_reaches_at: Option<String>,
+    /// Why the newest generation does not restore, while it does not.
+    pub problem: Option<String>,
+}
+
+/// Restore drills (`backup.drill_interval`, `litestream-sidecar drill`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DrillsEntry {
+    /// Seconds between scheduled drills; `null`: on demand only.
+    pub interval_seconds: Option<f64>,
+    /// `cleanup.requires = "restore"`: proven watermarks drive cleanup and statuses.
+    pub drive_cleanup: bool,
+    pub running_since: Option<String>,
+    pub next_at: Option<String>,
+    pub runs: u64,
+    pub failures: u64,
+    /// The latest drill.
+    pub last: Option<DrillEntry>,
+    /// The latest drill that proved the backup (the same as `last` when that one did).
+    pub last_proof: Option<DrillEntry>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DrillEntry {
+    pub ok: bool,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub age_seconds: Option<f64>,
+    /// The restored replica's `stateVersion`: the watermark a restore is proven to reach.
+    pub proven_watermark: Option<String>,
+    pub replica_version: Option<String>,
+    pub restore_seconds: Option<f64>,
+    pub check_seconds: Option<f64>,
+    pub bytes: Option<u64>,
+    /// Why it failed, and the failure's kind (the metric label).
+    pub error: Option<String>,
+    pub error_kind: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -336,6 +386,7 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
         backups,
         backups_tracked: status.backups_tracked,
         destination: destination_entry(&status.backup, wall_now),
+        drills: Some(drills_entry(&status.drills, wall_now)),
         backup_regressed: status
             .backup_regressed
             .as_ref()
@@ -366,12 +417,11 @@ fn backup_entry(
 ) -> BackupEntry {
     let verified = destination
         .verifying
-        .then_some(destination.listing)
+        .then_some(destination.listing.as_ref())
         .flatten()
         .map(|listing| {
             crate::cleanup::DestinationCheck::Listed {
-                newest: listing.newest,
-                slack: destination.slack,
+                reaches: listing.chain_newest(),
             }
             .covers(backup.backed_up_at)
         });
@@ -388,14 +438,67 @@ fn destination_entry(
     destination: &crate::cleanup::status::BackupStatus,
     wall_now: SystemTime,
 ) -> Option<DestinationEntry> {
-    let newest = destination.listing.and_then(|l| l.newest);
+    let listing = destination.listing.as_ref();
+    let newest = listing.and_then(|l| l.newest);
+    let chain = listing.and_then(|l| l.layout.chain());
+    let generation = listing.and_then(|l| match &l.layout {
+        Layout::Restorable(chain) => Some(chain.generation.clone()),
+        Layout::Broken { generation, .. } => Some(generation.clone()),
+        Layout::Empty | Layout::Ltx => None,
+    });
     destination.verifying.then(|| DestinationEntry {
-        objects: destination.listing.map(|l| l.objects),
+        objects: listing.map(|l| l.objects),
         newest_object_at: newest.map(rfc3339),
         newest_object_age_seconds: newest.map(|t| age(t, wall_now)),
         stale: destination.stale.is_some(),
         error: destination.failing.as_ref().map(ToString::to_string),
+        layout: listing.map(|l| l.layout.kind().to_string()),
+        generation,
+        snapshot_index: chain.map(|c| c.snapshot_index),
+        last_wal_index: chain.map(|c| c.last_index),
+        restore_reaches_at: chain.map(|c| rfc3339(c.newest)),
+        problem: listing.and_then(|l| crate::cleanup::status::layout_problem(&l.layout)),
     })
+}
+
+fn drills_entry(drills: &DrillStatus, wall_now: SystemTime) -> DrillsEntry {
+    let proved = |proof: &Proof| DrillEntry {
+        ok: true,
+        started_at: Some(rfc3339(proof.started)),
+        finished_at: Some(rfc3339(proof.finished)),
+        age_seconds: Some(age(proof.finished, wall_now)),
+        proven_watermark: Some(proof.watermark.clone()),
+        replica_version: Some(proof.replica_version.clone()),
+        restore_seconds: Some(seconds(proof.restore_took)),
+        check_seconds: Some(seconds(proof.check_took)),
+        bytes: Some(proof.bytes),
+        ..DrillEntry::default()
+    };
+    DrillsEntry {
+        interval_seconds: drills.interval.map(seconds),
+        drive_cleanup: drills.drives_cleanup,
+        running_since: drills.running_since.map(rfc3339),
+        next_at: drills.next_at.map(rfc3339),
+        runs: drills.runs,
+        failures: drills.failures.values().sum(),
+        last: drills.last.as_ref().map(|last| match last {
+            DrillOutcome::Proved(proof) => proved(proof),
+            DrillOutcome::Failed {
+                failure,
+                started,
+                finished,
+            } => DrillEntry {
+                ok: false,
+                started_at: Some(rfc3339(*started)),
+                finished_at: Some(rfc3339(*finished)),
+                age_seconds: Some(age(*finished, wall_now)),
+                error: Some(failure.to_string()),
+                error_kind: Some(failure.kind().to_string()),
+                ..DrillEntry::default()
+            },
+        }),
+        last_proof: drills.last_proof.as_ref().map(proved),
+    }
 }
 
 fn cleanup(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Cleanup {

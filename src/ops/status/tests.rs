@@ -200,11 +200,20 @@ fn claims_say_whether_the_destination_holds_them() {
     let mut inputs = inputs(now, wall_now);
     inputs.status.backup = crate::cleanup::status::BackupStatus {
         verifying: true,
-        slack: secs(60),
-        // Written 5 minutes ago: covers the claim of 11m 40s ago, not the one of 1m 30s ago.
+        // The chain's newest object was written 5 minutes ago: it covers the claim of 11m 40s ago, not the one of
+        // 1m 30s ago.
         listing: Some(crate::litestream::destination::Listing {
             objects: 3,
             newest: Some(wall_now - secs(300)),
+            layout: crate::litestream::layout::Layout::Restorable(
+                crate::litestream::layout::Chain {
+                    generation: "6876d0f712825346".into(),
+                    snapshot_index: 0,
+                    last_index: 1,
+                    newest: wall_now - secs(300),
+                    objects: 3,
+                },
+            ),
         }),
         stale: Some((Some(wall_now - secs(300)), wall_now - secs(90))),
         ..Default::default()
@@ -215,11 +224,15 @@ fn claims_say_whether_the_destination_holds_them() {
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["destination"]["objects"], 3);
     assert_eq!(json["destination"]["stale"], true);
+    assert_eq!(json["destination"]["layout"], "restorable");
+    assert_eq!(json["destination"]["last_wal_index"], 1);
     let text = render(&report);
     for needle in [
         "0f         2025-06-15T15:05:10Z  1m 30s   NO              current",
         "0c         2025-06-15T14:55:00Z  11m 40s  yes",
         "destination: 3 objects, newest object 2025-06-15T15:01:40Z (5m ago); STALE",
+        "layout: generation 6876d0f712825346, snapshot 00000000, WAL to index 00000001, a restore reaches \
+         2025-06-15T15:01:40Z",
     ] {
         assert!(text.contains(needle), "no {needle:?} in\n{text}");
     }

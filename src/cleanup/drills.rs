@@ -1,0 +1,155 @@
+//! When the daemon's restore drills run ([`crate::litestream::drill`] runs one): every `backup.drill_interval` once
+//! the destination lists something restorable, and sooner again after a failure. Each outcome goes into the status,
+//! which `/status`, the metrics and, under `cleanup.requires = "restore"`, the cleanup loop read. On demand,
+//! `litestream-sidecar drill` runs one in its own process.
+
+use std::time::{Duration, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::cleanup::status::{DrillOutcome, StatusHandle};
+use crate::litestream::drill::Drill;
+
+/// The first retry after a failed drill; each further one waits twice as long, up to the interval.
+const FIRST_RETRY: Duration = Duration::from_secs(60);
+/// How often the task looks whether the destination has become restorable before its first drill.
+const WAIT_FOR_BACKUP: Duration = Duration::from_secs(5);
+
+pub struct Drills {
+    drill: Drill,
+    interval: Option<Duration>,
+    status: StatusHandle,
+}
+
+impl Drills {
+    pub fn new(
+        drill: Drill,
+        interval: Option<Duration>,
+        drives_cleanup: bool,
+        status: StatusHandle,
+    ) -> Self {
+        status.update(|s| {
+            s.drills.interval = interval;
+            s.drills.drives_cleanup = drives_cleanup;
+        });
+        Self {
+            drill,
+            interval,
+            status,
+        }
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) {
+        let swept = self.drill.sweep();
+        if swept > 0 {
+            warn!(
+                swept,
+                dir = %self.drill.dir.display(),
+                "removed what earlier drills cut short left behind"
+            );
+        }
+        let mut due: Option<tokio::time::Instant> = None;
+        let mut retry = FIRST_RETRY;
+        loop {
+            let status = self.status.clone();
+            let interval = self.interval;
+            let wait = async move {
+                match (interval, due) {
+                    (None, _) => std::future::pending().await,
+                    (Some(_), Some(due)) => tokio::time::sleep_until(due).await,
+                    (Some(_), None) => loop {
+                        if restorable(&status) {
+                            break;
+                        }
+                        tokio::time::sleep(WAIT_FOR_BACKUP).await;
+                    },
+                }
+            };
+            // Shutdown stops a drill in progress too: litestream is killed and the scratch directory removed.
+            let outcome = tokio::select! {
+                () = shutdown.cancelled() => return,
+                outcome = async {
+                    wait.await;
+                    self.run_one().await
+                } => outcome,
+            };
+            if let Some(interval) = self.interval {
+                let after = match &outcome {
+                    DrillOutcome::Proved(_) => {
+                        retry = FIRST_RETRY;
+                        interval
+                    }
+                    DrillOutcome::Failed { .. } => {
+                        let after = retry.min(interval);
+                        retry = retry.saturating_mul(2);
+                        after
+                    }
+                };
+                due = Some(tokio::time::Instant::now() + after);
+                self.status
+                    .update(|s| s.drills.next_at = Some(SystemTime::now() + after));
+            }
+        }
+    }
+
+    async fn run_one(&self) -> DrillOutcome {
+        let started = SystemTime::now();
+        let (db_bytes, replica_version) = self
+            .status
+            .read(|s| (s.db_bytes, s.replica_version.clone()));
+        self.status.update(|s| s.drills.running_since = Some(started));
+        info!(dir = %self.drill.dir.display(), "restore drill started");
+        let outcome = match self.drill.run(db_bytes, replica_version.as_deref()).await {
+            Ok(proof) => {
+                info!(
+                    proven_watermark = %proof.watermark,
+                    replica_version = %proof.replica_version,
+                    restore_seconds = proof.restore_took.as_secs_f64(),
+                    check_seconds = proof.check_took.as_secs_f64(),
+                    bytes = proof.bytes,
+                    "restore drill proved the backup"
+                );
+                DrillOutcome::Proved(proof)
+            }
+            Err(failure) => {
+                error!(
+                    error = %failure,
+                    kind = failure.kind(),
+                    backup_at_fault = failure.is_backup(),
+                    "restore drill failed"
+                );
+                DrillOutcome::Failed {
+                    failure,
+                    started,
+                    finished: SystemTime::now(),
+                }
+            }
+        };
+        self.status.update(|s| {
+            let drills = &mut s.drills;
+            drills.running_since = None;
+            drills.runs += 1;
+            match &outcome {
+                DrillOutcome::Proved(proof) => drills.last_proof = Some(proof.clone()),
+                DrillOutcome::Failed { failure, .. } => {
+                    *drills.failures.entry(failure.kind()).or_default() += 1;
+                }
+            }
+            drills.last = Some(outcome.clone());
+        });
+        outcome
+    }
+}
+
+/// With `backup.verify` on, scheduled drills wait until the destination's names show something restorable: before
+/// that a drill could only fail.
+fn restorable(status: &StatusHandle) -> bool {
+    status.read(|s| {
+        !s.backup.verifying
+            || s.backup
+                .listing
+                .as_ref()
+                .is_some_and(|listing| listing.is_restorable())
+    })
+}

@@ -1,0 +1,448 @@
+//! Restore drills: the only proof that a backup restores is restoring it (docs/operations.md, "Backups you can
+//! restore"). A drill runs `litestream restore` of the newest backup with the litestream executable the host runs,
+//! into a scratch directory, at the lowest CPU and I/O priority, within a time limit and the disk's free space; then
+//! opens the result with SQLite, runs `PRAGMA quick_check` (or `integrity_check`) and reads the replica's own
+//! position (`"_zero.replicationState".stateVersion`) and version (`"_zero.replicationConfig".replicaVersion`).
+//! The scratch directory is removed whatever happens, and leftovers of a drill cut short (a crash, `kill -9`) are
+//! removed before the next one starts.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+use crate::litestream::destination::S3Settings;
+
+/// How thoroughly the restored database is checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckLevel {
+    /// `PRAGMA quick_check`: every page and record readable, without the index cross-checks.
+    #[default]
+    Quick,
+    /// `PRAGMA integrity_check`: also every index against its table; much slower on a large database.
+    Full,
+}
+
+/// What a drill needs to run.
+#[derive(Debug, Clone)]
+pub struct Drill {
+    /// The litestream executable (`backup.litestream`).
+    pub litestream: PathBuf,
+    /// `litestream.backup_url`, restored from exactly as view-syncers restore it.
+    pub backup_url: String,
+    pub s3: S3Settings,
+    /// `backup.drill_dir`: each drill gets a fresh directory below it.
+    pub dir: PathBuf,
+    pub timeout: Duration,
+    /// Free space the drill leaves on the scratch filesystem: it does not start, or is stopped, below it.
+    pub reserve: u64,
+    pub check: CheckLevel,
+    /// Variables added to litestream's environment (tests give the destination's `AWS_*` this way).
+    pub env: Vec<(String, String)>,
+}
+
+/// A drill that restored and checked the backup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proof {
+    /// `stateVersion` of the restored replica: the watermark the backup is proven to reach.
+    pub watermark: String,
+    pub replica_version: String,
+    pub started: SystemTime,
+    pub finished: SystemTime,
+    pub restore_took: Duration,
+    pub check_took: Duration,
+    /// The restored database's size.
+    pub bytes: u64,
+}
+
+/// Why a drill proved nothing. [`Failure::is_backup`] tells a backup that does not restore from a drill that could
+/// not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    #[error("litestream restore exited with {status}: {stderr}")]
+    Restore { status: String, stderr: String },
+    #[error("the restore produced no database (litestream found no backup to restore): {stderr}")]
+    Nothing { stderr: String },
+    #[error("the restored database fails {check}: {detail}")]
+    Check { check: &'static str, detail: String },
+    #[error("the restored database is not a Zero replica: {0}")]
+    NotAReplica(String),
+    #[error(
+        "the restored replica is of version {restored}, the change DB's is {current}: the backup is of \
+         another replica (a resync it has not caught up with?)"
+    )]
+    OtherReplica { restored: String, current: String },
+    #[error("no complete restore within {0:?} (backup.drill_timeout)")]
+    Timeout(Duration),
+    #[error(
+        "not enough disk in {dir}: {free} bytes free, the drill needs {need} (the database's size plus \
+         backup.drill_reserve)"
+    )]
+    Disk { dir: String, free: u64, need: u64 },
+    #[error("cannot run the drill: {0}")]
+    Setup(String),
+}
+
+impl Failure {
+    /// The backup itself failed the drill, as a view-syncer's restore would: cleanup and statuses hold for it.
+    /// A drill that could not run (disk, time, setup) says nothing about the backup.
+    pub fn is_backup(&self) -> bool {
+        matches!(
+            self,
+            Failure::Restore { .. }
+                | Failure::Nothing { .. }
+                | Failure::Check { .. }
+                | Failure::NotAReplica(_)
+                | Failure::OtherReplica { .. }
+        )
+    }
+
+    /// The metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Failure::Restore { .. } => "restore",
+            Failure::Nothing { .. } => "nothing",
+            Failure::Check { .. } => "check",
+            Failure::NotAReplica(_) => "not_a_replica",
+            Failure::OtherReplica { .. } => "other_replica",
+            Failure::Timeout(_) => "timeout",
+            Failure::Disk { .. } => "disk",
+            Failure::Setup(_) => "setup",
+        }
+    }
+
+    pub const KINDS: [&'static str; 8] = [
+        "restore",
+        "nothing",
+        "check",
+        "not_a_replica",
+        "other_replica",
+        "timeout",
+        "disk",
+        "setup",
+    ];
+}
+
+/// The scratch directories' name prefix: anything below `drill_dir` with it is a drill's and may be removed.
+const SCRATCH_PREFIX: &str = "drill-";
+/// How often free space is looked at while a restore runs.
+const DISK_POLL: Duration = Duration::from_millis(250);
+/// The end of litestream's error output kept for the report.
+const STDERR_KEPT: usize = 2048;
+
+impl Drill {
+    /// Restores the newest backup and checks it. `expected_bytes`: the database's size where known (litestream's
+    /// `litestream_db_size`), to refuse a drill the disk cannot hold before it starts. `replica_version`: the change
+    /// DB's, which the restored replica must carry.
+    pub async fn run(
+        &self,
+        expected_bytes: Option<u64>,
+        replica_version: Option<&str>,
+    ) -> Result<Proof, Failure> {
+        let started = SystemTime::now();
+        let scratch = Scratch::create(&self.dir)?;
+        let need = expected_bytes.unwrap_or(0).saturating_add(self.reserve);
+        let free = free_bytes(&self.dir)?;
+        if free < need {
+            return Err(Failure::Disk {
+                dir: self.dir.display().to_string(),
+                free,
+                need,
+            });
+        }
+        let restore_started = Instant::now();
+        let output = scratch.path.join("replica.db");
+        self.restore(&scratch.path, &output).await?;
+        let restore_took = restore_started.elapsed();
+        let check_started = Instant::now();
+        let level = self.check;
+        let checked = {
+            let output = output.clone();
+            tokio::task::spawn_blocking(move || check(&output, level))
+                .await
+                .map_err(|e| Failure::Setup(format!("the check did not finish: {e}")))??
+        };
+        let check_took = check_started.elapsed();
+        if let Some(current) = replica_version {
+            if checked.replica_version != current {
+                return Err(Failure::OtherReplica {
+                    restored: checked.replica_version,
+                    current: current.to_string(),
+                });
+            }
+        }
+        drop(scratch);
+        Ok(Proof {
+            watermark: checked.watermark,
+            replica_version: checked.replica_version,
+            started,
+            finished: SystemTime::now(),
+            restore_took,
+            check_took,
+            bytes: checked.bytes,
+        })
+    }
+
+    /// `litestream restore -config <scratch>/litestream.yml -o <output> <scratch>/source.db`, under `nice` and
+    /// `ionice` where the host has them.
+    async fn restore(&self, scratch: &Path, output: &Path) -> Result<(), Failure> {
+        let config = scratch.join("litestream.yml");
+        let source = scratch.join("source.db");
+        std::fs::write(&config, restore_config(&source, &self.backup_url, &self.s3))
+            .map_err(|e| Failure::Setup(format!("{}: {e}", config.display())))?;
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        for (tool, args) in [("nice", &["-n", "19"][..]), ("ionice", &["-c", "3"][..])] {
+            if let Some(path) = on_path(tool) {
+                argv.push(path.into());
+                argv.extend(args.iter().map(Into::into));
+            }
+        }
+        argv.push(self.litestream.clone().into());
+        for arg in [
+            "restore".as_ref(),
+            "-config".as_ref(),
+            config.as_os_str(),
+            "-o".as_ref(),
+            output.as_os_str(),
+            source.as_os_str(),
+        ] {
+            argv.push(arg.to_owned());
+        }
+        let mut child = tokio::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(scratch)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Failure::Setup(format!("{}: {e}", self.litestream.display())))?;
+        let mut stderr = child.stderr.take().expect("piped");
+        let collect = async move {
+            let mut text = Vec::new();
+            let _ = stderr.read_to_end(&mut text).await;
+            text
+        };
+        let dir = self.dir.clone();
+        let reserve = self.reserve;
+        let watch_disk = async move {
+            loop {
+                tokio::time::sleep(DISK_POLL).await;
+                if let Ok(free) = free_bytes(&dir) {
+                    if free < reserve {
+                        return Failure::Disk {
+                            dir: dir.display().to_string(),
+                            free,
+                            need: reserve,
+                        };
+                    }
+                }
+            }
+        };
+        let finished = async {
+            let (status, text) = tokio::join!(child.wait(), collect);
+            (status, text)
+        };
+        let (status, text) = tokio::select! {
+            done = tokio::time::timeout(self.timeout, finished) => match done {
+                Ok(done) => done,
+                Err(_) => return Err(Failure::Timeout(self.timeout)),
+            },
+            failure = watch_disk => return Err(failure),
+        };
+        let stderr = tail(&text);
+        let status = status.map_err(|e| Failure::Setup(format!("waiting for litestream: {e}")))?;
+        if !status.success() {
+            return Err(Failure::Restore {
+                status: status.to_string(),
+                stderr,
+            });
+        }
+        if !output.exists() {
+            return Err(Failure::Nothing { stderr });
+        }
+        Ok(())
+    }
+
+    /// Removes what drills cut short left below `drill_dir`; returns how many.
+    pub fn sweep(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with(SCRATCH_PREFIX))
+            .filter(|e| std::fs::remove_dir_all(e.path()).is_ok())
+            .count()
+    }
+}
+
+/// The config a restore reads: the backup URL as view-syncers get it, and the S3 settings the sidecar lists with.
+/// Values are JSON strings, which YAML reads as they are.
+pub fn restore_config(source: &Path, backup_url: &str, s3: &S3Settings) -> String {
+    let quote = |text: &str| serde_json::to_string(text).expect("a string serialises");
+    let mut replica = format!("      - url: {}\n", quote(backup_url));
+    if let Some(endpoint) = &s3.endpoint {
+        replica += &format!("        endpoint: {}\n", quote(endpoint));
+    }
+    if let Some(region) = &s3.region {
+        replica += &format!("        region: {}\n", quote(region));
+    }
+    if s3.force_path_style {
+        replica += "        force-path-style: true\n";
+    }
+    format!(
+        "dbs:\n  - path: {}\n    replicas:\n{replica}",
+        quote(&source.to_string_lossy())
+    )
+}
+
+/// What the check read of the restored database.
+#[derive(Debug)]
+struct Checked {
+    watermark: String,
+    replica_version: String,
+    bytes: u64,
+}
+
+fn check(path: &Path, level: CheckLevel) -> Result<Checked, Failure> {
+    use rusqlite::{Connection, OpenFlags};
+    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let db = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| Failure::Check {
+        check: "open",
+        detail: e.to_string(),
+    })?;
+    let pragma = match level {
+        CheckLevel::Quick => "quick_check",
+        CheckLevel::Full => "integrity_check",
+    };
+    let problems = (|| -> rusqlite::Result<Vec<String>> {
+        let mut statement = db.prepare(&format!("PRAGMA {pragma}"))?;
+        let rows = statement.query_map([], |row| row.get::<_, String>(0))?;
+        rows.collect()
+    })()
+    .map_err(|e| Failure::Check {
+        check: pragma,
+        detail: e.to_string(),
+    })?;
+    if problems != ["ok"] {
+        return Err(Failure::Check {
+            check: pragma,
+            detail: problems.into_iter().take(5).collect::<Vec<_>>().join("; "),
+        });
+    }
+    let one = |sql: &str| {
+        db.query_row(sql, [], |row| row.get::<_, String>(0))
+            .map_err(|e| Failure::NotAReplica(format!("{sql}: {e}")))
+    };
+    Ok(Checked {
+        watermark: one(r#"SELECT "stateVersion" FROM "_zero.replicationState""#)?,
+        replica_version: one(r#"SELECT "replicaVersion" FROM "_zero.replicationConfig""#)?,
+        bytes,
+    })
+}
+
+/// A drill's directory, removed when dropped: on success, on failure and when the drill's future is dropped.
+struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    fn create(parent: &Path) -> Result<Scratch, Failure> {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Failure::Setup(format!("{}: {e}", parent.display())))?;
+        let stamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        let path = parent.join(format!(
+            "{SCRATCH_PREFIX}{stamp}-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir(&path)
+            .map_err(|e| Failure::Setup(format!("{}: {e}", path.display())))?;
+        Ok(Scratch { path })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn free_bytes(dir: &Path) -> Result<u64, Failure> {
+    let stat = rustix::fs::statvfs(dir)
+        .map_err(|e| Failure::Setup(format!("free space of {}: {e}", dir.display())))?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+fn on_path(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(tool))
+            .find(|path| path.is_file())
+    })
+}
+
+fn tail(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes).trim().replace('\n', " | ");
+    let start = text.len().saturating_sub(STDERR_KEPT);
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    text[start..].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_restore_config_quotes_what_it_is_given() {
+        let s3 = S3Settings {
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            region: Some("us-east-1".into()),
+            force_path_style: true,
+            allow_http: true,
+        };
+        assert_eq!(
+            restore_config(Path::new("/scratch/source.db"), "s3://zb/replica \"x\"", &s3),
+            "dbs:\n  - path: \"/scratch/source.db\"\n    replicas:\n      - url: \"s3://zb/replica \\\"x\\\"\"\n        \
+             endpoint: \"http://127.0.0.1:9000\"\n        region: \"us-east-1\"\n        force-path-style: true\n"
+        );
+    }
+
+    #[test]
+    fn backup_failures_are_told_from_drills_that_could_not_run() {
+        assert!(Failure::Check {
+            check: "quick_check",
+            detail: "x".into()
+        }
+        .is_backup());
+        assert!(!Failure::Timeout(Duration::from_secs(1)).is_backup());
+        assert!(!Failure::Disk {
+            dir: "/d".into(),
+            free: 1,
+            need: 2
+        }
+        .is_backup());
+        assert_eq!(Failure::KINDS.len(), 8);
+    }
+
+    #[test]
+    fn the_kept_error_output_is_the_end_on_one_line() {
+        let long = format!("{}\nlast line", "x".repeat(3000));
+        let kept = tail(long.as_bytes());
+        assert!(kept.ends_with(" | last line"));
+        assert!(kept.len() <= STDERR_KEPT);
+    }
+}

@@ -1,0 +1,378 @@
+//! What a listing of the backup destination says about whether it restores, read from litestream's object names
+//! (docs/protocol.md, "The backup layout"). A destination that lists fine can still fail to restore: a generation
+//! whose snapshot is gone makes `litestream restore` fail outright, and a WAL index missing from the chain (or a
+//! name the reader skips) makes it stop early or restore an older database without a word. Only what the names
+//! prove counts here; what only a restore proves (offsets without a gap inside an index, objects that decompress)
+//! is the drills' job.
+//!
+//! Layouts:
+//! - litestream 0.3 (the base of Zero's fork): `generations/<id>/snapshots/<index>.snapshot.lz4` and
+//!   `generations/<id>/wal/<index>_<offset>.wal.lz4` (before 0.3.10, `wal/<index>/<offset>.wal.lz4`). Indexes and
+//!   offsets are lower-case hex of any width: 8 digits is only the usual width, and an offset past 4 GiB has more.
+//! - litestream 0.5: `ltx/<level>/<min txid>-<max txid>.ltx`. Recognised so that it can be refused: Zero reads such
+//!   backups itself, so no proxy can keep it from purging.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
+
+/// One object of a listing: its path below the replica's URL, and when it was last written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Object {
+    pub path: String,
+    pub modified: SystemTime,
+}
+
+/// What the destination's newest generation (or its absence) means for a restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// Nothing of litestream's yet: no generation and no LTX file.
+    Empty,
+    /// The newest generation has a snapshot and every WAL index from it to its last one.
+    Restorable(Chain),
+    /// The newest generation would not restore, or not all of it.
+    Broken {
+        generation: String,
+        problem: Problem,
+    },
+    /// litestream 0.5's LTX files: Zero reads these backups itself.
+    Ltx,
+}
+
+/// The newest generation's restorable chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub generation: String,
+    /// The snapshot a restore starts from: the generation's highest-indexed one.
+    pub snapshot_index: u64,
+    /// The last WAL index a restore applies (the snapshot's own index when no WAL follows it).
+    pub last_index: u64,
+    /// The newest last-modified time among the chain's objects: a claim stamped at or before it was uploaded
+    /// before litestream wrote this object, which a restore reaches.
+    pub newest: SystemTime,
+    /// Snapshot plus WAL segments in the chain.
+    pub objects: u64,
+}
+
+/// Why the newest generation does not restore in full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// No snapshot: `litestream restore` fails ("no snapshots available").
+    NoSnapshot,
+    /// A WAL index between the snapshot and the last index has no segment, or its segments do not start at offset
+    /// 0: a restore stops there or fails.
+    IndexGap { missing: u64 },
+    /// An object of the generation whose name is not litestream's: a reader that skips it may restore less than
+    /// was uploaded.
+    UnreadableName { path: String },
+}
+
+impl Problem {
+    /// The metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Problem::NoSnapshot => "no_snapshot",
+            Problem::IndexGap { .. } => "index_gap",
+            Problem::UnreadableName { .. } => "unreadable_name",
+        }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Problem::NoSnapshot => f.write_str("the generation has no snapshot: a restore fails"),
+            Problem::IndexGap { missing } => write!(
+                f,
+                "WAL index {missing:08x} is missing from the chain after the snapshot: a restore ends before it"
+            ),
+            Problem::UnreadableName { path } => {
+                write!(f, "{path:?} is not a name litestream writes")
+            }
+        }
+    }
+}
+
+impl Layout {
+    /// One word for the metric and the report.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Layout::Empty => "empty",
+            Layout::Restorable(_) => "restorable",
+            Layout::Broken { problem, .. } => problem.kind(),
+            Layout::Ltx => "ltx",
+        }
+    }
+
+    pub fn chain(&self) -> Option<&Chain> {
+        match self {
+            Layout::Restorable(chain) => Some(chain),
+            _ => None,
+        }
+    }
+
+    /// Reads a listing's names. Objects outside `generations/` and `ltx/` are not litestream's and are ignored;
+    /// inside a generation every name must be one litestream writes.
+    pub fn read<'a>(objects: impl IntoIterator<Item = &'a Object>) -> Layout {
+        let mut generations: BTreeMap<&str, Generation> = BTreeMap::new();
+        let mut ltx = false;
+        for object in objects {
+            let path = object.path.trim_start_matches('/');
+            if path.starts_with("ltx/") {
+                ltx = true;
+                continue;
+            }
+            let Some(rest) = path.strip_prefix("generations/") else {
+                continue;
+            };
+            let (id, inner) = rest.split_once('/').unwrap_or((rest, ""));
+            let generation = generations.entry(id).or_default();
+            generation.newest = generation.newest.max(Some(object.modified));
+            match parse_entry(inner) {
+                Some(Entry::Snapshot(index)) => {
+                    generation.snapshots.insert(index, object.modified);
+                }
+                Some(Entry::Wal { index, offset }) => {
+                    generation
+                        .wal
+                        .entry(index)
+                        .or_default()
+                        .push((offset, object.modified));
+                }
+                None => {
+                    generation
+                        .unreadable
+                        .get_or_insert_with(|| object.path.clone());
+                }
+            }
+        }
+        // As `litestream restore` picks: the generation written last; on a tie, the higher id.
+        let newest = generations
+            .iter()
+            .max_by(|(a_id, a), (b_id, b)| a.newest.cmp(&b.newest).then(a_id.cmp(b_id)));
+        // litestream 0.5 keeps 0.3's generations when it takes over a destination; its LTX files are what a
+        // restore reads from then on.
+        match newest {
+            _ if ltx => Layout::Ltx,
+            Some((id, generation)) => generation.verdict(id),
+            None => Layout::Empty,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Generation {
+    snapshots: BTreeMap<u64, SystemTime>,
+    wal: BTreeMap<u64, Vec<(u64, SystemTime)>>,
+    unreadable: Option<String>,
+    newest: Option<SystemTime>,
+}
+
+impl Generation {
+    fn verdict(&self, id: &str) -> Layout {
+        let broken = |problem| Layout::Broken {
+            generation: id.to_string(),
+            problem,
+        };
+        if let Some(path) = &self.unreadable {
+            return broken(Problem::UnreadableName { path: path.clone() });
+        }
+        let Some((&snapshot_index, &snapshot_time)) = self.snapshots.last_key_value() else {
+            return broken(Problem::NoSnapshot);
+        };
+        let mut newest = snapshot_time;
+        let mut objects = 1;
+        let mut last_index = snapshot_index;
+        let indexes: BTreeSet<u64> = self.wal.range(snapshot_index..).map(|(&i, _)| i).collect();
+        if let Some(&last) = indexes.last() {
+            for index in snapshot_index..=last {
+                let Some(segments) = self.wal.get(&index) else {
+                    return broken(Problem::IndexGap { missing: index });
+                };
+                // Every index's WAL starts with its header at offset 0; without it the index cannot be applied.
+                if !segments.iter().any(|&(offset, _)| offset == 0) {
+                    return broken(Problem::IndexGap { missing: index });
+                }
+                objects += segments.len() as u64;
+                newest = segments.iter().map(|&(_, t)| t).fold(newest, SystemTime::max);
+            }
+            last_index = last;
+        }
+        Layout::Restorable(Chain {
+            generation: id.to_string(),
+            snapshot_index,
+            last_index,
+            newest,
+            objects,
+        })
+    }
+}
+
+enum Entry {
+    Snapshot(u64),
+    Wal { index: u64, offset: u64 },
+}
+
+/// A name inside a generation: `snapshots/<index>.snapshot.lz4`, `wal/<index>_<offset>.wal.lz4` or
+/// `wal/<index>/<offset>.wal.lz4`.
+fn parse_entry(inner: &str) -> Option<Entry> {
+    if let Some(name) = inner.strip_prefix("snapshots/") {
+        return hex(name.strip_suffix(".snapshot.lz4")?).map(Entry::Snapshot);
+    }
+    let name = inner.strip_prefix("wal/")?.strip_suffix(".wal.lz4")?;
+    let (index, offset) = name.split_once('_').or_else(|| name.split_once('/'))?;
+    Some(Entry::Wal {
+        index: hex(index)?,
+        offset: hex(offset)?,
+    })
+}
+
+/// Lower-case hex of any width that fits 64 bits, as litestream formats indexes and offsets.
+fn hex(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    u64::from_str_radix(text, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_764_900_000 + secs)
+    }
+
+    fn objects(list: &[(&str, u64)]) -> Vec<Object> {
+        list.iter()
+            .map(|&(path, secs)| Object {
+                path: path.to_string(),
+                modified: at(secs),
+            })
+            .collect()
+    }
+
+    const G: &str = "generations/6876d0f712825346";
+
+    #[test]
+    fn a_snapshot_and_every_index_after_it_restore() {
+        let listing = objects(&[
+            (&format!("{G}/snapshots/00000000.snapshot.lz4"), 1),
+            (&format!("{G}/wal/00000000_00000000.wal.lz4"), 1),
+            (&format!("{G}/wal/00000000_00004080.wal.lz4"), 3),
+            (&format!("{G}/wal/00000001_00000000.wal.lz4"), 5),
+            (&format!("{G}/wal/00000001_000070c8.wal.lz4"), 7),
+        ]);
+        assert_eq!(
+            Layout::read(&listing),
+            Layout::Restorable(Chain {
+                generation: "6876d0f712825346".into(),
+                snapshot_index: 0,
+                last_index: 1,
+                newest: at(7),
+                objects: 5,
+            })
+        );
+    }
+
+    #[test]
+    fn offsets_and_indexes_wider_than_eight_digits_are_read() {
+        let listing = objects(&[
+            (&format!("{G}/snapshots/00000002.snapshot.lz4"), 1),
+            (&format!("{G}/wal/00000002_00000000.wal.lz4"), 2),
+            (&format!("{G}/wal/00000002_100000000.wal.lz4"), 9),
+            (&format!("{G}/wal/00000003/00000000.wal.lz4"), 10),
+            (&format!("{G}/wal/00000003/1000000a0.wal.lz4"), 11),
+        ]);
+        let chain = Layout::read(&listing).chain().cloned().unwrap();
+        assert_eq!(
+            (chain.last_index, chain.newest, chain.objects),
+            (3, at(11), 5)
+        );
+    }
+
+    #[test]
+    fn restores_start_from_the_last_snapshot_and_ignore_older_wal() {
+        let listing = objects(&[
+            (&format!("{G}/snapshots/00000000.snapshot.lz4"), 1),
+            // Index 1 is gone, but the restore starts from snapshot 2.
+            (&format!("{G}/wal/00000000_00000000.wal.lz4"), 1),
+            (&format!("{G}/snapshots/00000002.snapshot.lz4"), 4),
+            (&format!("{G}/wal/00000002_00000000.wal.lz4"), 5),
+        ]);
+        let chain = Layout::read(&listing).chain().cloned().unwrap();
+        assert_eq!((chain.snapshot_index, chain.last_index), (2, 2));
+    }
+
+    #[test]
+    fn a_missing_snapshot_index_or_first_segment_breaks_the_chain() {
+        let broken = |listing: &[(&str, u64)]| match Layout::read(&objects(listing)) {
+            Layout::Broken { problem, .. } => problem,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            broken(&[(&format!("{G}/wal/00000000_00000000.wal.lz4"), 1)]),
+            Problem::NoSnapshot
+        );
+        assert_eq!(
+            broken(&[
+                (&format!("{G}/snapshots/00000000.snapshot.lz4"), 1),
+                (&format!("{G}/wal/00000000_00000000.wal.lz4"), 1),
+                (&format!("{G}/wal/00000002_00000000.wal.lz4"), 3),
+            ]),
+            Problem::IndexGap { missing: 1 }
+        );
+        assert_eq!(
+            broken(&[
+                (&format!("{G}/snapshots/00000000.snapshot.lz4"), 1),
+                (&format!("{G}/wal/00000000_00004080.wal.lz4"), 3),
+            ]),
+            Problem::IndexGap { missing: 0 }
+        );
+        assert_eq!(
+            broken(&[
+                (&format!("{G}/snapshots/00000000.snapshot.lz4"), 1),
+                (&format!("{G}/wal/0000000G_00000000.wal.lz4"), 3),
+            ]),
+            Problem::UnreadableName {
+                path: format!("{G}/wal/0000000G_00000000.wal.lz4")
+            }
+        );
+    }
+
+    #[test]
+    fn the_newest_generation_decides() {
+        let old = "generations/0000000000000001";
+        let listing = objects(&[
+            (&format!("{old}/snapshots/00000000.snapshot.lz4"), 1),
+            // Written last: a generation litestream started after losing its position, with no snapshot yet.
+            (&format!("{G}/wal/00000000_00000000.wal.lz4"), 9),
+        ]);
+        assert!(matches!(
+            Layout::read(&listing),
+            Layout::Broken { generation, problem: Problem::NoSnapshot } if generation == "6876d0f712825346"
+        ));
+    }
+
+    #[test]
+    fn ltx_files_and_foreign_objects() {
+        assert_eq!(
+            Layout::read(&objects(&[(
+                "ltx/0/0000000000000001-0000000000000001.ltx",
+                1
+            )])),
+            Layout::Ltx
+        );
+        assert_eq!(
+            Layout::read(&objects(&[
+                (&format!("{G}/snapshots/00000000.snapshot.lz4"), 1),
+                ("ltx/9/0000000000000001-0000000000000002.ltx", 2),
+            ])),
+            Layout::Ltx
+        );
+        assert_eq!(
+            Layout::read(&objects(&[("README.txt", 1)])),
+            Layout::Empty
+        );
+    }
+}
