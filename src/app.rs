@@ -433,7 +433,11 @@ impl App {
             config.cleanup.requires == crate::cleanup::config::Requires::Restore,
             self.status.clone(),
         );
-        tracker.spawn(drills.run(shutdown.clone()).instrument(info_span!("drills")));
+        tracker.spawn(
+            drills
+                .run(shutdown.clone())
+                .instrument(info_span!("drills")),
+        );
         // An unusable file is left as it is for the operator: writing over it would erase what it may still say.
         if let (Some(path), false) = (
             config.cleanup.state_file.clone(),

@@ -98,7 +98,8 @@ impl Drills {
         let (db_bytes, replica_version) = self
             .status
             .read(|s| (s.db_bytes, s.replica_version.clone()));
-        self.status.update(|s| s.drills.running_since = Some(started));
+        self.status
+            .update(|s| s.drills.running_since = Some(started));
         info!(dir = %self.drill.dir.display(), "restore drill started");
         let outcome = match self.drill.run(db_bytes, replica_version.as_deref()).await {
             Ok(proof) => {

@@ -318,7 +318,9 @@ impl DestinationCheck {
         match *self {
             DestinationCheck::Unchecked => true,
             DestinationCheck::Unreadable => false,
-            DestinationCheck::Listed { reaches } => reaches.is_some_and(|reaches| reaches >= claimed),
+            DestinationCheck::Listed { reaches } => {
+                reaches.is_some_and(|reaches| reaches >= claimed)
+            }
         }
     }
 }

@@ -812,12 +812,7 @@ impl Monitor {
     /// same backlog, regression watch and reservation floors. A drill that found the backup broken makes the
     /// position unknown (cleanup holds, statuses wait) until a drill proves it again; one that could not run
     /// leaves the last proof standing.
-    fn take_proofs(
-        &self,
-        backlog: &mut Backlog,
-        position: &mut Position,
-        replica: &Replica,
-    ) {
+    fn take_proofs(&self, backlog: &mut Backlog, position: &mut Position, replica: &Replica) {
         let (last, proof) = self
             .status
             .read(|s| (s.drills.last.clone(), s.drills.last_proof.clone()));

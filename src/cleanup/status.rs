@@ -243,9 +243,9 @@ impl Status {
         let problems: Vec<String> = [
             state, below, regressed, unknown, stale, unlisted, layout, drill, failing,
         ]
-            .into_iter()
-            .flatten()
-            .collect();
+        .into_iter()
+        .flatten()
+        .collect();
         (!problems.is_empty()).then(|| problems.join("; "))
     }
 

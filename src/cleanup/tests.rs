@@ -1190,7 +1190,6 @@ struct Model {
     destination: DestinationCheck,
 }
 
-
 impl Model {
     fn new(
         mode: ReservationMode,

@@ -504,8 +504,14 @@ fn backup_verification_is_on_by_default_and_checked_clearly() {
         .validate()
         .unwrap();
     assert!(config.backup.verify);
-    assert_eq!(config.backup.drill_interval, Some(Duration::from_secs(3600)));
-    assert_eq!(config.cleanup.requires, crate::cleanup::config::Requires::Listing);
+    assert_eq!(
+        config.backup.drill_interval,
+        Some(Duration::from_secs(3600))
+    );
+    assert_eq!(
+        config.cleanup.requires,
+        crate::cleanup::config::Requires::Listing
+    );
     assert_eq!(config.backup.stale_after, Duration::from_secs(900));
     assert_eq!(
         config.backup.location,
@@ -515,9 +521,9 @@ fn backup_verification_is_on_by_default_and_checked_clearly() {
         })
     );
     let errors = errors_of(
-            "[litestream]\nbackup_url = \"gcs://b/r\"\n[discovery]\nmode = \"off\"\n\
+        "[litestream]\nbackup_url = \"gcs://b/r\"\n[discovery]\nmode = \"off\"\n\
              [backup]\nendpoint = \"http://127.0.0.1:9000\"\nslack = \"5m\"\n",
-        );
+    );
     assert_eq!(
         keys(&errors),
         ["backup.slack", "litestream.backup_url", "backup.endpoint"]

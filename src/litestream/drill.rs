@@ -363,10 +363,7 @@ impl Scratch {
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
             .as_millis();
-        let path = parent.join(format!(
-            "{SCRATCH_PREFIX}{stamp}-{}",
-            std::process::id()
-        ));
+        let path = parent.join(format!("{SCRATCH_PREFIX}{stamp}-{}", std::process::id()));
         std::fs::create_dir(&path)
             .map_err(|e| Failure::Setup(format!("{}: {e}", path.display())))?;
         Ok(Scratch { path })

@@ -193,7 +193,10 @@ impl Generation {
                     return broken(Problem::IndexGap { missing: index });
                 }
                 objects += segments.len() as u64;
-                newest = segments.iter().map(|&(_, t)| t).fold(newest, SystemTime::max);
+                newest = segments
+                    .iter()
+                    .map(|&(_, t)| t)
+                    .fold(newest, SystemTime::max);
             }
             last_index = last;
         }
@@ -370,9 +373,6 @@ mod tests {
             ])),
             Layout::Ltx
         );
-        assert_eq!(
-            Layout::read(&objects(&[("README.txt", 1)])),
-            Layout::Empty
-        );
+        assert_eq!(Layout::read(&objects(&[("README.txt", 1)])), Layout::Empty);
     }
 }

@@ -5,10 +5,10 @@
 //! - [`status_cli`]: `litestream-sidecar status`: fetching that report and printing it as tables.
 //! - [`notify`]: systemd's readiness, status and watchdog notifications.
 
+pub mod drill_cli;
 pub mod log;
 pub mod metrics;
 pub mod metrics_page;
 pub mod notify;
 pub mod status;
 pub mod status_cli;
-pub mod drill_cli;

@@ -508,10 +508,12 @@ mod tests {
 fn drills_section(out: &mut String, drills: &crate::ops::status::DrillsEntry) {
     out.push_str(&format!(
         "\nDRILLS ({}, {} run, {} failed{})\n",
-        drills.interval_seconds.map_or("on demand only".to_string(), |s| format!(
-            "every {}",
-            duration(s)
-        )),
+        drills
+            .interval_seconds
+            .map_or("on demand only".to_string(), |s| format!(
+                "every {}",
+                duration(s)
+            )),
         drills.runs,
         drills.failures,
         if drills.drive_cleanup {
@@ -520,22 +522,23 @@ fn drills_section(out: &mut String, drills: &crate::ops::status::DrillsEntry) {
             ""
         },
     ));
-    let line = |entry: &crate::ops::status::DrillEntry| match (&entry.proven_watermark, &entry.error) {
-        (Some(watermark), _) => format!(
-            "restored watermark {watermark} at {} ({} ago): restore {}, check {}, {} bytes",
-            or_dash(entry.finished_at.as_deref()),
-            entry.age_seconds.map_or("-".into(), duration),
-            entry.restore_seconds.map_or("-".into(), duration),
-            entry.check_seconds.map_or("-".into(), duration),
-            entry.bytes.map_or("-".into(), |b| b.to_string()),
-        ),
-        (None, error) => format!(
-            "FAILED at {} ({} ago): {}",
-            or_dash(entry.finished_at.as_deref()),
-            entry.age_seconds.map_or("-".into(), duration),
-            or_dash(error.as_deref()),
-        ),
-    };
+    let line =
+        |entry: &crate::ops::status::DrillEntry| match (&entry.proven_watermark, &entry.error) {
+            (Some(watermark), _) => format!(
+                "restored watermark {watermark} at {} ({} ago): restore {}, check {}, {} bytes",
+                or_dash(entry.finished_at.as_deref()),
+                entry.age_seconds.map_or("-".into(), duration),
+                entry.restore_seconds.map_or("-".into(), duration),
+                entry.check_seconds.map_or("-".into(), duration),
+                entry.bytes.map_or("-".into(), |b| b.to_string()),
+            ),
+            (None, error) => format!(
+                "FAILED at {} ({} ago): {}",
+                or_dash(entry.finished_at.as_deref()),
+                entry.age_seconds.map_or("-".into(), duration),
+                or_dash(error.as_deref()),
+            ),
+        };
     match (&drills.last, &drills.last_proof) {
         (None, _) => out.push_str("no drill yet\n"),
         (Some(last), proof) => {

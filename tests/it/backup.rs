@@ -1,4 +1,4 @@
-//! The backup destination check: real directories in both litestream layouts, a real S3-compatible server
+//! The backup destination check: real directories in both litestream layouts (0.3's read, 0.5's refused), a real S3-compatible server
 //! (moto) on loopback, an endpoint that never answers, and end to end, a sidecar that must not purge a real
 //! PostgreSQL change log, nor send a snapshot status, on a claim with nothing behind it.
 //!
@@ -13,8 +13,8 @@ use crate::support::moto::Moto;
 use litestream_sidecar::cleanup::{self};
 use litestream_sidecar::litestream::destination::S3Settings;
 use litestream_sidecar::litestream::destination::{self, ErrorKind, Listing, Location};
+use litestream_sidecar::litestream::layout::Layout;
 
-const SLACK: Duration = Duration::from_secs(60);
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Writes `path` under `dir` with a last-modified time `age` ago.
@@ -63,55 +63,66 @@ async fn list_dir(dir: &Path) -> Listing {
 
 fn covers(listing: &Listing, claimed: SystemTime) -> bool {
     cleanup::DestinationCheck::Listed {
-        newest: listing.newest,
-        slack: SLACK,
+        reaches: listing.chain_newest(),
     }
     .covers(claimed)
 }
 
 #[tokio::test]
-async fn file_destinations_in_both_layouts_cover_only_claims_their_objects_reach() {
+async fn file_destinations_cover_only_claims_their_restorable_chain_reaches() {
     let hour = Duration::from_secs(3600);
-    for layout in [fork_layout as fn(&Path, Duration), ltx_layout] {
-        let dir = tempfile::tempdir().unwrap();
-        let now = SystemTime::now();
+    let dir = tempfile::tempdir().unwrap();
+    let now = SystemTime::now();
 
-        // Empty: nothing to restore, no claim covered.
-        let empty = list_dir(dir.path()).await;
-        assert_eq!((empty.objects, empty.newest), (0, None));
-        assert!(!empty.is_restorable());
-        assert!(!covers(&empty, now - hour));
-        assert!(destination::is_stale(
-            empty.newest,
-            now,
-            15 * 60 * Duration::from_secs(1)
-        ));
+    // Empty: nothing to restore, no claim covered.
+    let empty = list_dir(dir.path()).await;
+    assert_eq!((empty.objects, empty.newest), (0, None));
+    assert_eq!(empty.layout, Layout::Empty);
+    assert!(!empty.is_restorable());
+    assert!(!covers(&empty, now - hour));
+    assert!(destination::is_stale(
+        empty.newest,
+        now,
+        15 * 60 * Duration::from_secs(1)
+    ));
 
-        // Old objects only: restorable, covering an hour-old claim but not one made now (litestream wedged).
-        layout(dir.path(), hour);
-        let old = list_dir(dir.path()).await;
-        assert_eq!(old.objects, 3);
-        assert!(old.is_restorable());
-        assert!(covers(&old, now - hour));
-        assert!(covers(&old, now - hour + SLACK));
-        assert!(!covers(&old, now - hour + SLACK + Duration::from_secs(5)));
-        assert!(!covers(&old, now));
-        assert!(destination::is_stale(
-            old.newest,
-            now,
-            Duration::from_secs(900)
-        ));
+    // Old objects only: restorable, covering an hour-old claim but not one a second later (litestream wedged).
+    fork_layout(dir.path(), hour);
+    let old = list_dir(dir.path()).await;
+    assert_eq!(old.objects, 3);
+    assert!(old.is_restorable());
+    let reaches = old.chain_newest().unwrap();
+    assert!(covers(&old, reaches));
+    assert!(!covers(&old, reaches + Duration::from_secs(1)));
+    assert!(!covers(&old, now));
+    assert!(destination::is_stale(
+        old.newest,
+        now,
+        Duration::from_secs(900)
+    ));
 
-        // A fresh object anywhere under the path covers a claim made now.
-        layout(dir.path(), Duration::ZERO);
-        let fresh = list_dir(dir.path()).await;
-        assert!(covers(&fresh, now));
-        assert!(!destination::is_stale(
-            fresh.newest,
-            now,
-            Duration::from_secs(900)
-        ));
-    }
+    // A fresh object of the chain covers a claim made now.
+    fork_layout(dir.path(), Duration::ZERO);
+    let fresh = list_dir(dir.path()).await;
+    assert!(covers(&fresh, now));
+    assert!(!destination::is_stale(
+        fresh.newest,
+        now,
+        Duration::from_secs(900)
+    ));
+}
+
+#[tokio::test]
+async fn an_ltx_destination_is_recognised_and_covers_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    ltx_layout(dir.path(), Duration::ZERO);
+    let listing = list_dir(dir.path()).await;
+    assert_eq!((listing.objects, &listing.layout), (3, &Layout::Ltx));
+    assert!(!listing.is_restorable());
+    assert!(!covers(
+        &listing,
+        SystemTime::now() - Duration::from_secs(3600)
+    ));
 }
 
 #[tokio::test]
@@ -180,10 +191,12 @@ async fn s3_destinations_are_listed_under_the_replica_path_with_the_environments
     .unwrap();
     // Only the replica's own path: not "replica-other", not "elsewhere".
     assert_eq!(listing.objects, 2);
-    let now = SystemTime::now();
-    assert!(covers(&listing, now), "{listing:?}");
-    // A claim from the future (a clock far ahead, or a gauge with nothing behind it) is not covered.
-    assert!(!covers(&listing, now + Duration::from_secs(600)));
+    // S3 keeps last-modified times in whole seconds: a claim is covered up to the chain's newest object's second,
+    // and not a second later (no slack).
+    let reaches = listing.chain_newest().expect("restorable");
+    assert!(reaches <= SystemTime::now());
+    assert!(covers(&listing, reaches), "{listing:?}");
+    assert!(!covers(&listing, reaches + Duration::from_secs(1)));
 
     // An empty prefix: reachable, but nothing to restore and nothing covered.
     let empty = list_s3(

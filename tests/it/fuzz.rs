@@ -1425,7 +1425,6 @@ const KEYS: &[(&str, &[&str])] = &[
         "backup",
         &[
             "verify",
-            "slack",
             "stale_after",
             "list_timeout",
             "endpoint",

@@ -15,10 +15,10 @@ use tokio::time::Instant;
 
 use crate::cleanup::reservations::Reservation;
 use crate::cleanup::status::{DrillOutcome, DrillStatus, Status};
-use crate::litestream::drill::Proof;
-use crate::litestream::layout::Layout;
 use crate::cleanup::subscribers::SubscriberView;
 use crate::cleanup::{Backup, Decision};
+use crate::litestream::drill::Proof;
+use crate::litestream::layout::Layout;
 use crate::ops::metrics::UpstreamHealth;
 
 #[cfg(test)]
