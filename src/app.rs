@@ -363,6 +363,10 @@ impl App {
             mode: litestream.proxy_mode,
             filter: litestream.filter.clone(),
             status: self.status.clone(),
+            fallback: (self.config.cleanup.requires == crate::cleanup::config::Requires::Restore)
+                .then(|| crate::litestream::filter::Fallback {
+                    name: replica_type(&litestream.backup_url),
+                }),
         });
         let limits = crate::server::Limits::from_config(
             &self.config.server,
@@ -542,4 +546,12 @@ impl Reloader {
         self.tls
             .reload(|reloaded| self.instruments.tls_reloaded(reloaded));
     }
+}
+
+/// The replica's type as litestream names a replica by default: the backup URL's scheme (`file`, `s3`, ...).
+fn replica_type(backup_url: &str) -> String {
+    backup_url
+        .split_once("://")
+        .map_or("file", |(scheme, _)| scheme)
+        .to_string()
 }

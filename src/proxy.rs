@@ -65,6 +65,8 @@ pub struct Proxy {
     pub filter: Filter,
     /// Where `clamp` reads the watermark purged below and its backup time.
     pub status: crate::cleanup::status::StatusHandle,
+    /// `cleanup.requires = "restore"`: litestream may have no gauge of its own, and `clamp` makes one.
+    pub fallback: Option<crate::litestream::filter::Fallback>,
 }
 
 impl Handler for Proxy {
@@ -91,7 +93,7 @@ impl Handler for Proxy {
                         let through = through
                             .as_ref()
                             .map(|b| (b.watermark.as_str(), b.backed_up_at));
-                        clamp_progress_family(&page, &self.filter, through)
+                        clamp_progress_family(&page, &self.filter, through, self.fallback.as_ref())
                     }
                 };
                 let body = match filtered {

@@ -143,14 +143,18 @@ impl Drills {
     }
 }
 
-/// With `backup.verify` on, scheduled drills wait until the destination's names show something restorable: before
-/// that a drill could only fail.
+/// Scheduled drills wait for something to restore, as a drill before it could only fail: with `backup.verify` on,
+/// a listing that shows a restorable generation; without it, litestream's first claim (or, when drills drive
+/// cleanup and no gauge is read, nothing: the drill is the only way to learn).
 fn restorable(status: &StatusHandle) -> bool {
     status.read(|s| {
-        !s.backup.verifying
-            || s.backup
+        if s.backup.verifying {
+            s.backup
                 .listing
                 .as_ref()
                 .is_some_and(|listing| listing.is_restorable())
+        } else {
+            s.drills.drives_cleanup || s.newest_backup.is_some()
+        }
     })
 }

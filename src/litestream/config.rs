@@ -100,7 +100,7 @@ keys::section! {
         slack_removed: () = from(s.removed(
             "slack",
             "no longer used: a claim counts as backed up only when the newest generation's unbroken chain holds an \
-             object written at or after it (docs/operations.md, \"Backups you can restore\"); delete the key",
+             object written at or after it (docs/operations.md, \"Checking litestream's claims against the destination\"); delete the key",
         )),
         /// The destination is stale when its newest object is this much older than litestream's newest claim.
         stale_after: Duration = key("15m", keys::positive_duration),

@@ -200,7 +200,9 @@ impl Drill {
                 argv.extend(args.iter().map(Into::into));
             }
         }
-        argv.push(self.litestream.clone().into());
+        // Found here rather than by the wrappers: `ionice` failing to run it would look like a failed restore.
+        let litestream = self.executable()?;
+        argv.push(litestream.into());
         for arg in [
             "restore".as_ref(),
             "-config".as_ref(),
@@ -220,7 +222,7 @@ impl Drill {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| Failure::Setup(format!("{}: {e}", self.litestream.display())))?;
+            .map_err(|e| Failure::Setup(format!("{}: {e}", argv[0].to_string_lossy())))?;
         let mut stderr = child.stderr.take().expect("piped");
         let collect = async move {
             let mut text = Vec::new();
@@ -266,6 +268,21 @@ impl Drill {
             return Err(Failure::Nothing { stderr });
         }
         Ok(())
+    }
+
+    /// The litestream executable: a path as given, a bare name from `PATH`.
+    fn executable(&self) -> Result<PathBuf, Failure> {
+        let found = if self.litestream.components().count() > 1 {
+            self.litestream.is_file().then(|| self.litestream.clone())
+        } else {
+            self.litestream.to_str().and_then(on_path)
+        };
+        found.ok_or_else(|| {
+            Failure::Setup(format!(
+                "no litestream executable at {:?} (backup.litestream; a bare name is looked up on PATH)",
+                self.litestream
+            ))
+        })
     }
 
     /// Removes what drills cut short left below `drill_dir`; returns how many.

@@ -394,6 +394,57 @@ pub fn render(report: &Report) -> String {
     out
 }
 
+/// `DRILLS`: the latest drill, the latest proof and when the next one runs.
+fn drills_section(out: &mut String, drills: &crate::ops::status::DrillsEntry) {
+    out.push_str(&format!(
+        "\nDRILLS ({}, {} run, {} failed{})\n",
+        drills
+            .interval_seconds
+            .map_or("on demand only".to_string(), |s| format!(
+                "every {}",
+                duration(s)
+            )),
+        drills.runs,
+        drills.failures,
+        if drills.drive_cleanup {
+            "; proofs drive cleanup"
+        } else {
+            ""
+        },
+    ));
+    let line =
+        |entry: &crate::ops::status::DrillEntry| match (&entry.proven_watermark, &entry.error) {
+            (Some(watermark), _) => format!(
+                "restored watermark {watermark} at {} ({} ago): restore {}, check {}, {} bytes",
+                or_dash(entry.finished_at.as_deref()),
+                entry.age_seconds.map_or("-".into(), duration),
+                entry.restore_seconds.map_or("-".into(), duration),
+                entry.check_seconds.map_or("-".into(), duration),
+                entry.bytes.map_or("-".into(), |b| b.to_string()),
+            ),
+            (None, error) => format!(
+                "FAILED at {} ({} ago): {}",
+                or_dash(entry.finished_at.as_deref()),
+                entry.age_seconds.map_or("-".into(), duration),
+                or_dash(error.as_deref()),
+            ),
+        };
+    match (&drills.last, &drills.last_proof) {
+        (None, _) => out.push_str("no drill yet\n"),
+        (Some(last), proof) => {
+            out.push_str(&format!("last:   {}\n", line(last)));
+            if let Some(proof) = proof.as_ref().filter(|_| !last.ok) {
+                out.push_str(&format!("proven: {}\n", line(proof)));
+            }
+        }
+    }
+    if let Some(since) = &drills.running_since {
+        out.push_str(&format!("running since {since}\n"));
+    } else if let Some(next) = &drills.next_at {
+        out.push_str(&format!("next at {next}\n"));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,56 +552,5 @@ mod tests {
             local_address("10.0.0.5:4851".parse().unwrap()),
             "10.0.0.5:4851"
         );
-    }
-}
-
-/// `DRILLS`: the latest drill, the latest proof and when the next one runs.
-fn drills_section(out: &mut String, drills: &crate::ops::status::DrillsEntry) {
-    out.push_str(&format!(
-        "\nDRILLS ({}, {} run, {} failed{})\n",
-        drills
-            .interval_seconds
-            .map_or("on demand only".to_string(), |s| format!(
-                "every {}",
-                duration(s)
-            )),
-        drills.runs,
-        drills.failures,
-        if drills.drive_cleanup {
-            "; proofs drive cleanup"
-        } else {
-            ""
-        },
-    ));
-    let line =
-        |entry: &crate::ops::status::DrillEntry| match (&entry.proven_watermark, &entry.error) {
-            (Some(watermark), _) => format!(
-                "restored watermark {watermark} at {} ({} ago): restore {}, check {}, {} bytes",
-                or_dash(entry.finished_at.as_deref()),
-                entry.age_seconds.map_or("-".into(), duration),
-                entry.restore_seconds.map_or("-".into(), duration),
-                entry.check_seconds.map_or("-".into(), duration),
-                entry.bytes.map_or("-".into(), |b| b.to_string()),
-            ),
-            (None, error) => format!(
-                "FAILED at {} ({} ago): {}",
-                or_dash(entry.finished_at.as_deref()),
-                entry.age_seconds.map_or("-".into(), duration),
-                or_dash(error.as_deref()),
-            ),
-        };
-    match (&drills.last, &drills.last_proof) {
-        (None, _) => out.push_str("no drill yet\n"),
-        (Some(last), proof) => {
-            out.push_str(&format!("last:   {}\n", line(last)));
-            if let Some(proof) = proof.as_ref().filter(|_| !last.ok) {
-                out.push_str(&format!("proven: {}\n", line(proof)));
-            }
-        }
-    }
-    if let Some(since) = &drills.running_since {
-        out.push_str(&format!("running since {since}\n"));
-    } else if let Some(next) = &drills.next_at {
-        out.push_str(&format!("next at {next}\n"));
     }
 }

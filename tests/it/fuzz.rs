@@ -1319,13 +1319,20 @@ fn litestream_page() {
                 filter::strip_progress_family(&stripped),
                 Cow::Borrowed(_)
             ));
-            let hidden = filter::clamp_progress_family(&page, &filter, None);
+            let hidden = filter::clamp_progress_family(&page, &filter, None, None);
             prop_assert_eq!(&hidden[..], &stripped[..]);
             let clamped = bounded(
                 "clamp_progress_family",
                 len,
                 (PAGE_FIXED, PARSE_PER_BYTE + 4),
-                || filter::clamp_progress_family(&page, &filter, Some(("5bt456o", purged_at))),
+                || {
+                    filter::clamp_progress_family(
+                        &page,
+                        &filter,
+                        Some(("5bt456o", purged_at)),
+                        None,
+                    )
+                },
             )?;
             let Ok(text) = std::str::from_utf8(&page) else {
                 prop_assert_eq!(&clamped[..], &stripped[..]);

@@ -50,7 +50,9 @@ pub fn strip_progress_family(page: &[u8]) -> Cow<'_, [u8]> {
 /// `page` with the progress family replaced by one sample that says `through` was backed up at its backup time:
 /// the watermark the sidecar has already purged below. Its `db` and `name` are those of the first sample
 /// [`parse_progress`] takes; the rest of the page is kept byte for byte, as [`strip_progress_family`] keeps it.
-/// Without a purge yet, or without such a sample, the family is removed as in `hide` mode.
+/// Without a purge yet the family is removed as in `hide` mode. A page without such a sample (a stock litestream,
+/// whose backups restore drills prove) gets one all the same when `fallback` says so: `db` from `filter.db` or the
+/// page's `litestream_db_size` sample, `name` from `filter.name` or `fallback.name` (the replica's type).
 ///
 /// Zero's own cleanup then sees a live, advancing backup — its upload verification, its one-hour check, its
 /// backup-lag metric and a readiness gate waiting for the first backed-up watermark all work — while the purge it
@@ -59,20 +61,32 @@ pub fn clamp_progress_family<'a>(
     page: &'a [u8],
     filter: &Filter,
     through: Option<(&str, SystemTime)>,
+    fallback: Option<&Fallback>,
 ) -> Cow<'a, [u8]> {
     let stripped = strip_progress_family(page);
     let Some((watermark, backed_up_at)) = through else {
         return stripped;
     };
+    let text = std::str::from_utf8(page).ok();
     // The replica's own sample, as the monitor reads it: the clamped one names the same `db` and `name`.
-    let Some(real) = std::str::from_utf8(page)
-        .ok()
+    let real = text
         .and_then(|text| parse_progress(text, filter).ok())
         .and_then(|parsed| parsed.progress.into_iter().next())
-    else {
+        .map(|real| (real.db, real.name));
+    let made = || {
+        let fallback = fallback?;
+        let db = filter
+            .db
+            .clone()
+            .or_else(|| text.and_then(db_size_label))
+            .unwrap_or_default();
+        let name = filter.name.clone().unwrap_or_else(|| fallback.name.clone());
+        Some((db, name))
+    };
+    let Some((db, name)) = real.or_else(made) else {
         return stripped;
     };
-    let labels: BTreeMap<String, String> = [("db", real.db), ("name", real.name)]
+    let labels: BTreeMap<String, String> = [("db", db), ("name", name)]
         .into_iter()
         .filter(|(_, value)| !value.is_empty())
         .map(|(key, value)| (key.to_owned(), value))
@@ -99,4 +113,21 @@ pub fn clamp_progress_family<'a>(
     };
     out.splice(at..at, family.into_bytes());
     Cow::Owned(out)
+}
+
+/// Labels for a clamped sample on a page that has none of its own (`cleanup.requires = "restore"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fallback {
+    /// The replica's type, as litestream names a replica by default: `file`, `s3`, ...
+    pub name: String,
+}
+
+/// The `db` label of the first `litestream_db_size` sample (its values hold no escaped quote: they are paths).
+fn db_size_label(page: &str) -> Option<String> {
+    page.lines()
+        .filter_map(|line| line.strip_prefix("litestream_db_size{"))
+        .find_map(|labels| {
+            let rest = &labels[labels.find("db=\"")? + 4..];
+            Some(rest[..rest.find('"')?].to_string())
+        })
 }

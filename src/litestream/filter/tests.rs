@@ -36,7 +36,8 @@ fn strip_removes_exactly_lines_103_to_105_of_the_fork_page() {
 // --- clamp_progress_family
 
 fn clamp(page: &str, filter: &Filter, through: Option<(&str, SystemTime)>) -> String {
-    String::from_utf8(clamp_progress_family(page.as_bytes(), filter, through).into_owned()).unwrap()
+    String::from_utf8(clamp_progress_family(page.as_bytes(), filter, through, None).into_owned())
+        .unwrap()
 }
 
 #[test]
@@ -187,4 +188,41 @@ proptest! {
         }
         prop_assert_eq!(strip(&page), expected);
     }
+}
+
+#[test]
+fn a_page_without_a_gauge_gets_a_clamped_sample_only_with_a_fallback() {
+    let page = "# HELP litestream_db_size The current size of the real DB\n# TYPE litestream_db_size gauge\n\
+                litestream_db_size{db=\"/var/lib/zero/replica.db\"} 16384\n";
+    let at = UNIX_EPOCH + Duration::from_secs(1_746_600_000);
+    let filter = Filter::default();
+    let fallback = Fallback { name: "s3".into() };
+    assert_eq!(
+        String::from_utf8(
+            clamp_progress_family(page.as_bytes(), &filter, Some(("0b", at)), None).into_owned()
+        )
+        .unwrap(),
+        page
+    );
+    let made = String::from_utf8(
+        clamp_progress_family(page.as_bytes(), &filter, Some(("0b", at)), Some(&fallback))
+            .into_owned(),
+    )
+    .unwrap();
+    assert_eq!(
+        made,
+        format!(
+            "{page}# HELP litestream_replica_progress The last replicated watermark and time of replication\n\
+             # TYPE litestream_replica_progress gauge\n\
+             litestream_replica_progress{{db=\"/var/lib/zero/replica.db\",name=\"s3\",watermark=\"0b\"}} 1746600000\n"
+        )
+    );
+    // Nothing purged yet: nothing shown.
+    assert_eq!(
+        String::from_utf8(
+            clamp_progress_family(page.as_bytes(), &filter, None, Some(&fallback)).into_owned()
+        )
+        .unwrap(),
+        page
+    );
 }

@@ -241,3 +241,54 @@ fn claims_say_whether_the_destination_holds_them() {
     assert!(report.backups.iter().all(|b| b.verified.is_none()));
     assert_eq!(report.destination, None);
 }
+
+/// The latest drill and the latest proof, as JSON and as the `DRILLS` table.
+#[test]
+fn drills_show_the_proven_watermark_and_the_latest_failure() {
+    use crate::cleanup::status::{DrillOutcome, DrillStatus};
+    use crate::litestream::drill::{Failure, Proof};
+    let now = Instant::now();
+    let wall_now = SystemTime::UNIX_EPOCH + secs(1_750_000_000);
+    let mut inputs = inputs(now, wall_now);
+    let proof = Proof {
+        watermark: "0f".into(),
+        replica_version: "01".into(),
+        started: wall_now - secs(3700),
+        finished: wall_now - secs(3600),
+        restore_took: secs(90),
+        check_took: secs(10),
+        bytes: 1 << 30,
+    };
+    inputs.status.drills = DrillStatus {
+        interval: Some(secs(3600)),
+        drives_cleanup: true,
+        last: Some(DrillOutcome::Failed {
+            failure: Failure::Restore {
+                status: "exit status: 1".into(),
+                stderr: "no snapshots available".into(),
+            },
+            started: wall_now - secs(70),
+            finished: wall_now - secs(60),
+        }),
+        last_proof: Some(proof),
+        runs: 2,
+        failures: [("restore", 1)].into_iter().collect(),
+        ..DrillStatus::default()
+    };
+    let report = build(&inputs, now, wall_now);
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["drills"]["last"]["ok"], false);
+    assert_eq!(json["drills"]["last"]["error_kind"], "restore");
+    assert_eq!(json["drills"]["last_proof"]["proven_watermark"], "0f");
+    assert_eq!(json["drills"]["last_proof"]["bytes"], 1u64 << 30);
+    assert_eq!(json["drills"]["failures"], 1);
+    let text = render(&report);
+    for needle in [
+        "DRILLS (every 1h, 2 run, 1 failed; proofs drive cleanup)",
+        "last:   FAILED at 2025-06-15T15:05:40Z (1m ago): litestream restore exited with exit status: 1: no \
+         snapshots available",
+        "proven: restored watermark 0f at 2025-06-15T14:06:40Z (1h ago): restore 1m 30s, check 10s, 1073741824 bytes",
+    ] {
+        assert!(text.contains(needle), "no {needle:?} in\n{text}");
+    }
+}
