@@ -35,16 +35,33 @@ pub async fn run(
         crate::cleanup::change_db::Options::default(),
         shutdown.clone(),
     );
-    let version = tokio::time::timeout(DB_WAIT, async {
-        change_db.ready().await;
-        change_db.replica_version().await.ok().flatten()
-    })
-    .await
-    .ok()
-    .flatten();
-    shutdown.cancel();
-    let drill = backup.drill(backup_url);
-    let result = drill.run(None, version.as_deref()).await;
+    // The change DB is asked while the drill runs: a dead one costs no time beyond the drill's own, and none at
+    // all when the drill fails.
+    let asked = tokio::spawn(async move {
+        let version = tokio::time::timeout(DB_WAIT, async {
+            change_db.ready().await;
+            change_db.replica_version().await.ok().flatten()
+        })
+        .await
+        .ok()
+        .flatten();
+        shutdown.cancel();
+        version
+    });
+    let result = backup.drill(backup_url).run(None, None).await;
+    let version = match &result {
+        Ok(_) => asked.await.ok().flatten(),
+        Err(_) => None,
+    };
+    let result = match (result, &version) {
+        (Ok(proof), Some(current)) if &proof.replica_version != current => {
+            Err(Failure::OtherReplica {
+                restored: proof.replica_version,
+                current: current.clone(),
+            })
+        }
+        (result, _) => result,
+    };
     Outcome {
         result,
         compared_with: version,
