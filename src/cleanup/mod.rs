@@ -542,8 +542,9 @@ pub enum HoldReason {
     NothingNew,
     /// Every backup newer than the last purge is younger than the cleanup delay (or has a time in the future).
     BackupTooRecent,
-    /// No aged backup newer than the last purge is covered by the destination: it holds no object written at or
-    /// after the backup's claimed time minus the slack, or it could not be listed. Purging on litestream's word
+    /// No aged backup newer than the last purge is covered by the destination: its newest generation does not
+    /// restore by its names, or its chain holds no object written at or after the backup's claimed time, or it
+    /// could not be listed. Purging on litestream's word
     /// alone is how a wedged litestream lost data (docs/protocol.md, "Backup claims without an upload").
     BackupUnverified,
     /// Every aged backup newer than the last purge is above some reservation's floor.

@@ -66,7 +66,7 @@ pub struct BackupEntry {
     pub age_seconds: Option<f64>,
     /// Where litestream's gauge is now: what a restore started now gets.
     pub current: bool,
-    /// Whether the destination holds an object written at or after its backup time minus `backup.slack` (only
+    /// Whether the destination's restorable chain holds an object written at or after its backup time (only
     /// then may the sidecar purge below it); `null` while `backup.verify` is off or nothing was listed yet.
     pub verified: Option<bool>,
 }
