@@ -35,6 +35,21 @@ struct ClassLabel {
     class: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct LayoutLabel {
+    layout: &'static str,
+}
+
+/// Every [`crate::litestream::layout::Layout::kind`], each a series of `backup_layout` from the first listing on.
+const LAYOUTS: [&str; 6] = [
+    "empty",
+    "restorable",
+    "no_snapshot",
+    "index_gap",
+    "unreadable_name",
+    "ltx",
+];
+
 /// State read at scrape time.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -76,6 +91,7 @@ pub struct Snapshot {
     pub backup_position_known: bool,
     /// The first gauge after a start was below the last purge.
     pub backup_below_last_purge: bool,
+    pub drills: DrillFigures,
 }
 
 /// The backup destination's figures (`backup.verify`).
@@ -86,6 +102,83 @@ pub struct BackupFigures {
     pub newest_object: Option<f64>,
     pub stale: bool,
     pub errors: HashMap<crate::litestream::destination::ErrorKind, u64>,
+    /// What the last listing that succeeded says of a restore ([`crate::litestream::layout::Layout::kind`]);
+    /// `None` before one.
+    pub layout: Option<&'static str>,
+}
+
+impl BackupFigures {
+    pub fn of(backup: &crate::cleanup::status::BackupStatus) -> Self {
+        Self {
+            verified: backup.verified,
+            newest_object: backup
+                .listing
+                .as_ref()
+                .and_then(|l| l.newest)
+                .and_then(epoch_seconds),
+            stale: backup.stale.is_some(),
+            errors: backup.errors.clone(),
+            layout: backup.listing.as_ref().map(|l| l.layout.kind()),
+        }
+    }
+}
+
+/// Restore drills as the drill task last ran them (it runs whatever the configuration; only its schedule can be off).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DrillFigures {
+    /// `backup.drill_interval`; 0 when drills run only on demand.
+    pub interval_seconds: f64,
+    pub running: bool,
+    /// Drills finished, whatever their outcome.
+    pub runs: u64,
+    /// Failed drills, by [`crate::litestream::drill::Failure::kind`].
+    pub failures: HashMap<&'static str, u64>,
+    /// The kind of the latest drill's failure, while the latest drill failed.
+    pub failing: Option<&'static str>,
+    /// The latest drill that proved the backup.
+    pub last_proof: Option<ProofFigures>,
+}
+
+/// What a drill that proved the backup found, and how long it took.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProofFigures {
+    /// When it finished (epoch seconds).
+    pub finished: f64,
+    pub watermark: String,
+    pub replica_version: String,
+    pub restore_seconds: f64,
+    pub check_seconds: f64,
+    pub bytes: u64,
+}
+
+impl DrillFigures {
+    pub fn of(drills: &crate::cleanup::status::DrillStatus) -> Self {
+        use crate::cleanup::status::DrillOutcome;
+        Self {
+            interval_seconds: drills.interval.map_or(0.0, |i| i.as_secs_f64()),
+            running: drills.running_since.is_some(),
+            runs: drills.runs,
+            failures: drills.failures.clone(),
+            failing: match &drills.last {
+                Some(DrillOutcome::Failed { failure, .. }) => Some(failure.kind()),
+                Some(DrillOutcome::Proved(_)) | None => None,
+            },
+            last_proof: drills.last_proof.as_ref().map(|proof| ProofFigures {
+                finished: epoch_seconds(proof.finished).unwrap_or(0.0),
+                watermark: proof.watermark.clone(),
+                replica_version: proof.replica_version.clone(),
+                restore_seconds: proof.restore_took.as_secs_f64(),
+                check_seconds: proof.check_took.as_secs_f64(),
+                bytes: proof.bytes,
+            }),
+        }
+    }
+}
+
+fn epoch_seconds(t: std::time::SystemTime) -> Option<f64> {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs_f64())
 }
 
 /// Where a scrape reads its figures: the instruments, and the handles whose state goes into a [`Snapshot`].
@@ -139,17 +232,10 @@ impl MetricsSources {
                 let since_epoch = purge.completed_at.duration_since(std::time::UNIX_EPOCH);
                 since_epoch.ok().map(|d| d.as_secs_f64())
             }),
-            backup: status.backup.verifying.then(|| BackupFigures {
-                verified: status.backup.verified,
-                newest_object: status
-                    .backup
-                    .listing
-                    .and_then(|l| l.newest)
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map(|d| d.as_secs_f64()),
-                stale: status.backup.stale.is_some(),
-                errors: status.backup.errors.clone(),
-            }),
+            backup: status
+                .backup
+                .verifying
+                .then(|| BackupFigures::of(&status.backup)),
             connections_open: self.admission.open() as u64,
             max_connections: self.admission.max_connections() as u64,
             purger: status.standby.map(|standby| !standby),
@@ -162,6 +248,7 @@ impl MetricsSources {
                 .count() as u64,
             backup_position_known: status.backup_unknown.is_none(),
             backup_below_last_purge: status.backup_below_purge.is_some(),
+            drills: DrillFigures::of(&status.drills),
         }
     }
 
@@ -405,8 +492,8 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
     if let Some(backup) = &snapshot.backup {
         registry.register(
             "backup_verified",
-            "1 when the backup destination holds an object at or after litestream's newest claimed backup time \
-             minus backup.slack, else 0",
+            "1 when the backup destination's newest generation restores and holds an object written at or after \
+             litestream's newest claimed backup time, else 0",
             gauge(if backup.verified { 1.0 } else { 0.0 }),
         );
         if let Some(newest) = backup.newest_object {
@@ -434,6 +521,99 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
             "backup_verification_errors",
             "Listings of the backup destination that failed, by kind (timeout, denied, not_found, other)",
             errors,
+        );
+        // Every layout has a series once something was listed, so that an alert on a broken one sees it end; none
+        // before that.
+        let layout = Family::<LayoutLabel, Gauge>::default();
+        if let Some(current) = backup.layout {
+            for kind in LAYOUTS {
+                layout
+                    .get_or_create(&LayoutLabel { layout: kind })
+                    .set((kind == current) as i64);
+            }
+        }
+        registry.register(
+            "backup_layout",
+            "1 for what the last listing of the backup destination says of a restore of its newest generation \
+             (empty, restorable, no_snapshot, index_gap, unreadable_name, ltx), 0 for the others; no series before \
+             a listing",
+            layout,
+        );
+    }
+
+    let drills = &snapshot.drills;
+    registry.register(
+        "drill_interval_seconds",
+        "backup.drill_interval: how often a restore drill runs; 0 when drills run only on demand (\"off\")",
+        gauge(drills.interval_seconds),
+    );
+    registry.register(
+        "drill_running",
+        "1 while a restore drill runs",
+        gauge(if drills.running { 1.0 } else { 0.0 }),
+    );
+    registry.register(
+        "drill_runs",
+        "Restore drills finished, whatever their outcome",
+        counter(drills.runs),
+    );
+    let failures = Family::<KindLabel, Counter>::default();
+    let failing = Family::<KindLabel, Gauge>::default();
+    for kind in crate::litestream::drill::Failure::KINDS {
+        failures
+            .get_or_create(&KindLabel { kind })
+            .inc_by(drills.failures.get(kind).copied().unwrap_or(0));
+        failing
+            .get_or_create(&KindLabel { kind })
+            .set((drills.failing == Some(kind)) as i64);
+    }
+    registry.register(
+        "drill_failures",
+        "Restore drills that proved nothing, by kind: the backup's (restore, nothing, check, not_a_replica, \
+         other_replica) or the drill's own (timeout, disk, setup)",
+        failures,
+    );
+    registry.register(
+        "drill_failing",
+        "1 for the kind of the latest restore drill's failure while the latest drill failed, else 0",
+        failing,
+    );
+    // 0 before the first, as last_purge_timestamp_seconds.
+    registry.register(
+        "drill_last_success_timestamp_seconds",
+        "Wall-clock time (epoch seconds) the latest restore drill that proved the backup finished; 0 before the \
+         first of this run",
+        gauge(drills.last_proof.as_ref().map_or(0.0, |proof| proof.finished)),
+    );
+    if let Some(proof) = &drills.last_proof {
+        registry.register(
+            "drill_proven_watermark",
+            "What the latest restore drill that proved the backup restored (value 1; the labels are the restored \
+             replica's stateVersion and replicaVersion)",
+            Info::new(vec![
+                ("watermark", proof.watermark.clone()),
+                ("replica_version", proof.replica_version.clone()),
+            ]),
+        );
+        registry.register(
+            "drill_restore_seconds",
+            "Seconds litestream restore took in the latest restore drill that proved the backup",
+            gauge(proof.restore_seconds),
+        );
+        registry.register(
+            "drill_check_seconds",
+            "Seconds SQLite's check of the restored database (backup.drill_check) took in the latest restore drill \
+             that proved the backup",
+            gauge(proof.check_seconds),
+        );
+        registry.register(
+            "drill_restored_bytes",
+            "Size in bytes of the database restored by the latest restore drill that proved the backup",
+            {
+                let g: Gauge = Gauge::default();
+                g.set(i64::try_from(proof.bytes).unwrap_or(i64::MAX));
+                g
+            },
         );
     }
 

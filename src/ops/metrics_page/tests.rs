@@ -68,6 +68,7 @@ fn rendered_values_parse_back() {
             errors: [(crate::litestream::destination::ErrorKind::Timeout, 2)]
                 .into_iter()
                 .collect(),
+            layout: Some("restorable"),
         }),
         connections_open: 17,
         max_connections: 16384,
@@ -76,6 +77,7 @@ fn rendered_values_parse_back() {
         reservations_kept: 1,
         backup_position_known: false,
         backup_below_last_purge: true,
+        drills: DrillFigures::default(),
     };
     let text = render(&instruments, &snapshot);
     let scrape = parse(&text);
@@ -126,6 +128,14 @@ fn rendered_values_parse_back() {
         )
     };
     assert_eq!((errors("timeout"), errors("denied")), (2.0, 0.0));
+    let layout = |layout| {
+        value(
+            &scrape,
+            "litestream_sidecar_backup_layout",
+            Some(("layout", layout)),
+        )
+    };
+    assert_eq!((layout("restorable"), layout("index_gap")), (1.0, 0.0));
     assert_eq!(v("litestream_sidecar_relay_write_stalls_total"), 2.0);
     assert_eq!(v("litestream_sidecar_connections_open"), 17.0);
     assert_eq!(v("litestream_sidecar_max_connections"), 16384.0);
@@ -239,6 +249,9 @@ fn unknown_state_is_left_out_rather_than_guessed() {
     assert!(!text.contains("watermark=\""), "{text}");
     assert!(!text.contains("cleanup_held_seconds{"), "{text}");
     assert!(!text.contains("change_log_rows"), "{text}");
+    assert!(!text.contains("backup_layout"), "{text}");
+    assert!(!text.contains("drill_proven_watermark_info"), "{text}");
+    assert!(!text.contains("drill_restore_seconds"), "{text}");
     assert!(
         text.contains("litestream_sidecar_last_purge_timestamp_seconds 0"),
         "{text}"
@@ -249,4 +262,296 @@ fn unknown_state_is_left_out_rather_than_guessed() {
 fn the_upstream_counts_as_up_before_any_attempt() {
     let instruments = Instruments::default();
     assert!(instruments.upstream.get().up);
+}
+
+/// The page's lines, for asserting exact ones.
+fn lines(text: &str) -> std::collections::BTreeSet<&str> {
+    text.lines().collect()
+}
+
+/// Asserts that the page has every line of `expected`.
+fn assert_lines(text: &str, expected: &[&str]) {
+    let page = lines(text);
+    let missing: Vec<_> = expected.iter().filter(|l| !page.contains(*l)).collect();
+    assert!(missing.is_empty(), "missing {missing:#?} in\n{text}");
+}
+
+/// Whether the page has a sample of `family` (not just its `# HELP` and `# TYPE`).
+fn has_sample(text: &str, family: &str) -> bool {
+    text.lines().any(|line| {
+        line.strip_prefix(family)
+            .is_some_and(|rest| rest.starts_with([' ', '{', '_']))
+    })
+}
+
+fn at(seconds: f64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(seconds)
+}
+
+fn proof(watermark: &str, finished: f64) -> crate::litestream::drill::Proof {
+    crate::litestream::drill::Proof {
+        watermark: watermark.into(),
+        replica_version: "01".into(),
+        started: at(finished - 20.0),
+        finished: at(finished),
+        restore_took: std::time::Duration::from_millis(12_500),
+        check_took: std::time::Duration::from_millis(3_250),
+        bytes: 1_048_576,
+    }
+}
+
+fn render_drills(drills: &crate::cleanup::status::DrillStatus) -> String {
+    render(
+        &Instruments::default(),
+        &Snapshot {
+            drills: DrillFigures::of(drills),
+            ..Snapshot::default()
+        },
+    )
+}
+
+/// Every kind of failure has a series of both families from the start, 0 unless `counted` says otherwise, and
+/// `drill_failing` is 1 only for `failing`.
+fn failure_lines(counted: &[(&str, u64)], failing: Option<&str>) -> Vec<String> {
+    crate::litestream::drill::Failure::KINDS
+        .iter()
+        .flat_map(|kind| {
+            let count = counted
+                .iter()
+                .find(|(k, _)| k == kind)
+                .map_or(0, |(_, n)| *n);
+            [
+                format!("litestream_sidecar_drill_failures_total{{kind=\"{kind}\"}} {count}"),
+                format!(
+                    "litestream_sidecar_drill_failing{{kind=\"{kind}\"}} {}",
+                    u8::from(failing == Some(*kind))
+                ),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn before_any_drill() {
+    let text = render_drills(&crate::cleanup::status::DrillStatus {
+        interval: Some(std::time::Duration::from_secs(3600)),
+        ..Default::default()
+    });
+    let mut expected = vec![
+        "# HELP litestream_sidecar_drill_interval_seconds backup.drill_interval: how often a restore drill runs; 0 when drills run only on demand (\"off\").".to_string(),
+        "# TYPE litestream_sidecar_drill_interval_seconds gauge".into(),
+        "litestream_sidecar_drill_interval_seconds 3600.0".into(),
+        "# HELP litestream_sidecar_drill_running 1 while a restore drill runs.".into(),
+        "# TYPE litestream_sidecar_drill_running gauge".into(),
+        "litestream_sidecar_drill_running 0.0".into(),
+        "# HELP litestream_sidecar_drill_runs Restore drills finished, whatever their outcome.".into(),
+        "# TYPE litestream_sidecar_drill_runs counter".into(),
+        "litestream_sidecar_drill_runs_total 0".into(),
+        "# HELP litestream_sidecar_drill_failures Restore drills that proved nothing, by kind: the backup's (restore, nothing, check, not_a_replica, other_replica) or the drill's own (timeout, disk, setup).".into(),
+        "# TYPE litestream_sidecar_drill_failures counter".into(),
+        "# HELP litestream_sidecar_drill_failing 1 for the kind of the latest restore drill's failure while the latest drill failed, else 0.".into(),
+        "# TYPE litestream_sidecar_drill_failing gauge".into(),
+        "# HELP litestream_sidecar_drill_last_success_timestamp_seconds Wall-clock time (epoch seconds) the latest restore drill that proved the backup finished; 0 before the first of this run.".into(),
+        "# TYPE litestream_sidecar_drill_last_success_timestamp_seconds gauge".into(),
+        "litestream_sidecar_drill_last_success_timestamp_seconds 0.0".into(),
+    ];
+    expected.extend(failure_lines(&[], None));
+    assert_lines(
+        &text,
+        &expected.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    // What only a proof says is left out rather than shown as 0.
+    for family in [
+        "litestream_sidecar_drill_proven_watermark",
+        "litestream_sidecar_drill_restore_seconds",
+        "litestream_sidecar_drill_check_seconds",
+        "litestream_sidecar_drill_restored_bytes",
+    ] {
+        assert!(!text.contains(family), "{family} in\n{text}");
+    }
+}
+
+#[test]
+fn after_a_drill_that_proved_the_backup() {
+    let proved = proof("0b", 1_750_000_000.5);
+    let text = render_drills(&crate::cleanup::status::DrillStatus {
+        interval: None,
+        last: Some(crate::cleanup::status::DrillOutcome::Proved(proved.clone())),
+        last_proof: Some(proved),
+        runs: 2,
+        failures: [("timeout", 1)].into_iter().collect(),
+        ..Default::default()
+    });
+    let mut expected = vec![
+        "litestream_sidecar_drill_interval_seconds 0.0".to_string(),
+        "litestream_sidecar_drill_running 0.0".into(),
+        "litestream_sidecar_drill_runs_total 2".into(),
+        "litestream_sidecar_drill_last_success_timestamp_seconds 1750000000.5".into(),
+        "# HELP litestream_sidecar_drill_proven_watermark What the latest restore drill that proved the backup restored (value 1; the labels are the restored replica's stateVersion and replicaVersion).".into(),
+        "# TYPE litestream_sidecar_drill_proven_watermark info".into(),
+        "litestream_sidecar_drill_proven_watermark_info{watermark=\"0b\",replica_version=\"01\"} 1".into(),
+        "# HELP litestream_sidecar_drill_restore_seconds Seconds litestream restore took in the latest restore drill that proved the backup.".into(),
+        "# TYPE litestream_sidecar_drill_restore_seconds gauge".into(),
+        "litestream_sidecar_drill_restore_seconds 12.5".into(),
+        "# HELP litestream_sidecar_drill_check_seconds Seconds SQLite's check of the restored database (backup.drill_check) took in the latest restore drill that proved the backup.".into(),
+        "# TYPE litestream_sidecar_drill_check_seconds gauge".into(),
+        "litestream_sidecar_drill_check_seconds 3.25".into(),
+        "# HELP litestream_sidecar_drill_restored_bytes Size in bytes of the database restored by the latest restore drill that proved the backup.".into(),
+        "# TYPE litestream_sidecar_drill_restored_bytes gauge".into(),
+        "litestream_sidecar_drill_restored_bytes 1048576".into(),
+    ];
+    // The earlier failure stays counted; none is failing now.
+    expected.extend(failure_lines(&[("timeout", 1)], None));
+    assert_lines(
+        &text,
+        &expected.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+}
+
+#[test]
+fn after_a_drill_that_failed() {
+    let earlier = proof("0a", 1_750_000_000.0);
+    let text = render_drills(&crate::cleanup::status::DrillStatus {
+        interval: Some(std::time::Duration::from_secs(1800)),
+        running_since: Some(at(1_750_003_700.0)),
+        last: Some(crate::cleanup::status::DrillOutcome::Failed {
+            failure: crate::litestream::drill::Failure::Check {
+                check: "quick_check",
+                detail: "row 3 missing from index".into(),
+            },
+            started: at(1_750_003_500.0),
+            finished: at(1_750_003_600.0),
+        }),
+        last_proof: Some(earlier),
+        runs: 5,
+        failures: [("check", 2), ("disk", 1)].into_iter().collect(),
+        ..Default::default()
+    });
+    let mut expected = vec![
+        "litestream_sidecar_drill_interval_seconds 1800.0".to_string(),
+        // A retry runs; the failure stays the latest outcome until it ends.
+        "litestream_sidecar_drill_running 1.0".into(),
+        "litestream_sidecar_drill_runs_total 5".into(),
+        // The last proof's figures stay: the backup was proven that far, then.
+        "litestream_sidecar_drill_last_success_timestamp_seconds 1750000000.0".into(),
+        "litestream_sidecar_drill_proven_watermark_info{watermark=\"0a\",replica_version=\"01\"} 1"
+            .into(),
+        "litestream_sidecar_drill_restore_seconds 12.5".into(),
+        "litestream_sidecar_drill_check_seconds 3.25".into(),
+        "litestream_sidecar_drill_restored_bytes 1048576".into(),
+    ];
+    expected.extend(failure_lines(&[("check", 2), ("disk", 1)], Some("check")));
+    assert_lines(
+        &text,
+        &expected.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("litestream_sidecar_drill_failing{") && l.ends_with(" 1"))
+            .count(),
+        1,
+        "only the latest failure's kind is failing\n{text}"
+    );
+}
+
+#[test]
+fn the_layout_has_a_series_per_kind_once_listed() {
+    let with_backup = |backup: Option<BackupFigures>| {
+        render(
+            &Instruments::default(),
+            &Snapshot {
+                backup,
+                ..Snapshot::default()
+            },
+        )
+    };
+    let help = "# HELP litestream_sidecar_backup_layout 1 for what the last listing of the backup destination says of a restore of its newest generation (empty, restorable, no_snapshot, index_gap, unreadable_name, ltx), 0 for the others; no series before a listing.";
+    let kind = "# TYPE litestream_sidecar_backup_layout gauge";
+
+    // backup.verify off: no family.
+    assert!(!with_backup(None).contains("backup_layout"));
+    // Nothing listed yet: no series (and prometheus-client leaves a family without one out).
+    let text = with_backup(Some(BackupFigures::default()));
+    assert!(
+        !has_sample(&text, "litestream_sidecar_backup_layout"),
+        "{text}"
+    );
+    // Listed: 1 for the current kind, 0 for every other.
+    let text = with_backup(Some(BackupFigures {
+        layout: Some("index_gap"),
+        ..BackupFigures::default()
+    }));
+    assert_lines(
+        &text,
+        &[
+            help,
+            kind,
+            "litestream_sidecar_backup_layout{layout=\"empty\"} 0",
+            "litestream_sidecar_backup_layout{layout=\"restorable\"} 0",
+            "litestream_sidecar_backup_layout{layout=\"no_snapshot\"} 0",
+            "litestream_sidecar_backup_layout{layout=\"index_gap\"} 1",
+            "litestream_sidecar_backup_layout{layout=\"unreadable_name\"} 0",
+            "litestream_sidecar_backup_layout{layout=\"ltx\"} 0",
+        ],
+    );
+}
+
+#[test]
+fn every_layout_is_a_label_of_backup_layout() {
+    use crate::litestream::layout::{Chain, Layout, Problem};
+    let broken = |problem| Layout::Broken {
+        generation: "0123456789abcdef".into(),
+        problem,
+    };
+    let layouts = [
+        Layout::Empty,
+        Layout::Restorable(Chain {
+            generation: "0123456789abcdef".into(),
+            snapshot_index: 0,
+            last_index: 1,
+            newest: std::time::UNIX_EPOCH,
+            objects: 2,
+        }),
+        broken(Problem::NoSnapshot),
+        broken(Problem::IndexGap { missing: 1 }),
+        broken(Problem::UnreadableName {
+            path: "generations/x/y".into(),
+        }),
+        Layout::Ltx,
+    ];
+    for layout in &layouts {
+        // A variant added to Layout or Problem stops this match from compiling: add it to `layouts` and LAYOUTS.
+        match layout {
+            Layout::Empty | Layout::Restorable(_) | Layout::Ltx => {}
+            Layout::Broken { problem, .. } => match problem {
+                Problem::NoSnapshot | Problem::IndexGap { .. } | Problem::UnreadableName { .. } => {
+                }
+            },
+        }
+    }
+    let kinds: Vec<_> = layouts.iter().map(Layout::kind).collect();
+    assert_eq!(kinds, LAYOUTS);
+}
+
+#[test]
+fn the_backup_figures_read_the_listing_s_layout() {
+    use crate::cleanup::status::BackupStatus;
+    use crate::litestream::destination::Listing;
+    use crate::litestream::layout::Layout;
+    let unlisted = BackupStatus {
+        verifying: true,
+        ..Default::default()
+    };
+    assert_eq!(BackupFigures::of(&unlisted).layout, None);
+    let listed = BackupStatus {
+        listing: Some(Listing {
+            objects: 3,
+            newest: Some(at(1_746_600_000.5)),
+            layout: Layout::Ltx,
+        }),
+        ..unlisted
+    };
+    let figures = BackupFigures::of(&listed);
+    assert_eq!(figures.layout, Some("ltx"));
+    assert_eq!(figures.newest_object, Some(1_746_600_000.5));
 }

@@ -187,5 +187,21 @@ async fn every_metric_the_alerting_rules_use_is_documented() {
         missing.is_empty(),
         "deploy/prometheus/litestream-sidecar.rules.yml uses metrics /metrics does not document: {missing:?}\n{page}"
     );
+    // The rules' backup and drill families, as a sidecar shows them before its first drill: the file at the
+    // destination's root is not litestream's, so the layout is empty and the scheduled drill waits for a backup.
+    let lines: std::collections::BTreeSet<&str> = page.lines().collect();
+    for line in [
+        "litestream_sidecar_backup_layout{layout=\"empty\"} 1",
+        "litestream_sidecar_backup_layout{layout=\"restorable\"} 0",
+        "litestream_sidecar_backup_layout{layout=\"no_snapshot\"} 0",
+        "litestream_sidecar_drill_interval_seconds 3600.0",
+        "litestream_sidecar_drill_running 0.0",
+        "litestream_sidecar_drill_runs_total 0",
+        "litestream_sidecar_drill_failing{kind=\"restore\"} 0",
+        "litestream_sidecar_drill_last_success_timestamp_seconds 0.0",
+    ] {
+        assert!(lines.contains(line), "no {line:?} in\n{page}");
+    }
+    assert!(!page.contains("drill_proven_watermark_info"), "{page}");
     sidecar.stop().await;
 }
