@@ -42,9 +42,13 @@ lint:
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
 # The purge benchmark runs on every major in $(PG), side by side; the relay is compared with nginx (Debian's, from
-# scripts/nginx.sh) as a WebSocket proxy.
+# scripts/nginx.sh) as a WebSocket proxy; the restore drill replicates and restores a database of BENCH_DRILL_MIB MiB
+# (1024) with the real litestream 0.3.13 (scripts/install-litestream.sh) in TMPDIR. BENCH names sections to run
+# alone: `make bench BENCH=drill`.
+BENCH ?=
 bench:
-	NGINX="$$(scripts/nginx.sh)" scripts/with-postgres.sh --pg "$(PG)" $(CARGO) run --locked --release --example bench
+	NGINX="$$(scripts/nginx.sh)" LITESTREAM_BIN="$$(scripts/install-litestream.sh)" \
+	  scripts/with-postgres.sh --pg "$(PG)" $(CARGO) run --locked --release --example bench -- $(BENCH)
 
 # Every fuzz target (module `fuzz` of the integration-test binary, tests/it/fuzz.rs: the parsers of outside bytes)
 # for FUZZ_CASES cases each, in a release build; each prints its count, time and seed (FUZZ_SEED=... replays one).

@@ -4,6 +4,7 @@
 //! Arguments name the sections to run (`cargo run --release --example bench -- purge relay`); none runs them all.
 
 mod attack;
+mod drill;
 mod metrics;
 mod purge;
 mod relay;
@@ -17,6 +18,10 @@ fn main() {
         let upstream = args.get(1).expect("plain-relay <upstream address>");
         return relay::plain_relay_main(upstream);
     }
+    // The restore drill's replica is built by a process of its own, which keeps its memory out of the figures.
+    if args.first().map(String::as_str) == Some("drill-build") {
+        return drill::build_main(&args[1..]);
+    }
     // The attack section alone holds over 11,000 sockets.
     let _ = rlimit::increase_nofile_limit(u64::MAX);
     let wanted = |section: &str| args.is_empty() || args.iter().any(|s| s == section);
@@ -26,6 +31,10 @@ fn main() {
         .expect("runtime");
     let mut report = util::Report::default();
     runtime.block_on(async {
+        // First, while this process is small: the drill measures its resident memory.
+        if wanted("drill") {
+            drill::run(&mut report).await;
+        }
         if wanted("reservations") {
             reservations::run(&mut report).await;
         }
