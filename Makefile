@@ -30,7 +30,7 @@ demo:
 	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" scripts/demo.sh
 
 # Only the interop suites (tests/interop, scripts/interop.sh) with real Zero processes of each version in $(ZERO)
-# (npm ci, the sidecar build, Zero, the litestream stand-in), on the first major in $(PG): `make interop ZERO=1.9`.
+# (npm ci, the sidecar build, Zero, the real litestream, moto), on the first major in $(PG): `make interop ZERO=1.9`.
 ZERO ?= 0.20 1.9
 interop:
 	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" sh -c \

@@ -6,7 +6,8 @@
 #   DEMO_SECONDS=150 make demo                             # ends by itself after 150 s: exit 0 only if it purged
 #
 # Installs the Zero 1.9 interop suite's npm packages when needed (scripts/install-interop.sh 1.9: Zero 1.9 and
-# Node 22), builds the sidecar (debug, as the tests do) unless SIDECAR_BIN names one, and runs the demo on Node 22.
+# Node 22) and the real litestream 0.3.13 unless LITESTREAM_BIN names one (scripts/install-litestream.sh), builds
+# the sidecar (debug, as the tests do) unless SIDECAR_BIN names one, and runs the demo on Node 22.
 # Every process the demo starts carries this run's marker; whatever still does when it ends (also on errors or
 # interruption) is killed here, and its temp dir is removed. scripts/with-postgres.sh removes the PostgreSQL cluster.
 set -euo pipefail
@@ -16,6 +17,8 @@ CARGO=${CARGO:-cargo}
 : "${SIDECAR_TEST_DATABASE_URL:?run under scripts/with-postgres.sh (make demo), or point it at a PostgreSQL with wal_level=logical}"
 
 NODE=$("$ROOT/scripts/install-interop.sh" 1.9)
+LITESTREAM_BIN=${LITESTREAM_BIN:-$("$ROOT/scripts/install-litestream.sh")}
+export LITESTREAM_BIN
 
 if [[ -z "${SIDECAR_BIN:-}" ]]; then
   (cd "$ROOT" && $CARGO build --locked --bin litestream-sidecar)
@@ -24,7 +27,7 @@ if [[ -z "${SIDECAR_BIN:-}" ]]; then
 fi
 export SIDECAR_BIN
 
-# Zero's processes, its workers and the stand-in find Node 22 first (the stand-in is a `#!/usr/bin/env node` script).
+# Zero's processes, its workers and litestream's gauge exporter (a `#!/usr/bin/env node` script) find Node 22 first.
 export PATH="$(dirname "$NODE"):$PATH"
 # The interop harness's Zero 1.9 deployment (tests/interop/lib), with telemetry off.
 export INTEROP_ZERO=1.9 ZERO_ENABLE_TELEMETRY=false DO_NOT_TRACK=1

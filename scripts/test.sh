@@ -7,8 +7,9 @@
 # Phases, each with its output in a log file of its own (target/test-logs/PHASE.log; a failed phase's log is printed
 # in full at the end):
 #   build       the sidecar binary (debug: what the interop suites run); the interop suites' npm packages are
-#               installed meanwhile, and the real litestream binaries (scripts/install-litestream.sh)
-#   build-tests the tests, examples and benchmarks (so a change cannot break `make bench` unnoticed), and moto
+#               installed meanwhile, the real litestream binaries (scripts/install-litestream.sh) and moto
+#               (scripts/moto.sh: the backup tests and the interop suites' S3 deployments use it)
+#   build-tests the tests, examples and benchmarks (so a change cannot break `make bench` unnoticed)
 #   alerts      the alerting rules' unit tests (scripts/test-alerts.sh), once
 #   rust-unit   `cargo test --lib --bins`, once
 #   rust-it     the integration tests that need no database (`--test it -- --skip pg::`), once
@@ -90,20 +91,20 @@ build() {
   local i19=$!
   (scripts/install-litestream.sh 0.3 >"$LOGS/litestream.path" && scripts/install-litestream.sh 0.5 >"$LOGS/litestream-0.5.path") &
   local ils=$!
+  # An S3-compatible server (moto) on loopback, before the phases that start it side by side.
+  scripts/moto.sh >"$LOGS/moto.path" &
+  local moto=$!
   local rc=0
   $CARGO build --locked --bin litestream-sidecar || rc=$?
   wait $i020 || rc=$?
   wait $i19 || rc=$?
   wait $ils || rc=$?
+  wait $moto || rc=$?
   return $rc
 }
 build_tests() {
-  # The backup tests list an S3-compatible server (moto) on loopback; promtool is fetched by test-alerts.sh itself.
-  scripts/moto.sh >"$LOGS/moto.path" &
-  local moto=$! rc=0
-  $CARGO build --locked --all-targets || rc=$?
-  wait $moto || rc=$?
-  return $rc
+  # promtool is fetched by test-alerts.sh itself.
+  $CARGO build --locked --all-targets
 }
 phase build build &
 LANES+=($!)
@@ -115,12 +116,12 @@ export SIDECAR_BIN=${CARGO_TARGET_DIR:-$PWD/target}/debug/litestream-sidecar
 LITESTREAM_BIN=$(cat "$LOGS/litestream.path" 2>/dev/null || true)
 LITESTREAM_05_BIN=$(cat "$LOGS/litestream-0.5.path" 2>/dev/null || true)
 export LITESTREAM_BIN LITESTREAM_05_BIN
+MOTO_SERVER=$(cat "$LOGS/moto.path" 2>/dev/null || true)
+export MOTO_SERVER
 
 if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
   rust_lane() {
     phase build-tests build_tests
-    MOTO_SERVER=$(cat "$LOGS/moto.path" 2>/dev/null || true)
-    export MOTO_SERVER
     phase alerts scripts/test-alerts.sh
     phase rust-unit $CARGO test --locked --no-fail-fast --lib --bins
     phase rust-it $CARGO test --locked --no-fail-fast "${RUST_NOPG[@]}"

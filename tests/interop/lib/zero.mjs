@@ -1,5 +1,5 @@
 // Which Zero generation this run tests, and where its npm packages are. scripts/interop.sh sets INTEROP_ZERO
-// ("0.20" or "1.9"); the harness passes it on to every process it starts (the litestream stand-in loads the same
+// ("0.20" or "1.9"); the harness passes it on to every process it starts (litestream's gauge exporter loads the same
 // packages). Each generation is a directory beside this one, zero-<version>, with its package.json and lockfile
 // (the pinned Zero, zero-sqlite3, postgres, ws), its node_modules and its scenarios (interop.test.mjs).
 import {existsSync} from 'node:fs';

