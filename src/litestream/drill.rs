@@ -218,15 +218,21 @@ impl Drill {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .current_dir(scratch)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| Failure::Setup(format!("{}: {e}", argv[0].to_string_lossy())))?;
+        // litestream 0.3 logs to stdout when it reads a config file (as here), to stderr otherwise: both are kept.
+        let mut stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
         let collect = async move {
-            let mut text = Vec::new();
-            let _ = stderr.read_to_end(&mut text).await;
+            let (mut text, mut errors) = (Vec::new(), Vec::new());
+            let _ = tokio::join!(
+                stdout.read_to_end(&mut text),
+                stderr.read_to_end(&mut errors)
+            );
+            text.extend_from_slice(&errors);
             text
         };
         let dir = self.dir.clone();
@@ -259,6 +265,17 @@ impl Drill {
         let stderr = tail(&text);
         let status = status.map_err(|e| Failure::Setup(format!("waiting for litestream: {e}")))?;
         if !status.success() {
+            // Out of space before the disk watch looked: the drill's disk, not the backup, failed it.
+            let free = free_bytes(&self.dir).ok();
+            if free.is_some_and(|free| free < self.reserve)
+                || stderr.contains("no space left on device")
+            {
+                return Err(Failure::Disk {
+                    dir: self.dir.display().to_string(),
+                    free: free.unwrap_or(0),
+                    need: self.reserve,
+                });
+            }
             return Err(Failure::Restore {
                 status: status.to_string(),
                 stderr,
