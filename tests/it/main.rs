@@ -23,6 +23,9 @@ mod cleanup;
 mod cli;
 /// docs/configuration.md against the reference `sidecar.toml`.
 mod docs;
+/// Restore drills and the destination's layout with the real litestream: what drills prove, and faults of the
+/// backup (objects deleted or corrupted, litestream killed, the destination unreachable, a small disk, LTX).
+mod drills;
 /// Faults injected into a running sidecar: PostgreSQL, upstream, litestream, the sidecar itself, clients.
 mod faults;
 /// Fuzz targets: every parser of outside input, on random and mutated input.

@@ -2,6 +2,7 @@
 //! well-behaved library will send, and a stand-in for Zero's change-streamer behind the relay.
 
 pub mod cluster;
+pub mod litestream;
 pub mod moto;
 pub mod pg;
 pub mod process;

@@ -1,0 +1,332 @@
+//! Restore drills and the destination's layout against the real litestream (upstream v0.3.13, and v0.5.17 for
+//! the LTX layout) replicating a Zero-shaped replica: drills prove what litestream uploaded and no more, and every
+//! fault of the backup (an object deleted, truncated or corrupted, litestream killed mid-upload, the destination
+//! unreachable, a disk too small for a drill, an LTX destination) is reported, holds what it must, and leaves no
+//! scratch directory behind.
+//!
+//! No litestream_replica_progress gauge comes from upstream litestream (only Zero's fork has it): where a case
+//! needs one, a [`MetricsServer`] serves it, set to a watermark only after a restore of the destination has shown
+//! it uploaded, at the time of the object that carries it.
+//!
+//! The cases that need PostgreSQL are in [`pg`].
+
+mod pg;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::litestream::{self, Files, Litestream, Options, Replica, Tmpfs};
+use crate::support::*;
+
+/// TestSchema's replica version, `lexi(1000)`: the replica's too.
+const REPLICA_VERSION: &str = "1rs";
+
+/// The watermark of the `n`th upstream transaction after the replica version.
+fn wm(n: u64) -> String {
+    lexi(1000 + n)
+}
+
+/// A replica, the real litestream replicating it (to a file:// destination unless told otherwise), and the
+/// directory drills use, all in one temporary directory.
+/// Dropped in this order: litestream is killed before its directory goes.
+struct Rig {
+    litestream: Litestream,
+    replica: Replica,
+    /// The file:// destination (empty when litestream writes elsewhere).
+    dest: Files,
+    /// Where litestream writes: `dest`'s URL unless told otherwise.
+    url: String,
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    /// A replica at [`REPLICA_VERSION`] (grown by `fill` bytes first), replicated by litestream v0.3.13.
+    fn start(options: Options, fill: usize) -> Rig {
+        let mut rig = Rig::new(&litestream::v03(), None, options, fill);
+        rig.litestream.start();
+        rig
+    }
+
+    /// The replica and litestream's config, with `bin` writing to `url` (`None`: the file:// destination);
+    /// litestream not started yet.
+    fn new(bin: &Path, url: Option<&str>, options: Options, fill: usize) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let replica = Replica::create(&dir.path().join("replica.db"), REPLICA_VERSION);
+        if fill > 0 {
+            replica.fill(fill);
+        }
+        replica.checkpoint();
+        let dest = Files::new(&dir.path().join("backup"));
+        let url = url.map_or_else(|| dest.url(), str::to_string);
+        let litestream = Litestream::configure(bin, &replica.path, &url, options);
+        std::fs::create_dir_all(dir.path().join("drills")).unwrap();
+        Rig {
+            litestream,
+            replica,
+            dest,
+            url,
+            dir,
+        }
+    }
+
+    fn drill_dir(&self) -> PathBuf {
+        self.dir.path().join("drills")
+    }
+
+    /// Where objects taken out of the destination are kept (to put them back).
+    fn aside(&self) -> PathBuf {
+        self.dir.path().join("aside")
+    }
+
+    /// Applies the transaction `wm(n)` (`rows` inserts) and waits until a restore of the destination gets it.
+    async fn apply(&self, n: u64, rows: i64) -> String {
+        let watermark = wm(n);
+        self.replica.apply(&watermark, rows);
+        self.litestream.uploaded(&watermark).await;
+        watermark
+    }
+}
+
+/// TOML sections merged key by key, later parts over earlier ones (a section may appear in several parts).
+fn merge(parts: &[&str]) -> String {
+    let mut merged = toml::Table::new();
+    for part in parts {
+        let table: toml::Table = part.parse().expect("TOML");
+        for (section, values) in table {
+            let target = merged
+                .entry(section)
+                .or_insert_with(|| toml::Value::Table(Default::default()))
+                .as_table_mut()
+                .unwrap();
+            for (key, value) in values.as_table().expect("sections only") {
+                target.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    toml::to_string(&merged).unwrap()
+}
+
+/// A sidecar config for `rig`: destination verified every second, a drill every second with the real litestream
+/// into the rig's drill directory, `requires`; `pg` (TestSchema::config, or "") and `extra` merged over it.
+fn drill_config(
+    rig: &Rig,
+    pg: &str,
+    metrics_url: &str,
+    requires: &str,
+    extra: &str,
+) -> litestream_sidecar::Config {
+    let base = format!(
+        "[litestream]\nbackup_url = \"{}\"\nmetrics_url = \"{metrics_url}\"\ncheck_interval = \"1s\"\n\
+         [backup]\nverify = true\nlist_timeout = \"2s\"\nlitestream = \"{}\"\ndrill_interval = \"1s\"\n\
+         drill_timeout = \"20s\"\ndrill_dir = \"{}\"\ndrill_reserve = 0\n\
+         [cleanup]\nrequires = \"{requires}\"\nreconnect_grace = \"2s\"\n\
+         [server]\nping_interval = \"100ms\"\n[discovery]\ninterval = \"100ms\"\n",
+        rig.url,
+        rig.litestream.bin.display(),
+        rig.drill_dir().display(),
+    );
+    config(&merge(&[&base, pg, extra]))
+}
+
+/// `GET /status`, parsed.
+async fn report(sidecar: &Sidecar) -> Value {
+    let (code, body) = http(sidecar.addr, "GET", "/status").await;
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// Waits (up to `guard`) until `/status` satisfies `check`; returns that report.
+async fn reported(
+    sidecar: &Sidecar,
+    what: &str,
+    guard: Duration,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + guard;
+    loop {
+        let json = report(sidecar).await;
+        if check(&json) {
+            return json;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; /status: {json:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the latest drill proved `watermark`.
+async fn proves(sidecar: &Sidecar, watermark: &str) -> Value {
+    reported(
+        sidecar,
+        &format!("a drill proving {watermark}"),
+        Duration::from_secs(30),
+        |json| json["drills"]["last"]["proven_watermark"] == watermark,
+    )
+    .await
+}
+
+/// Waits until the latest drill failed with `kind`; returns its `/status` entry.
+async fn fails(sidecar: &Sidecar, kind: &str) -> Value {
+    let json = reported(
+        sidecar,
+        &format!("a drill failing with {kind}"),
+        Duration::from_secs(30),
+        |json| json["drills"]["last"]["error_kind"] == kind,
+    )
+    .await;
+    json["drills"]["last"].clone()
+}
+
+/// Drills that have ended so far.
+fn runs(sidecar: &Sidecar) -> u64 {
+    sidecar.status.get().drills.runs
+}
+
+/// Waits until `n` more drills have ended.
+async fn more_drills(sidecar: &Sidecar, n: u64) {
+    let target = runs(sidecar) + n;
+    within("drills", Duration::from_secs(30), || async {
+        runs(sidecar) >= target
+    })
+    .await;
+}
+
+/// The drill directory holds nothing while no drill runs: every scratch directory was removed. Read between two
+/// looks at the status that both see no drill running and the same number of drills ended.
+async fn left_nothing(sidecar: &Sidecar, dir: &Path) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let before = sidecar.status.get().drills;
+        let entries = list(dir);
+        let after = sidecar.status.get().drills;
+        if before.running_since.is_none()
+            && after.running_since.is_none()
+            && before.runs == after.runs
+        {
+            assert_eq!(entries, Vec::<String>::new(), "left in {}", dir.display());
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a drill was always running"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The names in `dir`.
+fn list(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn drills_prove_what_litestream_uploaded_and_no_more() {
+    let mut rig = Rig::start(Options::default(), 0);
+    let w1 = rig.apply(1, 2).await;
+    // No change DB: the drills need none (the restored replica's version is then not compared).
+    let sidecar = start(drill_config(&rig, "", NO_LITESTREAM, "listing", "")).await;
+
+    let json = proves(&sidecar, &w1).await;
+    let last = &json["drills"]["last"];
+    assert_eq!(last["ok"], true, "{json:#}");
+    assert_eq!(last["replica_version"], REPLICA_VERSION);
+    assert_eq!(last["error"], Value::Null);
+    assert!(last["bytes"].as_u64().unwrap() > 0, "{json:#}");
+    assert_eq!(json["drills"]["last_proof"], *last);
+    assert_eq!(json["drills"]["interval_seconds"], 1.0);
+    assert_eq!(json["destination"]["layout"], "restorable");
+
+    // More uploaded: the next drills prove it, exactly the replica's stateVersion at the upload.
+    rig.apply(2, 1).await;
+    let w3 = rig.apply(3, 3).await;
+    proves(&sidecar, &w3).await;
+    assert_eq!(rig.replica.state_version(), w3);
+
+    // litestream stops; the replica goes on to wm(4), which is never uploaded: drills keep proving wm(3).
+    rig.litestream.kill();
+    rig.replica.apply(&wm(4), 1);
+    more_drills(&sidecar, 3).await;
+    let json = report(&sidecar).await;
+    assert_eq!(json["drills"]["last"]["ok"], true, "{json:#}");
+    assert_eq!(json["drills"]["last"]["proven_watermark"], w3.as_str());
+    assert_eq!(json["drills"]["failures"], 0);
+    assert_eq!(rig.replica.state_version(), wm(4));
+
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+    sidecar.stop().await;
+    assert_eq!(list(&rig.drill_dir()), Vec::<String>::new());
+}
+
+/// The database the disk cases restore: twice the tmpfs.
+const LARGE: usize = 4 << 20;
+
+#[tokio::test]
+async fn a_disk_too_small_for_the_database_fails_the_drill_before_or_while_it_restores() {
+    // litestream's own page says how large the database is.
+    let rig = Rig::start(
+        Options {
+            metrics: true,
+            ..Options::default()
+        },
+        LARGE,
+    );
+    let w1 = rig.apply(1, 1).await;
+    assert!(rig.replica.bytes() >= LARGE as u64);
+    let small = Tmpfs::mount(&rig.dir.path().join("small"), "2m");
+    let size = small.free();
+    assert!(size < LARGE as u64);
+    let extra = format!(
+        "[backup]\ndrill_dir = \"{}\"\ndrill_reserve = 65536\n",
+        small.dir.display()
+    );
+
+    // Before it starts: the page's litestream_db_size plus the reserve does not fit, nothing is written.
+    let sidecar = start(drill_config(
+        &rig,
+        "",
+        &rig.litestream.metrics_url(),
+        "restore",
+        &extra,
+    ))
+    .await;
+    let last = fails(&sidecar, "disk").await;
+    let error = last["error"].as_str().unwrap();
+    assert!(error.contains("not enough disk"), "{error}");
+    assert!(error.contains(&small.dir.display().to_string()), "{error}");
+    let status = sidecar.status.get();
+    assert!(
+        status.db_bytes.unwrap() >= LARGE as u64,
+        "{:?}",
+        status.db_bytes
+    );
+    assert_eq!(status.drills.last_proof, None);
+    left_nothing(&sidecar, &small.dir).await;
+    assert_eq!(small.free(), size, "nothing was written");
+    sidecar.stop().await;
+
+    // While it restores: with no page to say the size, litestream starts and runs out of space.
+    let sidecar = start(drill_config(&rig, "", NO_LITESTREAM, "restore", &extra)).await;
+    let last = fails(&sidecar, "disk").await;
+    assert!(
+        last["error"].as_str().unwrap().contains("not enough disk"),
+        "{last:#}"
+    );
+    assert_eq!(sidecar.status.get().db_bytes, None);
+    left_nothing(&sidecar, &small.dir).await;
+    assert_eq!(small.free(), size, "the partial restore was removed");
+    sidecar.stop().await;
+
+    // The same backup restores where there is room.
+    assert_eq!(rig.litestream.restored().await.as_deref(), Ok(w1.as_str()));
+    assert_eq!(list(&small.dir), Vec::<String>::new());
+    drop(small);
+}

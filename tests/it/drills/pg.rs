@@ -1,0 +1,695 @@
+//! Drills and faults of the backup against a real PostgreSQL change log: what each fault holds (the exact decision,
+//! the rows left in `changeLog`, the snapshot statuses withheld), what `/status` reports, and that no drill leaves
+//! anything behind. The change log holds wm(1)..wm(n); the replica applies them as Zero's replicator would, never
+//! ahead of the log.
+
+use std::time::{Duration, SystemTime};
+
+use litestream_sidecar::cleanup::{Decision, HoldReason};
+use litestream_sidecar::App;
+
+use super::*;
+use crate::support::litestream::{gauge_time, move_aside};
+use crate::support::moto::Moto;
+use crate::support::pg::{expected_rows, TestSchema};
+
+/// A change log holding the transactions wm(1)..=wm(n), `rows` inserts each.
+async fn change_log(n: u64, rows: i64) -> TestSchema {
+    let db = TestSchema::create(Some(5), None).await;
+    for i in 1..=n {
+        db.insert_transaction(&wm(i), rows).await;
+    }
+    db
+}
+
+/// The change log's rows of wm(from)..=wm(to), `rows` inserts each (with begin and commit).
+fn rows_of(from: u64, to: u64, rows: i64) -> Vec<(String, i64)> {
+    let watermarks: Vec<String> = (from..=to).map(wm).collect();
+    let refs: Vec<&str> = watermarks.iter().map(String::as_str).collect();
+    expected_rows(&refs, rows + 2)
+}
+
+/// A sidecar over `db` for `rig`, up long enough that no start-up hold applies.
+async fn sidecar(
+    rig: &Rig,
+    db: &TestSchema,
+    metrics_url: &str,
+    requires: &str,
+    extra: &str,
+) -> Sidecar {
+    start_aged(
+        drill_config(rig, &db.config(), metrics_url, requires, extra),
+        Duration::from_secs(60),
+    )
+    .await
+}
+
+/// A v6 snapshot reservation, as a view-syncer opens before it restores the backup.
+async fn reserve(sidecar: &Sidecar, task: &str) -> RawClient {
+    RawClient::connect(
+        sidecar.addr,
+        &format!("/replication/v6/snapshot?taskID={task}"),
+    )
+    .await
+}
+
+/// No status on `raw` for `pings` pings (100 ms apart).
+async fn withheld(raw: &mut RawClient, pings: usize) {
+    for _ in 0..pings {
+        let text = text_after_pings(raw, 1).await;
+        assert_eq!(text, None, "a status was sent");
+    }
+}
+
+/// The status `raw` gets, within 300 pings (30 s).
+async fn status_of(raw: &mut RawClient) -> String {
+    for _ in 0..300 {
+        if let Some(text) = text_after_pings(raw, 1).await {
+            return text;
+        }
+    }
+    panic!("no status within 300 pings");
+}
+
+/// What a v4+ status says the change log still holds from: its oldest watermark (the view-syncer catches up
+/// from there), not the backup's.
+fn min_watermark(watermark: &str) -> String {
+    format!(r#""minWatermark":"{watermark}""#)
+}
+
+/// The floor `/status` shows for the reservation of `task`: no row at or above it is purged while it is open.
+async fn floor(sidecar: &Sidecar, task: &str) -> Value {
+    let json = report(sidecar).await;
+    json["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["task_id"] == task)
+        .unwrap_or_else(|| panic!("no reservation of {task}: {json:#}"))["floor"]
+        .clone()
+}
+
+/// Waits (up to `guard`) until the monitor decides `expected`, then checks the next check decides it again.
+async fn settles_within(sidecar: &Sidecar, expected: Decision, guard: Duration) {
+    let deadline = tokio::time::Instant::now() + guard;
+    loop {
+        let decision = decisions(sidecar, 1).await;
+        if decision == expected {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {expected:?}; the last was {decision:?}"
+        );
+    }
+    assert_eq!(decisions(sidecar, 1).await, expected, "a check later");
+}
+
+fn hold(reason: HoldReason) -> Decision {
+    Decision::Hold(reason)
+}
+
+/// Until `/status` reports the destination's layout as `layout`.
+async fn layout_is(sidecar: &Sidecar, layout: &str) -> Value {
+    reported(
+        sidecar,
+        &format!("layout {layout}"),
+        Duration::from_secs(20),
+        |json| json["destination"]["layout"] == layout,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn restore_proofs_without_any_gauge_bound_the_purge_and_the_statuses() {
+    // wm(1)..wm(5) logged; the replica has applied wm(1)..wm(3); litestream is not running yet.
+    let db = change_log(5, 2).await;
+    let all = db.rows().await;
+    let mut rig = Rig::new(
+        &litestream::v03(),
+        None,
+        Options {
+            metrics: true,
+            ..Options::default()
+        },
+        0,
+    );
+    for n in 1..=3 {
+        rig.replica.apply(&wm(n), 2);
+    }
+    // Upstream litestream's own page (no litestream_replica_progress): all the sidecar reads of litestream.
+    let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(5)));
+
+    // Nothing uploaded, nothing proven: no drill, no purge, no status.
+    settles_on(&sidecar, hold(HoldReason::NoBackup)).await;
+    let mut early = reserve(&sidecar, "vs-early").await;
+    withheld(&mut early, 20).await;
+    let json = report(&sidecar).await;
+    assert_eq!(json["destination"]["layout"], "empty", "{json:#}");
+    assert_eq!(json["drills"]["runs"], 0);
+    assert_eq!(db.rows().await, all);
+
+    rig.litestream.start();
+    rig.litestream.uploaded(&wm(3)).await;
+    let json = proves(&sidecar, &wm(3)).await;
+    assert_eq!(json["drills"]["drive_cleanup"], true);
+    // The reservation that waited gets its status now: the proof is the backup statuses stand on. Its
+    // minWatermark is the change log's oldest (nothing purged yet), and it pins no higher than that.
+    let status = status_of(&mut early).await;
+    assert!(status.contains(&min_watermark(&wm(1))), "{status}");
+    assert_eq!(sidecar.registry.newest_backup(), Some(wm(3)));
+    assert_eq!(floor(&sidecar, "vs-early").await, wm(1));
+    drop(early);
+    eventually("the reservation ended", || sidecar.registry.is_empty()).await;
+
+    // The proof ages past the cleanup delay (30 s): the purge goes below wm(3), never further.
+    within("the purge below wm(3)", Duration::from_secs(60), || async {
+        let rows = db.rows().await;
+        assert!(
+            rows == all || rows == rows_of(3, 5, 2),
+            "purged past the proof: {rows:?}"
+        );
+        rows == rows_of(3, 5, 2)
+    })
+    .await;
+    settles_on(&sidecar, hold(HoldReason::NothingNew)).await;
+    assert_eq!(db.rows().await, rows_of(3, 5, 2));
+    let json = report(&sidecar).await;
+    assert_eq!(json["last_purge"]["before"], wm(3), "{json:#}");
+    assert_eq!(json["drills"]["last_proof"]["proven_watermark"], wm(3));
+    // Purged below the proof, the log starts at it: a status now carries the proven watermark.
+    let mut late = reserve(&sidecar, "vs-late").await;
+    let status = status_of(&mut late).await;
+    assert!(status.contains(&min_watermark(&wm(3))), "{status}");
+    assert_eq!(floor(&sidecar, "vs-late").await, wm(3));
+    drop(late);
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_wal_index_missing_from_the_chain_is_an_index_gap_that_holds_cleanup_unverified() {
+    let db = change_log(4, 1).await;
+    let all = db.rows().await;
+    // A checkpoint after nearly every sync: each transaction starts a WAL index of its own.
+    let rig = Rig::start(
+        Options {
+            db: vec!["min-checkpoint-page-count: 2".into()],
+            ..Options::default()
+        },
+        0,
+    );
+    for n in 1..=4 {
+        rig.apply(n, 1).await;
+    }
+    let segments = rig.dest.segments();
+    let (first, last) = (segments[0].index, segments.last().unwrap().index);
+    let middle = (first + last) / 2;
+    assert!(first < middle && middle < last, "{segments:#?}");
+    // litestream's claim, set only now that a restore got wm(4), at the time of the newest object.
+    let claimed = gauge_time(rig.dest.newest().unwrap());
+    let gauge = MetricsServer::start(&progress_page(&[(&wm(4), claimed)])).await;
+    let sidecar = sidecar(&rig, &db, &gauge.url(), "listing", "").await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(4)));
+    // The whole chain: restorable, the claim covered, and only too recent to purge below.
+    settles_on(&sidecar, hold(HoldReason::BackupTooRecent)).await;
+    let json = report(&sidecar).await;
+    assert_eq!(json["destination"]["layout"], "restorable", "{json:#}");
+    assert_eq!(json["destination"]["last_wal_index"], last);
+    // Drills (under "listing" they only report) start once the names show something restorable.
+    proves(&sidecar, &wm(4)).await;
+
+    // 1. The first segment of a middle index gone: the rest of the index cannot be applied.
+    let head = segments
+        .iter()
+        .find(|s| s.index == middle && s.offset == 0)
+        .expect("the index's first segment");
+    let moved = move_aside(&head.path, &rig.aside().join("head"));
+    let json = layout_is(&sidecar, "index_gap").await;
+    let problem = json["destination"]["problem"].as_str().unwrap();
+    assert!(problem.contains(&format!("{middle:08x}")), "{problem}");
+    let mut reservation = reserve(&sidecar, "vs-1").await;
+    withheld(&mut reservation, 10).await;
+    // A real restore agrees (with drills under "listing", they only report).
+    let last_drill = fails(&sidecar, "restore").await;
+    let error = last_drill["error"].as_str().unwrap();
+    assert!(error.contains("missing initial wal segment"), "{error}");
+    drop(reservation);
+    std::fs::rename(&moved, &head.path).unwrap();
+    layout_is(&sidecar, "restorable").await;
+
+    // 2. A whole middle index gone.
+    let index: Vec<_> = segments.iter().filter(|s| s.index == middle).collect();
+    let aside = rig.aside().join("index");
+    let moved: Vec<_> = index.iter().map(|s| move_aside(&s.path, &aside)).collect();
+    let json = layout_is(&sidecar, "index_gap").await;
+    let problem = json["destination"]["problem"].as_str().unwrap();
+    assert!(problem.contains(&format!("{middle:08x}")), "{problem}");
+    let last_drill = fails(&sidecar, "restore").await;
+    let error = last_drill["error"].as_str().unwrap();
+    assert!(error.contains("missing WAL index"), "{error}");
+    let mut reservation = reserve(&sidecar, "vs-2").await;
+    withheld(&mut reservation, 10).await;
+    // The claim ages (30 s): still held, nothing restorable covers it.
+    settles_within(
+        &sidecar,
+        hold(HoldReason::BackupUnverified),
+        Duration::from_secs(60),
+    )
+    .await;
+    withheld(&mut reservation, 5).await;
+    assert_eq!(db.rows().await, all, "nothing purged");
+    let json = report(&sidecar).await;
+    assert_eq!(json["destination"]["layout"], "index_gap", "{json:#}");
+    assert_eq!(json["cleanup"]["hold_reason"], "backup_unverified");
+    drop(reservation);
+
+    // Back in place: the claim is covered again, and purged below.
+    for (from, segment) in moved.iter().zip(&index) {
+        std::fs::rename(from, &segment.path).unwrap();
+    }
+    within("the purge below wm(4)", Duration::from_secs(30), || async {
+        db.rows().await == rows_of(4, 4, 1)
+    })
+    .await;
+    settles_on(&sidecar, hold(HoldReason::NothingNew)).await;
+    assert_eq!(db.rows().await, rows_of(4, 4, 1));
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_middle_wal_segment_deleted_restores_less_and_the_proof_going_back_holds_cleanup() {
+    let db = change_log(4, 1).await;
+    let all = db.rows().await;
+    let rig = Rig::start(
+        Options {
+            metrics: true,
+            ..Options::default()
+        },
+        0,
+    );
+    // The segment each transaction was uploaded in.
+    let mut carrying = Vec::new();
+    for n in 1..=4 {
+        rig.apply(n, 1).await;
+        carrying.push(rig.dest.segments().pop().unwrap());
+    }
+    let gone = carrying[1].clone();
+    assert!(
+        gone.offset > 0 && gone.index == carrying[3].index && gone.offset < carrying[3].offset,
+        "wm(2) in a middle segment of the last index: {carrying:#?}"
+    );
+    let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(4)));
+    proves(&sidecar, &wm(4)).await;
+
+    // wm(2)'s segment gone: the names still look whole, but a restore silently stops at wm(1).
+    let moved = move_aside(&gone.path, &rig.aside());
+    assert_eq!(rig.litestream.restored().await, Ok(wm(1)));
+    let json = proves(&sidecar, &wm(1)).await;
+    assert_eq!(json["drills"]["last"]["ok"], true);
+    settles_on(&sidecar, hold(HoldReason::BackupRegressed)).await;
+    let json = report(&sidecar).await;
+    assert_eq!(json["destination"]["layout"], "restorable", "{json:#}");
+    assert_eq!(json["backup_regressed"]["highest"], wm(4), "{json:#}");
+    assert_eq!(json["backup_regressed"]["current"], wm(1));
+    assert_eq!(db.rows().await, all, "nothing purged");
+    // A restore started now gets wm(1): statuses stand on it, and a reservation pins no higher.
+    assert_eq!(sidecar.registry.newest_backup(), Some(wm(1)));
+    let mut reservation = reserve(&sidecar, "vs-2").await;
+    let status = status_of(&mut reservation).await;
+    assert!(status.contains(&min_watermark(&wm(1))), "{status}");
+    assert_eq!(floor(&sidecar, "vs-2").await, wm(1));
+    drop(reservation);
+
+    // Back in place: proven at wm(4) again and no longer regressed; that proof is new, so it ages anew.
+    std::fs::rename(&moved, &gone.path).unwrap();
+    proves(&sidecar, &wm(4)).await;
+    settles_on(&sidecar, hold(HoldReason::BackupTooRecent)).await;
+    assert_eq!(report(&sidecar).await["backup_regressed"], Value::Null);
+    assert_eq!(db.rows().await, all);
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_deleted_snapshot_is_reported_fails_drills_and_holds_cleanup_and_statuses() {
+    let db = change_log(3, 1).await;
+    let all = db.rows().await;
+    let rig = Rig::start(
+        Options {
+            metrics: true,
+            ..Options::default()
+        },
+        0,
+    );
+    for n in 1..=3 {
+        rig.apply(n, 1).await;
+    }
+    let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(3)));
+    proves(&sidecar, &wm(3)).await;
+    let mut before = reserve(&sidecar, "vs-before").await;
+    let status = status_of(&mut before).await;
+    assert!(status.contains(&min_watermark(&wm(1))), "{status}");
+    assert_eq!(sidecar.registry.newest_backup(), Some(wm(3)));
+    drop(before);
+
+    let snapshots = rig.dest.snapshots();
+    assert_eq!(snapshots.len(), 1, "{snapshots:?}");
+    let moved = move_aside(&snapshots[0], &rig.aside());
+    assert!(rig.litestream.restored().await.is_err());
+    let json = layout_is(&sidecar, "no_snapshot").await;
+    let problem = json["destination"]["problem"].as_str().unwrap();
+    assert!(problem.contains("no snapshot"), "{problem}");
+    let last = fails(&sidecar, "restore").await;
+    let error = last["error"].as_str().unwrap();
+    assert!(error.contains("snapshot"), "{error}");
+    settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
+    let json = report(&sidecar).await;
+    let unknown = json["cleanup"]["backup_unknown"].as_str().unwrap();
+    assert!(unknown.contains("restore drill failed"), "{json:#}");
+    let mut after = reserve(&sidecar, "vs-after").await;
+    withheld(&mut after, 20).await;
+    assert_eq!(db.rows().await, all, "nothing purged");
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+
+    // Back in place: proven again, and the reservation that waited gets its status.
+    std::fs::rename(&moved, &snapshots[0]).unwrap();
+    proves(&sidecar, &wm(3)).await;
+    let status = status_of(&mut after).await;
+    assert!(status.contains(&min_watermark(&wm(1))), "{status}");
+    reported(
+        &sidecar,
+        "the position known again",
+        Duration::from_secs(10),
+        |json| json["cleanup"]["backup_unknown"].is_null(),
+    )
+    .await;
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+/// Makes `path` `len` bytes long, keeping its last-modified time (the name and time look as uploaded).
+fn truncate(path: &Path, len: u64) {
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    let modified = file.metadata().unwrap().modified().unwrap();
+    file.set_len(len).unwrap();
+    file.set_modified(modified).unwrap();
+}
+
+/// Writes `bytes` over `path`, keeping its last-modified time.
+fn overwrite(path: &Path, bytes: &[u8]) {
+    let modified = std::fs::metadata(path).unwrap().modified().unwrap();
+    std::fs::write(path, bytes).unwrap();
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_modified(modified).unwrap();
+}
+
+#[tokio::test]
+async fn a_truncated_or_corrupted_object_fails_drills_and_holds_cleanup() {
+    let db = change_log(3, 1).await;
+    let all = db.rows().await;
+    let rig = Rig::start(
+        Options {
+            metrics: true,
+            ..Options::default()
+        },
+        0,
+    );
+    let mut carrying = Vec::new();
+    for n in 1..=3 {
+        rig.apply(n, 1).await;
+        carrying.push(rig.dest.segments().pop().unwrap());
+    }
+    let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(3)));
+    proves(&sidecar, &wm(3)).await;
+
+    // wm(2)'s WAL segment cut in half, as an upload that stopped part-way: its name is as good as ever.
+    let segment = &carrying[1].path;
+    let whole = std::fs::read(segment).unwrap();
+    truncate(segment, whole.len() as u64 / 2);
+    assert!(rig.litestream.restored().await.is_err());
+    let last = fails(&sidecar, "restore").await;
+    let error = last["error"].as_str().unwrap();
+    assert!(error.contains("unexpected EOF"), "{error}");
+    settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
+    assert_eq!(
+        report(&sidecar).await["destination"]["layout"],
+        "restorable"
+    );
+    let mut reservation = reserve(&sidecar, "vs-2").await;
+    withheld(&mut reservation, 10).await;
+    drop(reservation);
+    assert_eq!(db.rows().await, all, "nothing purged");
+
+    // Whole again: proven again.
+    overwrite(segment, &whole);
+    proves(&sidecar, &wm(3)).await;
+    reported(
+        &sidecar,
+        "the position known again",
+        Duration::from_secs(10),
+        |json| json["cleanup"]["backup_unknown"].is_null(),
+    )
+    .await;
+
+    // Sixteen bytes in the middle of the snapshot flipped: lz4's checksum catches it.
+    let snapshot = rig.dest.snapshots().pop().unwrap();
+    let mut bytes = std::fs::read(&snapshot).unwrap();
+    let middle = bytes.len() / 2;
+    for byte in &mut bytes[middle..middle + 16] {
+        *byte ^= 0xff;
+    }
+    overwrite(&snapshot, &bytes);
+    assert!(rig.litestream.restored().await.is_err());
+    let last = fails(&sidecar, "restore").await;
+    let error = last["error"].as_str().unwrap();
+    assert!(error.contains("snapshot"), "{error}");
+    settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
+    let mut reservation = reserve(&sidecar, "vs-3").await;
+    withheld(&mut reservation, 10).await;
+    assert_eq!(db.rows().await, all, "nothing purged");
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn litestream_killed_mid_upload_leaves_a_proven_watermark_that_bounds_cleanup() {
+    const N: u64 = 40;
+    let db = change_log(N, 1).await;
+    let mut rig = Rig::start(
+        Options {
+            metrics: true,
+            ..Options::default()
+        },
+        0,
+    );
+    let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(N)));
+
+    // Steady writes: the replicator applies a transaction every 100 ms.
+    let path = rig.replica.path.clone();
+    let writer = std::thread::spawn(move || {
+        let replica = Replica::open(&path);
+        for n in 1..=N {
+            replica.apply(&wm(n), 1);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    // Once litestream has uploaded a few, it is killed wherever it is.
+    within("a few uploads", Duration::from_secs(20), || async {
+        rig.litestream
+            .restored()
+            .await
+            .is_ok_and(|w| w.as_str() >= wm(3).as_str())
+    })
+    .await;
+    rig.litestream.kill();
+    let at_kill = rig.replica.state_version();
+    writer.join().unwrap();
+    assert_eq!(rig.replica.state_version(), wm(N));
+
+    // Killed while it wrote a segment (a millisecond of every second), litestream leaves the segment's
+    // temporary file, which its restores skip: the sidecar reports a name that is not litestream's, and holds,
+    // until the file is gone (litestream's restart writes that segment again; here it is removed).
+    let partial: Vec<_> = rig
+        .dest
+        .objects()
+        .into_iter()
+        .filter(|o| !o.name.ends_with(".lz4"))
+        .collect();
+    if let Some(tmp) = partial.first() {
+        let json = layout_is(&sidecar, "unreadable_name").await;
+        let problem = json["destination"]["problem"].as_str().unwrap();
+        assert!(problem.contains(&tmp.name), "{problem}");
+        for tmp in &partial {
+            std::fs::remove_file(&tmp.path).unwrap();
+        }
+    }
+    // What the destination holds: a restore gets W, short of what the replica had when litestream died.
+    let proven = rig.litestream.restored().await.unwrap();
+    let w = (1..=N)
+        .find(|&n| wm(n) == proven)
+        .expect("a transaction's watermark");
+    assert!(
+        w >= 3 && proven <= at_kill && w < N,
+        "W {proven}, at the kill {at_kill}"
+    );
+    proves(&sidecar, &proven).await;
+
+    // However long litestream stays down, cleanup goes no further than W: the proof ages and the purge reaches
+    // W exactly.
+    within("the purge below W", Duration::from_secs(60), || async {
+        let rows = db.rows().await;
+        let lowest = rows.first().map(|(w, _)| w.clone()).unwrap();
+        assert!(lowest <= proven, "purged past {proven}: {lowest}");
+        lowest == proven
+    })
+    .await;
+    settles_on(&sidecar, hold(HoldReason::NothingNew)).await;
+    assert_eq!(db.rows().await, rows_of(w, N, 1));
+    assert_eq!(report(&sidecar).await["last_purge"]["before"], proven);
+
+    // Restarted, litestream carries on (in its generation or a new one) and drills prove the rest.
+    let generations = rig.dest.generations();
+    rig.litestream.start();
+    rig.litestream.uploaded(&wm(N)).await;
+    proves(&sidecar, &wm(N)).await;
+    let after = rig.dest.generations();
+    assert!(
+        after.len() >= generations.len(),
+        "{generations:?} {after:?}"
+    );
+    assert_eq!(db.rows().await, rows_of(w, N, 1));
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_s3_destination_fails_the_drill_and_holds_cleanup() {
+    let moto = Moto::start().await;
+    moto.create_bucket("acme-zero").await;
+    let env = vec![
+        ("AWS_ACCESS_KEY_ID".to_string(), "AKIAEXAMPLE".to_string()),
+        ("AWS_SECRET_ACCESS_KEY".to_string(), "secret".to_string()),
+    ];
+    let mut rig = Rig::new(
+        &litestream::v03(),
+        Some("s3://acme-zero/zero/replica"),
+        Options {
+            replica: vec![
+                format!("endpoint: \"{}\"", moto.endpoint()),
+                "region: us-east-1".into(),
+                "force-path-style: true".into(),
+            ],
+            env: env.clone(),
+            metrics: true,
+            ..Options::default()
+        },
+        0,
+    );
+    rig.litestream.start();
+    let db = change_log(2, 1).await;
+    let all = db.rows().await;
+    for n in 1..=2 {
+        rig.apply(n, 1).await;
+    }
+    let config = drill_config(
+        &rig,
+        &db.config(),
+        &rig.litestream.metrics_url(),
+        "restore",
+        &format!(
+            "[backup]\nendpoint = \"{}\"\nregion = \"us-east-1\"\nforce_path_style = true\nallow_http = true\n",
+            moto.endpoint()
+        ),
+    );
+    let started = tokio::time::Instant::now() - Duration::from_secs(60);
+    let sidecar = start_app(App::new(config).backup_env(env).started_at(started)).await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(2)));
+    let json = proves(&sidecar, &wm(2)).await;
+    assert_eq!(json["destination"]["layout"], "restorable", "{json:#}");
+    assert!(json["destination"]["objects"].as_u64().unwrap() >= 2);
+
+    // The destination goes away.
+    drop(moto);
+    let last = fails(&sidecar, "restore").await;
+    let error = last["error"].as_str().unwrap();
+    assert!(error.contains("connection refused"), "{error}");
+    let json = reported(
+        &sidecar,
+        "the listing failing",
+        Duration::from_secs(20),
+        |json| json["destination"]["error"].is_string(),
+    )
+    .await;
+    assert_eq!(json["drills"]["last_proof"]["proven_watermark"], wm(2));
+    settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
+    let mut reservation = reserve(&sidecar, "vs-2").await;
+    withheld(&mut reservation, 10).await;
+    assert_eq!(db.rows().await, all, "nothing purged");
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn an_ltx_destination_is_refused_holds_cleanup_and_withholds_statuses() {
+    let db = change_log(2, 1).await;
+    let all = db.rows().await;
+    // litestream 0.5.17 replicating the same replica: LTX files.
+    let mut rig = Rig::new(&litestream::v05(), None, Options::default(), 0);
+    rig.litestream.start();
+    for n in 1..=2 {
+        rig.apply(n, 1).await;
+    }
+    let objects = rig.dest.objects();
+    assert!(
+        !objects.is_empty() && objects.iter().all(|o| o.name.starts_with("ltx/")),
+        "{objects:#?}"
+    );
+    let claimed = gauge_time(rig.dest.newest().unwrap());
+    let gauge = MetricsServer::start(&progress_page(&[(&wm(2), claimed)])).await;
+    let sidecar = sidecar(&rig, &db, &gauge.url(), "listing", "").await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(2)));
+    let json = layout_is(&sidecar, "ltx").await;
+    let problem = json["destination"]["problem"].as_str().unwrap();
+    assert!(
+        problem.starts_with("refused") && problem.contains("LTX"),
+        "{problem}"
+    );
+    let mut reservation = reserve(&sidecar, "vs-1").await;
+    withheld(&mut reservation, 20).await;
+    // The claim ages (30 s) and is never covered.
+    settles_within(
+        &sidecar,
+        hold(HoldReason::BackupUnverified),
+        Duration::from_secs(60),
+    )
+    .await;
+    withheld(&mut reservation, 5).await;
+    assert_eq!(db.rows().await, all, "nothing purged");
+    let json = report(&sidecar).await;
+    assert_eq!(
+        json["drills"]["runs"], 0,
+        "no drill of what would not restore"
+    );
+    let age = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        - claimed;
+    assert!(age >= 30.0, "{age}");
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+    sidecar.stop().await;
+    db.drop().await;
+}
