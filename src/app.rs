@@ -435,6 +435,7 @@ impl App {
             drill,
             config.backup.drill_interval,
             config.cleanup.requires == crate::cleanup::config::Requires::Restore,
+            config.backup.location.is_some(),
             self.status.clone(),
         );
         tracker.spawn(

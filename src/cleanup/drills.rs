@@ -19,6 +19,8 @@ const WAIT_FOR_BACKUP: Duration = Duration::from_secs(5);
 pub struct Drills {
     drill: Drill,
     interval: Option<Duration>,
+    /// `backup.verify` lists the destination: the first drill waits for a restorable listing.
+    listed: bool,
     status: StatusHandle,
 }
 
@@ -27,6 +29,7 @@ impl Drills {
         drill: Drill,
         interval: Option<Duration>,
         drives_cleanup: bool,
+        listed: bool,
         status: StatusHandle,
     ) -> Self {
         status.update(|s| {
@@ -36,6 +39,7 @@ impl Drills {
         Self {
             drill,
             interval,
+            listed,
             status,
         }
     }
@@ -53,13 +57,13 @@ impl Drills {
         let mut retry = FIRST_RETRY;
         loop {
             let status = self.status.clone();
-            let interval = self.interval;
+            let (interval, listed) = (self.interval, self.listed);
             let wait = async move {
                 match (interval, due) {
                     (None, _) => std::future::pending().await,
                     (Some(_), Some(due)) => tokio::time::sleep_until(due).await,
                     (Some(_), None) => loop {
-                        if restorable(&status) {
+                        if restorable(&status, listed) {
                             break;
                         }
                         tokio::time::sleep(WAIT_FOR_BACKUP).await;
@@ -146,9 +150,9 @@ impl Drills {
 /// Scheduled drills wait for something to restore, as a drill before it could only fail: with `backup.verify` on,
 /// a listing that shows a restorable generation; without it, litestream's first claim (or, when drills drive
 /// cleanup and no gauge is read, nothing: the drill is the only way to learn).
-fn restorable(status: &StatusHandle) -> bool {
+fn restorable(status: &StatusHandle, listed: bool) -> bool {
     status.read(|s| {
-        if s.backup.verifying {
+        if listed {
             s.backup
                 .listing
                 .as_ref()

@@ -302,14 +302,27 @@ impl Drill {
         })
     }
 
-    /// Removes what drills cut short left below `drill_dir`; returns how many.
+    /// Removes what drills cut short left below `drill_dir`; returns how many. A directory whose process still
+    /// runs (another sidecar sharing the default `drill_dir`, or `litestream-sidecar drill`) is that process's.
     pub fn sweep(&self) -> usize {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return 0;
         };
+        let ours = std::process::id();
         entries
             .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().starts_with(SCRATCH_PREFIX))
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.strip_prefix(SCRATCH_PREFIX).is_some_and(|rest| {
+                    match rest
+                        .rsplit_once('-')
+                        .and_then(|(_, pid)| pid.parse::<u32>().ok())
+                    {
+                        Some(pid) if pid != ours => !Path::new(&format!("/proc/{pid}")).exists(),
+                        _ => true,
+                    }
+                })
+            })
             .filter(|e| std::fs::remove_dir_all(e.path()).is_ok())
             .count()
     }
@@ -467,6 +480,38 @@ mod tests {
         }
         .is_backup());
         assert_eq!(Failure::KINDS.len(), 8);
+    }
+
+    #[test]
+    fn the_sweep_spares_the_directories_of_running_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let drill = Drill {
+            litestream: "litestream".into(),
+            backup_url: "file:///nowhere".into(),
+            s3: S3Settings::default(),
+            dir: dir.path().to_path_buf(),
+            timeout: Duration::from_secs(1),
+            reserve: 0,
+            check: CheckLevel::Quick,
+            env: Vec::new(),
+        };
+        // PID 1 runs; no process has the largest PID; this process's own leftovers are from an earlier run.
+        let names = [
+            "drill-1-1".to_string(),
+            format!("drill-2-{}", u32::MAX),
+            format!("drill-3-{}", std::process::id()),
+            "other".to_string(),
+        ];
+        for name in &names {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+        }
+        assert_eq!(drill.sweep(), 2);
+        let mut left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["drill-1-1", "other"]);
     }
 
     #[test]

@@ -125,6 +125,11 @@ impl Layout {
                 continue;
             };
             let (id, inner) = rest.split_once('/').unwrap_or((rest, ""));
+            // An upload in progress (or cut short by a kill) on a file:// destination: litestream writes
+            // `<name>.tmp` and renames it, and its own restore never reads one.
+            if inner.ends_with(".tmp") {
+                continue;
+            }
             let generation = generations.entry(id).or_default();
             generation.newest = generation.newest.max(Some(object.modified));
             match parse_entry(inner) {
@@ -340,6 +345,20 @@ mod tests {
             Problem::UnreadableName {
                 path: format!("{G}/wal/0000000G_00000000.wal.lz4")
             }
+        );
+    }
+
+    #[test]
+    fn uploads_in_progress_are_not_read() {
+        let listing = objects(&[
+            (&format!("{G}/snapshots/00000000.snapshot.lz4"), 1),
+            (&format!("{G}/wal/00000000_00000000.wal.lz4"), 2),
+            (&format!("{G}/wal/00000001_00000000.wal.lz4.tmp"), 9),
+        ]);
+        let chain = Layout::read(&listing).chain().cloned().unwrap();
+        assert_eq!(
+            (chain.last_index, chain.newest, chain.objects),
+            (0, at(2), 2)
         );
     }
 
