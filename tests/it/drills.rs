@@ -330,3 +330,59 @@ async fn a_disk_too_small_for_the_database_fails_the_drill_before_or_while_it_re
     assert_eq!(list(&small.dir), Vec::<String>::new());
     drop(small);
 }
+
+/// `litestream-sidecar drill`: one drill in its own process, with the daemon's config. Exit 0 and the proven
+/// watermark when the backup restores; exit 1 and the reason when its snapshot is gone; nothing left behind. The
+/// change DB is not reachable here, so versions are not compared (and the drill does not wait for it).
+#[tokio::test]
+async fn the_drill_command_proves_the_backup_or_exits_1() {
+    let rig = Rig::start(Options::default(), 0);
+    let watermark = rig.apply(2, 3).await;
+    let config = rig.dir.path().join("sidecar.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[litestream]\nbackup_url = \"{}\"\n[discovery]\nmode = \"off\"\n\
+             [change_db]\nurl = \"postgres://nobody@127.0.0.1:1/none\"\n\
+             [backup]\nlitestream = \"{}\"\ndrill_dir = \"{}\"\ndrill_reserve = 0\n",
+            rig.url,
+            rig.litestream.bin.display(),
+            rig.drill_dir().display(),
+        ),
+    )
+    .unwrap();
+    let run = move || {
+        let output = std::process::Command::new(crate::support::process::BIN)
+            .arg("--config")
+            .arg(&config)
+            .arg("drill")
+            .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8(output.stdout).unwrap(),
+        )
+    };
+    let (code, out) = tokio::task::spawn_blocking(run.clone()).await.unwrap();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "drill passed: the backup restores to watermark {watermark} (replica version {REPLICA_VERSION}, \
+             compared with nothing: the change DB did not answer)"
+        )),
+        "{out}"
+    );
+    assert_eq!(std::fs::read_dir(rig.drill_dir()).unwrap().count(), 0);
+
+    for snapshot in rig.dest.snapshots() {
+        std::fs::remove_file(snapshot).unwrap();
+    }
+    let (code, out) = tokio::task::spawn_blocking(run).await.unwrap();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with("drill FAILED (restore): litestream restore exited with exit status: 1"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read_dir(rig.drill_dir()).unwrap().count(), 0);
+}
