@@ -1,6 +1,6 @@
 //! Restore drills: the only proof that a backup restores is restoring it (docs/operations.md, "Backups you can
 //! restore"). A drill runs `litestream restore` of the newest backup with the litestream executable the host runs,
-//! into a scratch directory, at the lowest CPU and I/O priority, within a time limit and the disk's free space; then
+//! into a scratch directory, at a low CPU and I/O priority, within a time limit and the disk's free space; then
 //! opens the result with SQLite, runs `PRAGMA quick_check` (or `integrity_check`) and reads the replica's own
 //! position (`"_zero.replicationState".stateVersion`) and version (`"_zero.replicationConfig".replicaVersion`).
 //! The scratch directory is removed whatever happens, and leftovers of a drill cut short (a crash, `kill -9`) are
@@ -186,15 +186,19 @@ impl Drill {
         })
     }
 
-    /// `litestream restore -config <scratch>/litestream.yml -o <output> <scratch>/source.db`, under `nice` and
-    /// `ionice` where the host has them.
+    /// `litestream restore -config <scratch>/litestream.yml -o <output> <scratch>/source.db`, under `nice -n 10`
+    /// and `ionice -c 2 -n 7` (best effort, lowest) where the host has them.
     async fn restore(&self, scratch: &Path, output: &Path) -> Result<(), Failure> {
         let config = scratch.join("litestream.yml");
         let source = scratch.join("source.db");
         std::fs::write(&config, restore_config(&source, &self.backup_url, &self.s3))
             .map_err(|e| Failure::Setup(format!("{}: {e}", config.display())))?;
         let mut argv: Vec<std::ffi::OsString> = Vec::new();
-        for (tool, args) in [("nice", &["-n", "19"][..]), ("ionice", &["-c", "3"][..])] {
+        // Low, not idle: at nice 19 and the idle I/O class a drill on a busy host can wait without end.
+        for (tool, args) in [
+            ("nice", &["-n", "10"][..]),
+            ("ionice", &["-c", "2", "-n", "7"][..]),
+        ] {
             if let Some(path) = on_path(tool) {
                 argv.push(path.into());
                 argv.extend(args.iter().map(Into::into));

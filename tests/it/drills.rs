@@ -120,7 +120,7 @@ fn drill_config(
     let base = format!(
         "[litestream]\nbackup_url = \"{}\"\nmetrics_url = \"{metrics_url}\"\ncheck_interval = \"1s\"\n\
          [backup]\nverify = true\nlist_timeout = \"2s\"\nlitestream = \"{}\"\ndrill_interval = \"1s\"\n\
-         drill_timeout = \"20s\"\ndrill_dir = \"{}\"\ndrill_reserve = 0\n\
+         drill_timeout = \"60s\"\ndrill_dir = \"{}\"\ndrill_reserve = 0\n\
          [cleanup]\nrequires = \"{requires}\"\nreconnect_grace = \"2s\"\n\
          [server]\nping_interval = \"100ms\"\n[discovery]\ninterval = \"100ms\"\n",
         rig.url,
@@ -163,7 +163,7 @@ async fn proves(sidecar: &Sidecar, watermark: &str) -> Value {
     reported(
         sidecar,
         &format!("a drill proving {watermark}"),
-        Duration::from_secs(30),
+        Duration::from_secs(90),
         |json| json["drills"]["last"]["proven_watermark"] == watermark,
     )
     .await
@@ -174,7 +174,7 @@ async fn fails(sidecar: &Sidecar, kind: &str) -> Value {
     let json = reported(
         sidecar,
         &format!("a drill failing with {kind}"),
-        Duration::from_secs(30),
+        Duration::from_secs(90),
         |json| json["drills"]["last"]["error_kind"] == kind,
     )
     .await;
@@ -189,7 +189,7 @@ fn runs(sidecar: &Sidecar) -> u64 {
 /// Waits until `n` more drills have ended.
 async fn more_drills(sidecar: &Sidecar, n: u64) {
     let target = runs(sidecar) + n;
-    within("drills", Duration::from_secs(30), || async {
+    within("drills", Duration::from_secs(90), || async {
         runs(sidecar) >= target
     })
     .await;
