@@ -6,7 +6,9 @@
 // them stopped at the end whatever happened. Zero forks its workers detached (a new session each), so process groups
 // do not reach them; every process started here therefore carries the run's marker in its environment, Zero passes it
 // on to its workers and to litestream, and `killAll` also ends every process whose environment has it. (The marker
-// is INTEROP_CHILD_OF, not INTEROP_RUN_ID itself, which the test runner and this process carry too.)
+// is INTEROP_CHILD_OF, not INTEROP_RUN_ID itself, which the test runner and this process carry too.) Two deployments
+// of one run start processes of the same names ("sidecar", "replication-manager"): INTEROP_DEPLOYMENT tells them
+// apart, and a `Procs` stops and kills only its own deployment's.
 import {spawn, execFileSync} from 'node:child_process';
 import {createWriteStream, readdirSync, readFileSync} from 'node:fs';
 import {join} from 'node:path';
@@ -80,11 +82,14 @@ export class Proc {
 }
 
 export class Procs {
-  constructor(logDir) {
+  /** @param deployment names this set of processes among the run's (INTEROP_DEPLOYMENT) */
+  constructor(logDir, deployment = logDir) {
     this.logDir = logDir;
+    this.deployment = deployment;
     this.procs = new Map();
     this.generation = new Map();
-    this.onExit = () => this.killAllSync();
+    // On the way out, whatever still carries the run's marker goes, whichever deployment started it.
+    this.onExit = () => this.killAllSync({everyDeployment: true});
     process.on('exit', this.onExit);
   }
 
@@ -103,9 +108,10 @@ export class Procs {
     const logPath = join(this.logDir, n === 1 ? `${name}.log` : `${name}.${n}.log`);
     const file = createWriteStream(logPath);
     // A null or undefined value removes that variable.
-    // INTEROP_PROC names the process's whole tree (Zero's detached workers and the litestream it spawns too).
+    // INTEROP_PROC names the process's whole tree (Zero's detached workers and the litestream it spawns too), and
+    // INTEROP_DEPLOYMENT the deployment it belongs to.
     const fullEnv = Object.fromEntries(
-      Object.entries({...process.env, ...env, INTEROP_CHILD_OF: RUN_ID, INTEROP_PROC: name})
+      Object.entries({...process.env, ...env, INTEROP_CHILD_OF: RUN_ID, INTEROP_PROC: name, INTEROP_DEPLOYMENT: this.deployment})
         .filter(([, v]) => v !== undefined && v !== null),
     );
     const child = spawn(command, args, {
@@ -131,13 +137,14 @@ export class Procs {
 
   /**
    * Sends `signal` to the process group and waits for the leader to exit; SIGKILL after `timeout`. Then waits
-   * for the rest of its tree (INTEROP_PROC) to go, and kills what is left after a few seconds, so that a
-   * restart never finds the old one's ports taken.
+   * for the rest of its tree (INTEROP_PROC, in this deployment) to go, and kills what is left after a few seconds,
+   * so that a restart never finds the old one's ports taken.
    */
   async stop(name, opts = {}) {
     const result = await this.#stopLeader(name, opts);
-    for (let i = 0; i < 50 && treePids(name).length > 0; i++) await sleep(100);
-    for (const pid of treePids(name)) {
+    const tree = () => treePids(name, this.deployment);
+    for (let i = 0; i < 50 && tree().length > 0; i++) await sleep(100);
+    for (const pid of tree()) {
       try {
         process.kill(pid, 'SIGKILL');
       } catch {
@@ -165,14 +172,18 @@ export class Procs {
     return proc.exited;
   }
 
-  /** Stops every process (SIGTERM, then SIGKILL), then kills whatever still carries the run's marker. */
+  /**
+   * Stops every process (SIGTERM, then SIGKILL), then kills whatever of this deployment still carries the run's
+   * marker. Another deployment's processes keep running.
+   */
   async stopAll() {
     await Promise.all([...this.procs.keys()].reverse().map(name => this.stop(name, {timeout: 10_000})));
-    for (let i = 0; i < 50 && markedPids().length > 0; i++) await sleep(100);
+    for (let i = 0; i < 50 && deploymentPids(this.deployment).length > 0; i++) await sleep(100);
     this.killAllSync();
   }
 
-  killAllSync() {
+  /** `everyDeployment`: every process with the run's marker, not only this deployment's. */
+  killAllSync({everyDeployment = false} = {}) {
     for (const proc of this.procs.values()) {
       if (proc.running) {
         try {
@@ -182,7 +193,7 @@ export class Procs {
         }
       }
     }
-    for (const pid of markedPids()) {
+    for (const pid of everyDeployment ? markedPids() : deploymentPids(this.deployment)) {
       try {
         process.kill(pid, 'SIGKILL');
       } catch {
@@ -219,11 +230,26 @@ export function markedPids() {
   return pidsWith(`INTEROP_CHILD_OF=${RUN_ID}\0`);
 }
 
-/** Pids of every process of this run started as `name`, and of everything it started. */
-export function treePids(name) {
+/**
+ * Pids of every process of this run started as `name`, and of everything it started: of one deployment's (a
+ * `Procs`'s `deployment`), or, without one, of every deployment's.
+ */
+export function treePids(name, deployment) {
   return markedPids().filter(pid => {
     try {
-      return environ(pid).get('INTEROP_PROC') === name;
+      const env = environ(pid);
+      return env.get('INTEROP_PROC') === name && (deployment === undefined || env.get('INTEROP_DEPLOYMENT') === deployment);
+    } catch {
+      return false;
+    }
+  });
+}
+
+/** Pids of every process of this run that one deployment started (a `Procs`'s `deployment`), and their trees. */
+export function deploymentPids(deployment) {
+  return markedPids().filter(pid => {
+    try {
+      return environ(pid).get('INTEROP_DEPLOYMENT') === deployment;
     } catch {
       return false;
     }

@@ -20,7 +20,7 @@ import assert from 'node:assert/strict';
 import {execFileSync} from 'node:child_process';
 import {mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync} from 'node:fs';
 import {tmpdir} from 'node:os';
-import {dirname, join, resolve} from 'node:path';
+import {basename, dirname, join, resolve} from 'node:path';
 import {fileURLToPath, pathToFileURL} from 'node:url';
 import {listGenerations, litestreamBin, restoreTo} from './litestream.mjs';
 import {Procs} from './procs.mjs';
@@ -99,7 +99,8 @@ import {eventually, freePort, httpGet, progressSamples} from './util.mjs';
 
 export class Topology {
   /**
-   * @param name distinguishes this deployment's databases, directories and process names from another one's
+   * @param name distinguishes this deployment's databases and directories from another one's (its processes are
+   *   told apart by INTEROP_DEPLOYMENT, the name of its directory: procs.mjs)
    * @param litestreamEnv extra environment for the litestream the replication-manager runs (lib/litestream-gauge.mjs)
    * @param destination where litestream backs up: "file" (a directory of the deployment's) or "s3" (a bucket on a
    *   moto server of its own, on 127.0.0.1)
@@ -115,7 +116,7 @@ export class Topology {
     this.dir = mkdtempSync(join(tmpdir(), `sidecar-${PROFILE.tag}-${name}-`));
     this.logDir = join(this.dir, 'logs');
     mkdirSync(this.logDir);
-    this.procs = new Procs(this.logDir);
+    this.procs = new Procs(this.logDir, basename(this.dir));
     this.sidecarBin = process.env.SIDECAR_BIN;
     if (!this.sidecarBin || !existsSync(this.sidecarBin)) {
       throw new Error(`SIDECAR_BIN must name the built litestream-sidecar binary (got ${this.sidecarBin})`);
