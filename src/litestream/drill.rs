@@ -143,6 +143,8 @@ impl Drill {
         replica_version: Option<&str>,
     ) -> Result<Proof, Failure> {
         let started = SystemTime::now();
+        // Before anything is written: without litestream no drill can run, and no directory is made for one.
+        self.executable()?;
         let scratch = Scratch::create(&self.dir)?;
         let need = expected_bytes.unwrap_or(0).saturating_add(self.reserve);
         let free = free_bytes(&self.dir)?;
