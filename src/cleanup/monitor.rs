@@ -436,19 +436,18 @@ impl Monitor {
     }
 
     /// Reads the change DB's `replicaVersion`; a change is a resync, which makes every claim, the highest watermark,
-    /// the last purge and the destination's listing facts about another replica. Returns whether it changed. A
-    /// failed read changes nothing (the purge itself re-checks the log's newest watermark).
+    /// the last purge and the destination's listing facts about another replica. A failed read changes nothing (the purge itself re-checks the log's newest watermark).
     async fn read_replica(
         &self,
         replica: &mut Replica,
         backlog: &mut Backlog,
         said: &mut Said,
         now: Instant,
-    ) -> bool {
+    ) {
         let read = tokio::time::timeout(SIZE_TIMEOUT, self.change_db.replica_version()).await;
         let version = match read {
             Ok(Ok(Some(version))) => version,
-            Ok(Ok(None)) => return false,
+            Ok(Ok(None)) => return,
             Ok(Err(err)) => {
                 said.replica_problem.failed(
                     "cannot read the change DB's replica version",
@@ -456,9 +455,9 @@ impl Monitor {
                     Level::DEBUG,
                     now,
                 );
-                return false;
+                return;
             }
-            Err(_) => return false,
+            Err(_) => return,
         };
         said.replica_problem
             .succeeded("change DB's replica version readable again");
@@ -468,7 +467,7 @@ impl Monitor {
                 self.status
                     .update(|s| s.replica_version = Some(version.clone()));
             }
-            return false;
+            return;
         };
         let at = SystemTime::now();
         replica.reset_at = Some(at);
@@ -494,7 +493,6 @@ impl Monitor {
             s.backup.listing = None;
             s.backup.verified = false;
         });
-        true
     }
 
     /// Reads litestream's page into the backlog and the position. A failed read, a page without samples or a
@@ -813,18 +811,19 @@ impl Monitor {
     /// position unknown (cleanup holds, statuses wait) until a drill proves it again; one that could not run
     /// leaves the last proof standing.
     fn take_proofs(&self, backlog: &mut Backlog, position: &mut Position, replica: &Replica) {
-        let (last, proof) = self
-            .status
-            .read(|s| (s.drills.last.clone(), s.drills.last_proof.clone()));
-        if let Some(crate::cleanup::status::DrillOutcome::Failed { failure, .. }) = &last {
-            if failure.is_backup() {
-                self.position_unknown(
-                    position,
-                    format!("the last restore drill failed: {failure}"),
-                    true,
-                );
-                return;
-            }
+        let (failure, proof) = self.status.read(|s| {
+            (
+                s.drills.backup_failure().cloned(),
+                s.drills.last_proof.clone(),
+            )
+        });
+        if let Some(failure) = failure {
+            self.position_unknown(
+                position,
+                format!("the last restore drill failed: {failure}"),
+                true,
+            );
+            return;
         }
         let Some(proof) = proof else {
             return;
@@ -1099,14 +1098,15 @@ impl Monitor {
     /// `cleanup.requires = "restore"`: a drill that ended during the purge and found the backup broken, or proved
     /// less than before, stops it as a gauge that went back would.
     fn proof_moved(&self, gauge: &GaugeWatch) -> Option<String> {
-        let (last, proof) = self
-            .status
-            .read(|s| (s.drills.last.clone(), s.drills.last_proof.clone()));
-        if let Some(crate::cleanup::status::DrillOutcome::Failed { failure, .. }) = last {
-            if failure.is_backup() {
-                self.registry.forget_backup();
-                return Some(format!("a restore drill failed: {failure}"));
-            }
+        let (failure, proof) = self.status.read(|s| {
+            (
+                s.drills.backup_failure().cloned(),
+                s.drills.last_proof.clone(),
+            )
+        });
+        if let Some(failure) = failure {
+            self.registry.forget_backup();
+            return Some(format!("a restore drill failed: {failure}"));
         }
         match (gauge.highest.as_deref(), proof) {
             (Some(highest), Some(proof)) if proof.watermark.as_str() < highest => Some(format!(

@@ -134,11 +134,13 @@ pub enum DrillOutcome {
     },
 }
 
-impl DrillOutcome {
-    pub fn finished(&self) -> SystemTime {
-        match self {
-            DrillOutcome::Proved(proof) => proof.finished,
-            DrillOutcome::Failed { finished, .. } => *finished,
+impl DrillStatus {
+    /// The latest drill's failure when it was the backup's (see [`Failure::is_backup`]): what holds cleanup and
+    /// statuses under `cleanup.requires = "restore"` until a drill proves the backup again.
+    pub fn backup_failure(&self) -> Option<&Failure> {
+        match &self.last {
+            Some(DrillOutcome::Failed { failure, .. }) if failure.is_backup() => Some(failure),
+            _ => None,
         }
     }
 }
@@ -230,16 +232,15 @@ impl Status {
             .as_ref()
             .and_then(|listing| layout_problem(&listing.layout));
         // Only where it stops cleanup: otherwise a failed drill is the drills' own news (/status, metrics, alerts).
-        let drill = match &self.drills.last {
-            Some(DrillOutcome::Failed { failure, .. })
-                if self.drills.drives_cleanup && failure.is_backup() =>
-            {
-                Some(format!(
+        let drill = self
+            .drills
+            .backup_failure()
+            .filter(|_| self.drills.drives_cleanup)
+            .map(|failure| {
+                format!(
                     "cleanup and snapshot statuses held: the last restore drill failed ({failure})"
-                ))
-            }
-            _ => None,
-        };
+                )
+            });
         let problems: Vec<String> = [
             state, below, regressed, unknown, stale, unlisted, layout, drill, failing,
         ]

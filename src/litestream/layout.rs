@@ -12,7 +12,7 @@
 //! - litestream 0.5: `ltx/<level>/<min txid>-<max txid>.ltx`. Recognised so that it can be refused: Zero reads such
 //!   backups itself, so no proxy can keep it from purging.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 /// One object of a listing: its path below the replica's URL, and when it was last written.
@@ -187,8 +187,7 @@ impl Generation {
         let mut newest = snapshot_time;
         let mut objects = 1;
         let mut last_index = snapshot_index;
-        let indexes: BTreeSet<u64> = self.wal.range(snapshot_index..).map(|(&i, _)| i).collect();
-        if let Some(&last) = indexes.last() {
+        if let Some((&last, _)) = self.wal.range(snapshot_index..).next_back() {
             for index in snapshot_index..=last {
                 let Some(segments) = self.wal.get(&index) else {
                     return broken(Problem::IndexGap { missing: index });
