@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::page::{line_kind, parse_progress, render_series, PROGRESS_FAMILY};
+use super::page::{line_kind, parse_progress, parse_sample, render_series, PROGRESS_FAMILY};
 use super::Filter;
 
 #[cfg(test)]
@@ -122,12 +122,10 @@ pub struct Fallback {
     pub name: String,
 }
 
-/// The `db` label of the first `litestream_db_size` sample (its values hold no escaped quote: they are paths).
+/// The `db` label of the first `litestream_db_size` sample, read as the monitor reads samples.
 fn db_size_label(page: &str) -> Option<String> {
     page.lines()
-        .filter_map(|line| line.strip_prefix("litestream_db_size{"))
-        .find_map(|labels| {
-            let rest = &labels[labels.find("db=\"")? + 4..];
-            Some(rest[..rest.find('"')?].to_string())
-        })
+        .filter_map(|line| line.strip_prefix("litestream_db_size"))
+        .filter(|rest| rest.starts_with(['{', ' ', '\t']))
+        .find_map(|rest| parse_sample(rest).ok()?.0.remove("db"))
 }

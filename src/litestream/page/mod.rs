@@ -427,7 +427,7 @@ fn skip_blanks(bytes: &[u8], mut at: usize) -> usize {
 ///
 /// Label values are decoded per the text format (`\\`, `\"`, `\n`; any other escape is an error, as in Go's
 /// parser) and may contain `,`, `=`, `{` and `}`. Returns the labels and the value's text.
-fn parse_sample(rest: &str) -> Result<(BTreeMap<String, String>, &str), &'static str> {
+pub(super) fn parse_sample(rest: &str) -> Result<(BTreeMap<String, String>, &str), &'static str> {
     let b = rest.as_bytes();
     let mut labels = BTreeMap::new();
     let mut i = skip_blanks(b, 0);
