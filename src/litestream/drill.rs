@@ -257,16 +257,22 @@ impl Drill {
                 }
             }
         };
-        let finished = async {
-            let (status, text) = tokio::join!(child.wait(), collect);
-            (status, text)
-        };
-        let (status, text) = tokio::select! {
+        let finished = async { tokio::join!(child.wait(), collect) };
+        let stopped = tokio::select! {
             done = tokio::time::timeout(self.timeout, finished) => match done {
-                Ok(done) => done,
-                Err(_) => return Err(Failure::Timeout(self.timeout)),
+                Ok(done) => Ok(done),
+                Err(_) => Err(Failure::Timeout(self.timeout)),
             },
-            failure = watch_disk => return Err(failure),
+            failure = watch_disk => Err(failure),
+        };
+        let (status, text) = match stopped {
+            Ok(done) => done,
+            Err(failure) => {
+                // Waited for, not only signalled: the files it still holds open keep their space until it is
+                // gone, and the scratch directory is removed right after.
+                let _ = child.kill().await;
+                return Err(failure);
+            }
         };
         let stderr = tail(&text);
         let status = status.map_err(|e| Failure::Setup(format!("waiting for litestream: {e}")))?;
