@@ -284,7 +284,6 @@ impl App {
             .map_err(Error::Tls)?,
         };
         let tracker = TaskTracker::new();
-        self.spawn_proxy(proxy_listeners, &shutdown, &tracker)?;
         // The change DB connection outlives the other tasks: it is closed after the drain below.
         let db_shutdown = CancellationToken::new();
         let change_db = crate::cleanup::change_db::ChangeDb::start(
@@ -293,6 +292,7 @@ impl App {
             crate::cleanup::change_db::Options::default(),
             db_shutdown.clone(),
         );
+        self.spawn_proxy(proxy_listeners, &change_db, &shutdown, &tracker)?;
         self.spawn_cleanup(&change_db, &shutdown, &tracker);
 
         let admission = crate::net::admission::Admission::new(
@@ -348,6 +348,7 @@ impl App {
     fn spawn_proxy(
         &self,
         listeners: Vec<TcpListener>,
+        change_db: &crate::cleanup::change_db::ChangeDb,
         shutdown: &CancellationToken,
         tracker: &TaskTracker,
     ) -> Result<(), Error> {
@@ -363,10 +364,10 @@ impl App {
             mode: litestream.proxy_mode,
             filter: litestream.filter.clone(),
             status: self.status.clone(),
-            fallback: (self.config.cleanup.requires == crate::cleanup::config::Requires::Restore)
-                .then(|| crate::litestream::filter::Fallback {
-                    name: replica_type(&litestream.backup_url),
-                }),
+            change_db: Some(change_db.clone()),
+            fallback: crate::litestream::filter::Fallback {
+                name: replica_type(&litestream.backup_url),
+            },
         });
         let limits = crate::server::Limits::from_config(
             &self.config.server,
@@ -507,6 +508,7 @@ impl App {
                 registry: self.registry.clone(),
                 change_db: Some(change_db),
                 backup_url: config.litestream.backup_url.as_str().into(),
+                status: self.status.clone(),
                 ping_interval: config.server.ping_interval,
                 peer_timeout: config.server.peer_timeout,
                 shutdown: shutdown.clone(),

@@ -1,16 +1,18 @@
 //! The metrics proxy on Zero's litestream port: litestream's page with the `litestream_replica_progress` family
-//! removed (`hide`) or reduced to the watermark the sidecar has already purged below (`clamp`), byte for byte
+//! reduced to the change log's oldest watermark (`clamp`, the default) or removed (`hide`), byte for byte
 //! otherwise.
 //!
-//! Zero 0.20's replication-manager polls `http://localhost:{ZERO_LITESTREAM_PORT}/metrics` and purges the change
-//! log on its own, blind to the reservations the sidecar holds. Behind this proxy it sees a healthy litestream
-//! and never a watermark, so the sidecar alone decides cleanup (docs/protocol.md, "Two purgers"). When litestream
-//! cannot be read the proxy answers 502, as a dead litestream would look to Zero.
+//! Zero's replication-manager polls `http://localhost:{ZERO_LITESTREAM_PORT}/metrics` and purges the change log on
+//! its own, blind to the reservations the sidecar holds. Behind this proxy the only watermark it sees is one below
+//! which the log holds no row, so a purge it schedules deletes nothing and the sidecar alone decides cleanup
+//! (docs/protocol.md, "Two purgers"), while its readiness gate, backup verification and backup-lag metric see a
+//! live backup. When litestream cannot be read the proxy answers 502, as a dead litestream would look to Zero.
 //!
 //! [`bind`] opens its listeners; [`crate::server::serve_http`] serves them with the [`Proxy`] handler.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -20,6 +22,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
+use crate::cleanup::change_db::ChangeDb;
 use crate::litestream::config::{Filter, ProxyMode};
 use crate::litestream::filter::{clamp_progress_family, strip_progress_family};
 use crate::net::client::HttpClient;
@@ -58,15 +61,83 @@ pub async fn bind(listen: &str) -> std::io::Result<Vec<TcpListener>> {
     Ok(listeners)
 }
 
+/// How long `clamp` waits for the change log's oldest watermark before serving the page without a gauge.
+const FLOOR_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The proxy's [`Handler`] for [`crate::server::serve_http`]: `GET /metrics` is litestream's page, filtered.
 pub struct Proxy {
     pub scraper: HttpClient,
     pub mode: ProxyMode,
     pub filter: Filter,
-    /// Where `clamp` reads the watermark purged below and its backup time.
+    /// Where `clamp` reads the time of the newest backup that restores.
     pub status: crate::cleanup::status::StatusHandle,
-    /// `cleanup.requires = "restore"`: litestream may have no gauge of its own, and `clamp` makes one.
-    pub fallback: Option<crate::litestream::filter::Fallback>,
+    /// Where `clamp` reads the change log's oldest watermark, at every scrape.
+    pub change_db: Option<ChangeDb>,
+    /// Labels for the sample `clamp` makes when litestream has no gauge of its own (a stock litestream).
+    pub fallback: crate::litestream::filter::Fallback,
+}
+
+impl Proxy {
+    /// The watermark and time `clamp` shows, if there is a backup to speak of: see [`clamp_point`]. The change log
+    /// is read at each scrape rather than from the cleanup loop's last reading, so that a resync (which may start
+    /// the new log below the old one) can never leave a stale, higher watermark on the page.
+    async fn clamp_point(&self) -> Option<(String, SystemTime)> {
+        let db = self.change_db.as_ref()?;
+        let read = async {
+            let replica_version = db.replica_version().await.ok()??;
+            let oldest = db.min_watermark().await.ok()?;
+            Some(LogFloor {
+                oldest,
+                replica_version,
+            })
+        };
+        let floor = match tokio::time::timeout(FLOOR_READ_TIMEOUT, read).await {
+            Ok(floor) => floor,
+            Err(_) => {
+                debug!("metrics proxy: the change log did not answer; no gauge on this page");
+                None
+            }
+        };
+        let backed_up_at = self.status.read(backup_time);
+        clamp_point(floor, backed_up_at)
+    }
+}
+
+/// The change log's bounds as `clamp` reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogFloor {
+    /// `min(watermark)`; `None` when the log is empty.
+    pub oldest: Option<String>,
+    pub replica_version: String,
+}
+
+/// The time of the newest backup a restore reaches: the newest object of the destination's restorable chain as
+/// the last listing found it, or, when the destination is not listed (`backup.verify = false`), the time of the
+/// backup the sidecar tracks. `None` while there is no such backup: Zero then sees no gauge, as on a fresh stack
+/// whose first snapshot is still uploading.
+fn backup_time(status: &crate::cleanup::status::Status) -> Option<SystemTime> {
+    if status.backup.verifying {
+        status.backup.listing.as_ref()?.chain_newest()
+    } else {
+        status.newest_backup.as_ref().map(|(_, at)| *at)
+    }
+}
+
+/// What `clamp` shows: the change log's oldest watermark (the replica version when the log is empty), below which
+/// the log holds no row, so a purge Zero schedules from it deletes nothing; with the time of a backup that
+/// restores, which Zero's upload verification finds in the destination (docs/protocol.md, "Two purgers").
+///
+/// It meets Zero 1.10's readiness gate: after an initial sync the log is seeded at the replica version, which is
+/// also the replica's `stateVersion` then, so the first watermark shown is at least that (docs/protocol.md,
+/// "Zero 1.10"). It only rises as rows are purged (by the sidecar: nothing else deletes below it), and never
+/// stands above a row the log still holds.
+pub fn clamp_point(
+    floor: Option<LogFloor>,
+    backed_up_at: Option<SystemTime>,
+) -> Option<(String, SystemTime)> {
+    let floor = floor?;
+    let watermark = floor.oldest.unwrap_or(floor.replica_version);
+    Some((watermark, backed_up_at?))
 }
 
 impl Handler for Proxy {
@@ -89,11 +160,9 @@ impl Handler for Proxy {
                 let filtered = match self.mode {
                     ProxyMode::Hide => strip_progress_family(&page),
                     ProxyMode::Clamp => {
-                        let through = self.status.read(|s| s.purged_through.clone());
-                        let through = through
-                            .as_ref()
-                            .map(|b| (b.watermark.as_str(), b.backed_up_at));
-                        clamp_progress_family(&page, &self.filter, through, self.fallback.as_ref())
+                        let point = self.clamp_point().await;
+                        let through = point.as_ref().map(|(w, at)| (w.as_str(), *at));
+                        clamp_progress_family(&page, &self.filter, through, Some(&self.fallback))
                     }
                 };
                 let body = match filtered {
@@ -114,5 +183,43 @@ impl Handler for Proxy {
                 )
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn floor(oldest: Option<&str>) -> Option<LogFloor> {
+        Some(LogFloor {
+            oldest: oldest.map(str::to_owned),
+            replica_version: "01".into(),
+        })
+    }
+
+    #[test]
+    fn the_gauge_is_the_logs_oldest_watermark_with_the_backups_time() {
+        assert_eq!(
+            clamp_point(floor(Some("0c")), Some(at(7))),
+            Some(("0c".into(), at(7)))
+        );
+    }
+
+    #[test]
+    fn an_empty_log_shows_the_replica_version() {
+        assert_eq!(
+            clamp_point(floor(None), Some(at(7))),
+            Some(("01".into(), at(7)))
+        );
+    }
+
+    #[test]
+    fn no_gauge_without_a_backup_or_without_the_log() {
+        assert_eq!(clamp_point(floor(Some("0c")), None), None);
+        assert_eq!(clamp_point(None, Some(at(7))), None);
     }
 }

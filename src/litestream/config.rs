@@ -14,12 +14,14 @@ use crate::net::address::parse_host_port;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyMode {
-    /// No `litestream_replica_progress` at all: Zero never schedules a purge (Zero 0.20's deployment).
+    /// One sample at the change log's oldest watermark, with the time of a backup that restores: Zero's backup
+    /// verification, staleness checks and readiness gate (Zero 1.10) see a live backup, and a purge it schedules
+    /// deletes nothing.
     #[default]
-    Hide,
-    /// One sample at the watermark the sidecar has already purged below, with its real backup time: Zero's backup
-    /// verification, staleness checks and readiness see a live backup, and a purge it schedules deletes nothing.
     Clamp,
+    /// No `litestream_replica_progress` at all: Zero never schedules a purge, and a Zero 1.10 replication-manager
+    /// that waits for a first backup after an initial sync never becomes ready.
+    Hide,
 }
 
 /// `db` / `name`: which samples count. With several databases or replicas on one litestream, only the configured
@@ -87,7 +89,7 @@ keys::section! {
             db: s.get("db", String::new(), keys::optional)?,
             name: s.get("name", String::new(), keys::optional)?,
         })),
-        proxy_mode: ProxyMode = key(ProxyMode::Hide),
+        proxy_mode: ProxyMode = key(ProxyMode::Clamp),
     }
 }
 

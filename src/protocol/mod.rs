@@ -251,11 +251,21 @@ pub fn snapshot_status_v3(backup_url: &str) -> String {
 }
 
 /// The v4+ snapshot status: v3's fields plus the change-streamer's `replicaVersion` and `minWatermark`, the
-/// earliest watermark catch-up can start from (docs/protocol.md, "The snapshot status").
-pub fn snapshot_status_v4(backup_url: &str, replica_version: &str, min_watermark: &str) -> String {
+/// earliest watermark catch-up can start from, and, when known, `replicaSize`: the replica's size in bytes, from
+/// which a Zero 1.10 view-syncer reports its restore's progress (older ones read the status with unknown keys
+/// allowed, and ignore it: docs/protocol.md, "The snapshot status").
+pub fn snapshot_status_v4(
+    backup_url: &str,
+    replica_version: &str,
+    min_watermark: &str,
+    replica_size: Option<u64>,
+) -> String {
     let json = |s: &str| serde_json::to_string(s).expect("a string serializes");
+    let size = replica_size
+        .map(|bytes| format!(r#","replicaSize":{bytes}"#))
+        .unwrap_or_default();
     format!(
-        r#"{{"id":1,"msg":["status",{{"tag":"status","backupURL":{},"replicaVersion":{},"minWatermark":{}}}]}}"#,
+        r#"{{"id":1,"msg":["status",{{"tag":"status","backupURL":{},"replicaVersion":{},"minWatermark":{}{size}}}]}}"#,
         json(backup_url),
         json(replica_version),
         json(min_watermark)

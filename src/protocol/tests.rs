@@ -184,8 +184,21 @@ fn status_frame_is_id_first_without_whitespace() {
 #[test]
 fn v4_status_adds_replica_version_and_min_watermark() {
     assert_eq!(
-        snapshot_status_v4("s3://acme-zero/replica", "618ocqq8", "718sh0nk8"),
+        snapshot_status_v4("s3://acme-zero/replica", "618ocqq8", "718sh0nk8", None),
         r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica","replicaVersion":"618ocqq8","minWatermark":"718sh0nk8"}]}"#
+    );
+}
+
+#[test]
+fn v4_status_carries_the_replica_size_when_known() {
+    assert_eq!(
+        snapshot_status_v4(
+            "s3://acme-zero/replica",
+            "618ocqq8",
+            "718sh0nk8",
+            Some(4096)
+        ),
+        r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica","replicaVersion":"618ocqq8","minWatermark":"718sh0nk8","replicaSize":4096}]}"#
     );
 }
 

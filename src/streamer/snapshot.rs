@@ -38,6 +38,8 @@ pub struct SnapshotContext {
     /// Where v4+ statuses read `replicaVersion` and `minWatermark`.
     pub change_db: Option<crate::cleanup::change_db::ChangeDb>,
     pub backup_url: Arc<str>,
+    /// Where v4+ statuses read the replica's size (`litestream_db_size`).
+    pub status: crate::cleanup::status::StatusHandle,
     pub ping_interval: Duration,
     /// A peer silent this long is dropped (`server.peer_timeout`).
     pub peer_timeout: Duration,
@@ -94,7 +96,42 @@ enum ReservationEnd {
 /// How often a v4+ status that cannot be built yet (change DB not readable) is tried again.
 const STATUS_RETRY: Duration = Duration::from_secs(1);
 
-/// Builds the status frame for `version` and pins the reservation where that status needs it; `None` while it
+/// Why a status is not sent yet; the handler tries again (pinging the socket meanwhile) and logs each new reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Withheld {
+    /// No backed-up watermark is known: litestream has reported none yet, or (`cleanup.requires = "restore"`) no
+    /// drill has proved one.
+    NoBackup,
+    /// The destination holds no backup that restores.
+    NotRestorable,
+    /// The change DB cannot be read.
+    ChangeDb,
+    /// The change log's oldest row is past the newest backup: a view-syncer restoring it could not catch up.
+    LogPastBackup { oldest: String, newest: String },
+}
+
+impl Withheld {
+    fn log(&self) {
+        match self {
+            Withheld::NoBackup => {
+                info!("snapshot status withheld until litestream reports a first backup")
+            }
+            Withheld::NotRestorable => info!(
+                "snapshot status withheld until the backup destination holds a restorable backup"
+            ),
+            Withheld::ChangeDb => info!("snapshot status held back until the change DB answers"),
+            Withheld::LogPastBackup { oldest, newest } => warn!(
+                %oldest,
+                %newest,
+                "snapshot status withheld: the change log's oldest watermark is past the newest backup, so a \
+                 view-syncer restoring it could not catch up; waiting for a newer backup (was the log purged by \
+                 someone else, or the change DB reset?)"
+            ),
+        }
+    }
+}
+
+/// Builds the status frame for `version` and pins the reservation where that status needs it; withheld while it
 /// cannot be built yet, and the handler tries again (pinging the socket meanwhile).
 ///
 /// Withheld for every version until litestream has reported a backup and (with `backup.verify`) a listing found an
@@ -105,32 +142,42 @@ const STATUS_RETRY: Duration = Duration::from_secs(1);
 /// when none was known then. v4+'s also carries `minWatermark`, from which a view-syncer that keeps its own replica
 /// catches up, so the reservation protects every row from there: while the change DB is read the floor is lowered
 /// to "everything" (a running purge stops before its next batch, and the read waits for the batch in flight), then
-/// set to the lower of the newest backup and the `minWatermark` sent.
-async fn status_frame(ctx: &SnapshotContext, version: u64, lease: &mut Lease) -> Option<String> {
+/// set to the lower of the newest backup and the `minWatermark` sent. As Zero 1.10 confirms a reservation only when
+/// the change log's oldest watermark is at or below the backed-up one, a v4+ status waits while the log starts past
+/// the newest backup: the restore could not be caught up, and the view-syncer would loop on `WatermarkTooOld`.
+async fn status_frame(
+    ctx: &SnapshotContext,
+    version: u64,
+    lease: &mut Lease,
+) -> Result<String, Withheld> {
     let status = build_status(ctx, version, lease).await?;
     // The view-syncer restores once it has the status: the reservation must survive a restart from then on.
     if !ctx.registry.durable(DURABLE_WAIT).await {
         warn!("snapshot status sent before its reservation reached the state file");
     }
-    Some(status)
+    Ok(status)
 }
 
 /// How long a status waits for its reservation to reach the state file; a slower disk is logged, not waited for
 /// (cleanup holds while the file cannot be written).
 const DURABLE_WAIT: Duration = Duration::from_secs(5);
 
-async fn build_status(ctx: &SnapshotContext, version: u64, lease: &mut Lease) -> Option<String> {
-    let newest = ctx.registry.newest_backup()?;
+async fn build_status(
+    ctx: &SnapshotContext,
+    version: u64,
+    lease: &mut Lease,
+) -> Result<String, Withheld> {
+    let newest = ctx.registry.newest_backup().ok_or(Withheld::NoBackup)?;
     if !ctx.registry.is_restorable() {
-        return None;
+        return Err(Withheld::NotRestorable);
     }
     if version < 4 {
         if lease.floor().is_none() {
             lease.set_floor(Some(newest));
         }
-        return Some(protocol::snapshot_status_v3(&ctx.backup_url));
+        return Ok(protocol::snapshot_status_v3(&ctx.backup_url));
     }
-    let db = ctx.change_db.as_ref()?;
+    let db = ctx.change_db.as_ref().ok_or(Withheld::ChangeDb)?;
     let pinned = lease.floor();
     lease.set_floor(None);
     let read = async {
@@ -154,14 +201,36 @@ async fn build_status(ctx: &SnapshotContext, version: u64, lease: &mut Lease) ->
     };
     let Some((replica_version, min_watermark)) = read.await else {
         lease.set_floor(pinned);
-        return None;
+        return Err(Withheld::ChangeDb);
     };
+    if min_watermark > newest && !unseeded_log_at_its_start(db, &replica_version, &newest).await {
+        lease.set_floor(pinned);
+        return Err(Withheld::LogPastBackup {
+            oldest: min_watermark,
+            newest,
+        });
+    }
     lease.set_floor(Some(newest.min(min_watermark.clone())));
-    Some(protocol::snapshot_status_v4(
+    // `litestream_db_size` is 0 until litestream's first sync: no size is better than a wrong one.
+    let replica_size = ctx.status.read(|s| s.db_bytes).filter(|bytes| *bytes > 0);
+    Ok(protocol::snapshot_status_v4(
         &ctx.backup_url,
         &replica_version,
         &min_watermark,
+        replica_size,
     ))
+}
+
+/// Whether a backup at the replica version meets a change log that Zero before 0.26 wrote: such a log is not
+/// seeded with rows at the replica version, so even untouched it starts past it, and a restore at the replica
+/// version catches up from its first row (docs/protocol.md, "The snapshot status"). Zero 0.26 and later seed it
+/// (change DB `dataVersion` 6), so there a log past the backup has lost rows the restore needs.
+async fn unseeded_log_at_its_start(
+    db: &crate::cleanup::change_db::ChangeDb,
+    replica_version: &str,
+    newest: &str,
+) -> bool {
+    newest == replica_version && matches!(db.data_version().await, Ok(Some(version)) if version < 6)
 }
 
 /// Logs the floor a reservation keeps once its status is built (v3: the newest backup when it opened, or when the
@@ -211,16 +280,18 @@ where
     // status that cannot be built yet is retried in the loop below. Boxed: the database read is a large future
     // that idle reservations never need.
     let mut status_sent = false;
-    if let Some(status) = Box::pin(status_frame(&ctx, version, &mut lease)).await {
-        outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
-        status_sent = true;
-        log_pinned(&lease);
-    } else if ctx.registry.newest_backup().is_none() {
-        info!("snapshot status withheld until litestream reports a first backup");
-    } else if !ctx.registry.is_restorable() {
-        info!("snapshot status withheld until the backup destination holds a restorable backup");
-    } else {
-        info!("snapshot status held back until the change DB answers");
+    // The reason logged last: a status that keeps waiting for the same thing is logged once.
+    let mut withheld = None;
+    match Box::pin(status_frame(&ctx, version, &mut lease)).await {
+        Ok(status) => {
+            outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
+            status_sent = true;
+            log_pinned(&lease);
+        }
+        Err(why) => {
+            why.log();
+            withheld = Some(why);
+        }
     }
     let mut status_retry = tokio::time::interval_at(Instant::now() + STATUS_RETRY, STATUS_RETRY);
     status_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -243,10 +314,18 @@ where
                 break (ReservationEnd::Ended(reason), Leave::Linger);
             }
             _ = status_retry.tick(), if !status_sent => {
-                if let Some(status) = Box::pin(status_frame(&ctx, version, &mut lease)).await {
-                    outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
-                    status_sent = true;
-                    log_pinned(&lease);
+                match Box::pin(status_frame(&ctx, version, &mut lease)).await {
+                    Ok(status) => {
+                        outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
+                        status_sent = true;
+                        log_pinned(&lease);
+                    }
+                    Err(why) => {
+                        if withheld.as_ref() != Some(&why) {
+                            why.log();
+                            withheld = Some(why);
+                        }
+                    }
                 }
             }
             at = liveness.tick() => {

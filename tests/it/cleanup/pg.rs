@@ -488,17 +488,35 @@ async fn without_subscribers_after_grace_purges_below_the_aged_backup() {
     sidecar.stop().await;
 }
 
-/// `litestream.proxy_mode = "clamp"`: before the first purge Zero sees no watermark; afterwards exactly one, the one
-/// the sidecar purged below, with its real backup time, so a purge Zero schedules can only repeat the sidecar's.
+/// Progress samples on a clamped proxy page, each as (watermark, seconds).
+fn clamped_samples(page: &str) -> Vec<(String, f64)> {
+    page.lines()
+        .filter(|l| l.starts_with("litestream_replica_progress{"))
+        .map(|line| {
+            let watermark = line
+                .split("watermark=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or_default()
+                .to_owned();
+            let secs = line.rsplit(' ').next().unwrap().parse().unwrap();
+            (watermark, secs)
+        })
+        .collect()
+}
+
+/// `litestream.proxy_mode = "clamp"` (the default): from the first scrape Zero sees one sample at the change log's
+/// oldest watermark, with the time of the backup the sidecar tracks, so a purge Zero schedules from it deletes
+/// nothing; it rises as the sidecar purges, and an emptied log shows the replica version.
 #[tokio::test]
-async fn the_clamped_proxy_shows_only_what_the_sidecar_already_purged() {
+async fn the_clamped_proxy_shows_the_logs_oldest_watermark_from_the_start() {
     let db = seeded().await;
     let old = aged();
-    let litestream =
-        MetricsServer::start(&progress_page(&[("0c", old), ("0e", epoch_now() - 1.0)])).await;
+    let newest = epoch_now() - 1.0;
+    let litestream = MetricsServer::start(&progress_page(&[("0c", old), ("0e", newest)])).await;
     let sidecar = start_aged(
         config(&format!(
-            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\nproxy_mode = \"clamp\"\n\
+            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
              [cleanup]\nreconnect_grace = \"2s\"\nbatch_rows = 3\n",
             db.config(),
             litestream.url()
@@ -506,9 +524,25 @@ async fn the_clamped_proxy_shows_only_what_the_sidecar_already_purged() {
         Duration::from_secs(60),
     )
     .await;
-    let (status, page) = http(sidecar.proxy_addr, "GET", "/metrics").await;
-    assert_eq!(status, 200);
-    assert!(!page.contains("watermark="), "nothing purged yet: {page}");
+    // The backup's time is known once the first check has read litestream's page.
+    eventually_async("a gauge on the first pages", || async {
+        let (status, page) = http(sidecar.proxy_addr, "GET", "/metrics").await;
+        status == 200 && page.contains("litestream_replica_progress{")
+    })
+    .await;
+    let (_, page) = http(sidecar.proxy_addr, "GET", "/metrics").await;
+    let samples = clamped_samples(&page);
+    assert_eq!(samples.len(), 1, "{page}");
+    assert_eq!(
+        samples[0].0, "0a",
+        "nothing purged yet: the log's oldest row: {page}"
+    );
+    assert!(
+        (samples[0].1 - newest).abs() < 0.01,
+        "{} vs {newest}",
+        samples[0].1
+    );
+    assert_eq!(db.watermarks().await, ["0a", "0b", "0c", "0d", "0e"]);
 
     let _sub = sidecar.subscribers.connect(subscriber("vs-1", "0e"));
     eventually_async("purge below 0c", || async {
@@ -516,14 +550,53 @@ async fn the_clamped_proxy_shows_only_what_the_sidecar_already_purged() {
     })
     .await;
     let (_, page) = http(sidecar.proxy_addr, "GET", "/metrics").await;
-    let samples: Vec<&str> = page
-        .lines()
-        .filter(|l| l.starts_with("litestream_replica_progress{"))
-        .collect();
-    assert_eq!(samples.len(), 1, "{page}");
-    assert!(samples[0].contains("watermark=\"0c\""), "{page}");
-    let secs: f64 = samples[0].rsplit(' ').next().unwrap().parse().unwrap();
-    assert!((secs - old).abs() < 0.01, "{secs} vs {old}");
+    assert_eq!(clamped_samples(&page)[0].0, "0c", "{page}");
+
+    // An empty log (a change DB just reset, say): the replica version, where catch-up would start.
+    db.client
+        .batch_execute(&format!("DELETE FROM {}", db.table("changeLog")))
+        .await
+        .unwrap();
+    let replica_version: String = db
+        .client
+        .query_one(
+            &format!(
+                r#"SELECT "replicaVersion" FROM {}"#,
+                db.table("replicationConfig")
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (_, page) = http(sidecar.proxy_addr, "GET", "/metrics").await;
+    assert_eq!(clamped_samples(&page)[0].0, replica_version, "{page}");
+    sidecar.stop().await;
+}
+
+/// `hide` keeps the family off the page for good, purges or not.
+#[tokio::test]
+async fn the_hidden_proxy_never_shows_a_watermark() {
+    let db = seeded().await;
+    let litestream = MetricsServer::start(&progress_page(&[("0c", aged())])).await;
+    let sidecar = start_aged(
+        config(&format!(
+            "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\nproxy_mode = \"hide\"\n\
+             [cleanup]\nreconnect_grace = \"2s\"\n",
+            db.config(),
+            litestream.url()
+        )),
+        Duration::from_secs(60),
+    )
+    .await;
+    let _sub = sidecar.subscribers.connect(subscriber("vs-1", "0e"));
+    eventually_async("purge below 0c", || async {
+        db.watermarks().await == ["0c", "0d", "0e"]
+    })
+    .await;
+    let (status, page) = http(sidecar.proxy_addr, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(!page.contains("litestream_replica_progress"), "{page}");
     sidecar.stop().await;
 }
 

@@ -179,7 +179,7 @@ async fn v4_status_carries_replica_version_and_min_watermark_and_v3_keeps_its_sh
     let sidecar = start(discovery_config(&db, "off", "")).await;
     // An empty change log: catch-up can start from the replica version itself.
     let mut ws = connect(&sidecar.url("/replication/v4/snapshot?taskID=t4")).await;
-    assert_eq!(next_text(&mut ws).await, format!("{V4_STATUS}\"1rs\"}}]}}"));
+    assert_eq!(next_text(&mut ws).await, v4_status_unsized("1rs"));
     for w in ["0b", "0c"] {
         db.insert_transaction(w, 1).await;
     }
@@ -188,7 +188,7 @@ async fn v4_status_carries_replica_version_and_min_watermark_and_v3_keeps_its_sh
             "/replication/v{version}/snapshot?taskID=t{version}"
         )))
         .await;
-        assert_eq!(next_text(&mut ws).await, format!("{V4_STATUS}\"0b\"}}]}}"));
+        assert_eq!(next_text(&mut ws).await, v4_status_unsized("0b"));
     }
     let mut v3 = connect(&sidecar.url("/replication/v3/snapshot?taskID=t3")).await;
     assert_eq!(
@@ -225,7 +225,7 @@ async fn v4_status_is_held_back_with_pings_until_the_change_db_answers() {
         assert_eq!(opcode, 0x1);
         assert_eq!(
             String::from_utf8(payload).unwrap(),
-            format!("{V4_STATUS}\"1rs\"}}]}}")
+            v4_status_unsized("1rs")
         );
         break;
     }
@@ -583,7 +583,7 @@ async fn statuses_are_withheld_until_litestream_reports_a_first_backup() {
         status3.as_deref(),
         Some(r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica"}]}"#)
     );
-    assert_eq!(status6, Some(format!("{V4_STATUS}\"0b\"}}]}}")));
+    assert_eq!(status6, Some(v4_status("0b")));
     sidecar.stop().await;
     db.drop().await;
 }
@@ -623,7 +623,7 @@ async fn a_v4_reservation_protects_the_min_watermark_it_announced() {
     let mut v3 = connect(&sidecar.url("/replication/v3/snapshot?taskID=v3")).await;
     next_text(&mut v3).await;
     let mut v6 = connect(&sidecar.url("/replication/v6/snapshot?taskID=v6")).await;
-    assert_eq!(next_text(&mut v6).await, format!("{V4_STATUS}\"0a\"}}]}}"));
+    assert_eq!(next_text(&mut v6).await, v4_status("0a"));
     let floors: std::collections::HashMap<String, Option<String>> = sidecar
         .registry
         .open_reservations()
@@ -640,6 +640,121 @@ async fn a_v4_reservation_protects_the_min_watermark_it_announced() {
         ),
         litestream_sidecar::cleanup::Ceiling::Below("0a".into())
     );
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+/// Zero 1.10 confirms a reservation only while the change log's oldest watermark is at or below the backed-up one
+/// (docs/protocol.md, "The snapshot status"): a log purged past the newest backup by someone else would leave a
+/// restore of it unable to catch up. v4+ statuses wait, pinging, until a backup reaches the log again; v3's, which
+/// carry no watermark, do not; the status then carries the replica's size.
+#[tokio::test]
+async fn a_v6_status_waits_while_the_log_starts_past_the_newest_backup() {
+    let db = TestSchema::create(Some(6), None).await;
+    for w in ["0a", "0b", "0c", "0d"] {
+        db.insert_transaction(w, 1).await;
+    }
+    let old = aged();
+    let litestream = MetricsServer::start(&progress_page(&[("0b", old)])).await;
+    let sidecar = start_aged(
+        discovery_config(
+            &db,
+            "off",
+            &format!(
+                "[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nenabled = false\n\
+                 [server]\nping_interval = \"100ms\"\n",
+                litestream.url()
+            ),
+        ),
+        Duration::from_secs(120),
+    )
+    .await;
+    eventually("backup seen", || {
+        sidecar
+            .status
+            .get()
+            .newest_backup
+            .map(|(w, _)| w)
+            .as_deref()
+            == Some("0b")
+    })
+    .await;
+    // Purged past the backup behind the sidecar's back.
+    db.client
+        .batch_execute(&format!(
+            "DELETE FROM {} WHERE watermark < '0c'",
+            db.table("changeLog")
+        ))
+        .await
+        .unwrap();
+    let mut v6 = RawClient::connect(sidecar.addr, "/replication/v6/snapshot?taskID=v6").await;
+    for _ in 0..5 {
+        assert_eq!(
+            text_after_pings(&mut v6, 1).await,
+            None,
+            "no v6 status while the log starts at 0c and the backup is at 0b"
+        );
+    }
+    let mut v3 = connect(&sidecar.url("/replication/v3/snapshot?taskID=v3")).await;
+    assert_eq!(
+        next_text(&mut v3).await,
+        r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica"}]}"#
+    );
+
+    // A backup that reaches the log again: the status goes out, from the log's oldest row.
+    litestream.set_page(&progress_page(&[("0b", old), ("0d", old)]));
+    let mut status = None;
+    for _ in 0..200 {
+        status = text_after_pings(&mut v6, 1).await;
+        if status.is_some() {
+            break;
+        }
+    }
+    assert_eq!(status, Some(v4_status("0c")));
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+/// Zero before 0.26 (change DB `dataVersion` 5) did not seed the log at the replica version: untouched, it starts
+/// past a backup taken right after the initial sync, and a restore of that backup catches up from its first row.
+#[tokio::test]
+async fn an_unseeded_log_past_a_backup_at_the_replica_version_still_gets_its_status() {
+    let db = TestSchema::create(Some(5), None).await;
+    let replica_version = lexi(1000);
+    let after = lexi(2000);
+    db.insert_transaction(&after, 1).await;
+    let litestream = MetricsServer::start(&progress_page(&[(&replica_version, aged())])).await;
+    let sidecar = start_aged(
+        discovery_config(
+            &db,
+            "off",
+            &format!(
+                "[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n[cleanup]\nenabled = false\n[server]\nping_interval = \"100ms\"\n",
+                litestream.url()
+            ),
+        ),
+        Duration::from_secs(120),
+    )
+    .await;
+    eventually("backup seen", || {
+        sidecar.status.get().newest_backup.is_some()
+    })
+    .await;
+    let mut v4 = connect(&sidecar.url("/replication/v4/snapshot?taskID=v4")).await;
+    assert_eq!(next_text(&mut v4).await, v4_status(&after));
+
+    // The same log once Zero 0.26 wrote it (dataVersion 6): seeded, so starting past the backup means rows are gone.
+    db.client
+        .batch_execute(&format!(
+            r#"UPDATE {} SET "dataVersion" = 6"#,
+            db.table("versionHistory")
+        ))
+        .await
+        .unwrap();
+    let mut v6 = RawClient::connect(sidecar.addr, "/replication/v6/snapshot?taskID=v6").await;
+    for _ in 0..3 {
+        assert_eq!(text_after_pings(&mut v6, 1).await, None);
+    }
     sidecar.stop().await;
     db.drop().await;
 }

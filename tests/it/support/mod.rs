@@ -34,6 +34,19 @@ pub const V3_STATUS: &str =
 /// The v4 status up to `minWatermark`'s value; the test schema's replica version is `lexi(1000)` = `1rs`.
 pub const V4_STATUS: &str = r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica","replicaVersion":"1rs","minWatermark":"#;
 
+/// The replica size [`progress_page`]'s `litestream_db_size` gives, as a v4+ status carries it.
+pub const REPLICA_SIZE: &str = r#","replicaSize":12288"#;
+
+/// The whole v4+ status for the test schema with `min_watermark`, from a page made by [`progress_page`].
+pub fn v4_status(min_watermark: &str) -> String {
+    format!("{V4_STATUS}\"{min_watermark}\"{REPLICA_SIZE}}}]}}")
+}
+
+/// The whole v4+ status for the test schema with `min_watermark`, the replica's size unknown (no litestream page).
+pub fn v4_status_unsized(min_watermark: &str) -> String {
+    format!("{V4_STATUS}\"{min_watermark}\"}}]}}")
+}
+
 /// The status message a stand-in upstream sends first (in Zero's msg-first frame: [`UpstreamConn::send_msg`]).
 pub const UPSTREAM_STATUS: &str = r#"["status",{"tag":"status"}]"#;
 
@@ -92,8 +105,10 @@ pub async fn start_aged(config: Config, ago: Duration) -> Sidecar {
 }
 
 /// The watermark a sidecar without a litestream stand-in starts out knowing as backed up: statuses are withheld
-/// until a backup is known, and most tests are not about that.
-pub const SEEDED_BACKUP: &str = "00";
+/// until a backup is known, and most tests are not about that. It is the test schema's replica version
+/// (`lexi(1000)`), at or above every watermark those tests write, as a backup is at or above the change log's
+/// oldest row: a v4+ status waits while the log starts past the newest backup.
+pub const SEEDED_BACKUP: &str = "1rs";
 
 pub async fn start_app(app: App) -> Sidecar {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
