@@ -137,6 +137,8 @@ pub struct App {
     backup_env: Option<Vec<(String, String)>>,
     /// The TLS files the config names, once read ([`App::reloader`]); [`App::run`] reads them if nobody did.
     tls: Option<crate::net::tls::Tls>,
+    /// What the upstream serves (`upstream.protocols`, or learned).
+    protocols: crate::streamer::protocols::UpstreamProtocols,
 }
 
 impl App {
@@ -198,6 +200,9 @@ impl App {
         Self {
             backup_env: None,
             tls: None,
+            protocols: crate::streamer::protocols::UpstreamProtocols::new(
+                &config.upstream.protocols,
+            ),
             resumed,
             instruments,
             config,
@@ -242,6 +247,11 @@ impl App {
     /// The relayed subscribers and their acknowledged watermarks.
     pub fn subscribers(&self) -> &Subscribers {
         &self.subscribers
+    }
+
+    /// The protocol versions the upstream serves, as far as the sidecar knows.
+    pub fn protocols(&self) -> &crate::streamer::protocols::UpstreamProtocols {
+        &self.protocols
     }
 
     /// Reads the TLS files the config names, now rather than in [`App::run`], so that a process can refuse to
@@ -301,6 +311,16 @@ impl App {
         );
         let context =
             Arc::new(self.router(&tls, change_db, admission.clone(), &shutdown, &tracker));
+        if !self.protocols.is_fixed() {
+            tracker.spawn(
+                crate::streamer::relay::probe::run(
+                    context.relay.settings.clone(),
+                    self.protocols.clone(),
+                    shutdown.clone(),
+                )
+                .instrument(info_span!("probe", upstream = %self.config.upstream.address)),
+            );
+        }
         let addr = listener.local_addr().map_err(Error::Listener)?;
         info!(%addr, tls = tls.server.is_some(), "listening");
         context.readiness.set_listening(true);
@@ -500,6 +520,7 @@ impl App {
                 status: self.status.clone(),
                 upstream: self.instruments.upstream.clone(),
                 upstream_address: config.upstream.address.clone(),
+                protocols: self.protocols.clone(),
                 cleanup_enabled: config.cleanup.enabled,
                 reconnect_grace: config.cleanup.reconnect_grace,
                 started: self.started,
@@ -509,6 +530,8 @@ impl App {
                 change_db: Some(change_db),
                 backup_url: config.litestream.backup_url.as_str().into(),
                 status: self.status.clone(),
+                protocols: self.protocols.clone(),
+                protocols_wait: config.upstream.connect_timeout,
                 ping_interval: config.server.ping_interval,
                 peer_timeout: config.server.peer_timeout,
                 shutdown: shutdown.clone(),
@@ -527,6 +550,7 @@ impl App {
                 registry: self.registry.clone(),
                 subscribers: self.subscribers.clone(),
                 instruments: self.instruments.clone(),
+                protocols: self.protocols.clone(),
                 shutdown: shutdown.clone(),
             },
             allow: config.server.allow.clone(),

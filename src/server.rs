@@ -394,7 +394,7 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Context) -> Respo
             plain(StatusCode::SERVICE_UNAVAILABLE, format!("{STANDBY}\n"))
         }
         Route::Snapshot(version) => {
-            snapshot::serve(req, &version, peer, &ctx.snapshot, &ctx.tracker)
+            snapshot::serve(req, &version, peer, &ctx.snapshot, &ctx.tracker).await
         }
         Route::Changes(version) => {
             relay::serve(req, &version, peer, &ctx.relay, &ctx.tracker).await

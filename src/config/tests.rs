@@ -747,3 +747,45 @@ fn upstream_tls_names_the_address_host_unless_told_otherwise() {
         assert!(errors[0].problem.contains("upstream.tls = true"));
     }
 }
+
+#[test]
+fn upstream_protocols_are_learned_or_a_range() {
+    use crate::streamer::config::Protocols;
+    let protocols = |value: &str| {
+        from_toml_str(
+            &format!("{MINIMAL}[upstream]\nprotocols = \"{value}\"\n"),
+            Some(Default::default()),
+        )
+        .unwrap()
+        .validate()
+        .map(|config| config.upstream.protocols)
+    };
+    let default = from_toml_str(MINIMAL, Some(Default::default()))
+        .unwrap()
+        .validate()
+        .unwrap();
+    assert_eq!(default.upstream.protocols, Protocols::Auto);
+    assert_eq!(protocols("auto").unwrap(), Protocols::Auto);
+    assert_eq!(protocols("4..6").unwrap(), Protocols::Fixed(4..=6));
+    assert_eq!(protocols("v4..v6").unwrap(), Protocols::Fixed(4..=6));
+    assert_eq!(protocols(" 3..3 ").unwrap(), Protocols::Fixed(3..=3));
+    // A later Zero's range is taken; the sidecar still serves only what it can.
+    assert_eq!(protocols("4..7").unwrap(), Protocols::Fixed(4..=7));
+    for (value, says) in [
+        ("Auto", "neither \"auto\" nor a range"),
+        ("4", "neither"),
+        ("4-6", "neither"),
+        ("4...6", "neither"),
+        ("4..=6", "neither"),
+        ("+4..6", "neither"),
+        ("..6", "neither"),
+        ("[v4 ... v6]", "neither"),
+        ("6..4", "is empty: v6 is above v4"),
+        ("0..3", "start at v1"),
+        ("7..9", "no version the sidecar relays (v1 to v6)"),
+    ] {
+        let errors = errors_of(&format!("{MINIMAL}[upstream]\nprotocols = \"{value}\"\n"));
+        assert_eq!(keys(&errors), ["upstream.protocols"], "{value}");
+        assert!(errors[0].problem.contains(says), "{value}: {}", errors[0]);
+    }
+}

@@ -296,6 +296,12 @@ pub fn render(report: &Report) -> String {
             ),
         };
         out.push_str(&format!("upstream {}: {state}\n", upstream.address));
+        if let Some(protocols) = &upstream.protocols {
+            out.push_str(&format!(
+                "upstream protocols: {}\n",
+                protocols_line(protocols)
+            ));
+        }
     }
 
     out.push_str("\nCLEANUP\n");
@@ -445,11 +451,33 @@ fn drills_section(out: &mut String, drills: &crate::ops::status::DrillsEntry) {
     }
 }
 
+/// What the upstream serves, and who said so: `[v4 ... v6] (probe, since …)`, or why it is not known.
+fn protocols_line(protocols: &crate::ops::status::ProtocolsEntry) -> String {
+    match (protocols.min, protocols.max) {
+        (Some(min), Some(max)) => {
+            let how = match protocols.source.as_deref() {
+                Some("config") => "upstream.protocols".to_string(),
+                Some("refusal") => "learned from a refused subscription".to_string(),
+                Some("probe") => "learned by probe".to_string(),
+                other => or_dash(other).to_string(),
+            };
+            match &protocols.since {
+                Some(since) => format!("[v{min} ... v{max}] ({how}, since {since})"),
+                None => format!("[v{min} ... v{max}] ({how})"),
+            }
+        }
+        _ => match &protocols.probe_error {
+            Some(error) => format!("unknown ({}; last probe: {error})", protocols.setting),
+            None => format!("unknown yet ({})", protocols.setting),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ops::status::tests::report;
-    use crate::ops::status::{ChangeLog, SubscriberEntry, Upstream};
+    use crate::ops::status::{ChangeLog, ProtocolsEntry, SubscriberEntry, Upstream};
 
     #[test]
     fn the_table_has_a_section_per_question() {
@@ -466,6 +494,7 @@ mod tests {
             "vs-gone  -       backup   0g     departed 10s ago  caught up",
             "newest commit relayed: 0g (2s ago)",
             "upstream 127.0.0.1:4849: not tried yet",
+            "upstream protocols: [v4 ... v6] (learned by probe, since 2025-06-15T14:56:40Z)",
             "decision  hold: subscriber behind backup (subscriber_behind)",
             "since     2025-06-15T15:01:40Z (5m)",
             "delay     2m",
@@ -529,6 +558,11 @@ mod tests {
             up: false,
             last_attempt_at: Some("2025-06-15T14:00:00Z".into()),
             last_error: Some("connection refused".into()),
+            protocols: Some(ProtocolsEntry {
+                setting: "auto".into(),
+                probe_error: Some("upstream cs:4849 unreachable".into()),
+                ..ProtocolsEntry::default()
+            }),
         });
         let text = render(&report);
         assert!(text.contains("rows   ~2000000 (estimate)"), "{text}");
@@ -536,6 +570,12 @@ mod tests {
         assert!(
             text.contains(
                 "upstream cs:4849: DOWN (last connect 2025-06-15T14:00:00Z: connection refused)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "upstream protocols: unknown (auto; last probe: upstream cs:4849 unreachable)"
             ),
             "{text}"
         );

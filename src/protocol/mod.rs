@@ -4,16 +4,17 @@
 
 pub mod inspect;
 pub mod shard;
+pub mod versions;
 
 use std::borrow::Cow;
 
 /// Protocol versions whose `/snapshot` status this sidecar can produce. v3 is Zero 0.20; v4+ add fields the
-/// status carries when the change DB is known.
+/// status carries when the change DB is known. Narrowed further to what the upstream serves, once known.
 pub const SNAPSHOT_VERSIONS: std::ops::RangeInclusive<u64> = 3..=6;
 
-/// Protocol versions the `/changes` relay forwards. The upstream change-streamer decides whether it serves the
-/// version (Zero 0.20 serves v1-v3 and closes others with 1002); the sidecar refuses only what no Zero release
-/// up to v6 speaks.
+/// Protocol versions the `/changes` relay forwards: what some Zero release up to v6 speaks, narrowed to what the
+/// upstream change-streamer serves once that is known (Zero 0.20 serves v1-v3, 1.10 v4-v6); while it is not, the
+/// upstream decides, and closes the others with 1002.
 pub const CHANGES_VERSIONS: std::ops::RangeInclusive<u64> = 1..=6;
 
 /// WebSocket close codes used by the sidecar (RFC 6455, section 7.4.1).
@@ -116,28 +117,33 @@ pub fn query_param(query: Option<&str>, name: &str) -> Option<String> {
         .filter(|value| !value.is_empty())
 }
 
-/// Why a `/snapshot` request is refused before the upgrade, with Zero's own message as the body.
-pub fn check_snapshot(version: &Version, query: Option<&str>) -> Result<(u64, String), String> {
+/// Why a `/snapshot` request is refused before the upgrade, with Zero's own message as the body. `upstream` is the
+/// range the upstream change-streamer serves, when known: a status is only worth handing a client whose
+/// subscription that upstream will then accept (docs/protocol.md, "Protocol versions the upstream serves").
+pub fn check_snapshot(
+    version: &Version,
+    query: Option<&str>,
+    upstream: Option<&versions::Versions>,
+) -> Result<(u64, String), String> {
     let version = match version {
         Version::Invalid(path) => return Err(invalid_path(path)),
-        Version::Number(n) if !SNAPSHOT_VERSIONS.contains(n) => {
-            return Err(unsupported_version(*n, &SNAPSHOT_VERSIONS))
-        }
         Version::Number(n) => *n,
     };
+    versions::check_version(version, &SNAPSHOT_VERSIONS, upstream)?;
     let task_id = query_param(query, "taskID").ok_or_else(|| MISSING_TASK_ID.to_string())?;
     Ok((version, task_id))
 }
 
-/// Why a `/changes` request is refused before the upgrade: Zero's message for a path or version no Zero
-/// release serves. Everything else (missing parameters, wrong replica version) is the upstream's to decide.
-pub fn check_changes(version: &Version) -> Result<(), String> {
+/// Why a `/changes` request is refused before the upgrade: Zero's message for a path or a version no Zero release
+/// serves, or that the upstream (`upstream`, when known) does not serve. Everything else (missing parameters, wrong
+/// replica version) is the upstream's to decide.
+pub fn check_changes(
+    version: &Version,
+    upstream: Option<&versions::Versions>,
+) -> Result<(), String> {
     match version {
         Version::Invalid(path) => Err(invalid_path(path)),
-        Version::Number(n) if !CHANGES_VERSIONS.contains(n) => {
-            Err(unsupported_version(*n, &CHANGES_VERSIONS))
-        }
-        Version::Number(_) => Ok(()),
+        Version::Number(n) => versions::check_version(*n, &CHANGES_VERSIONS, upstream),
     }
 }
 

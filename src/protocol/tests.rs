@@ -43,36 +43,43 @@ fn routes_match_zeros_patterns() {
 fn snapshot_checks_in_zeros_order() {
     let v = |n| Version::Number(n);
     assert_eq!(
-        check_snapshot(&v(3), Some("taskID=t1")),
+        check_snapshot(&v(3), Some("taskID=t1"), None),
         Ok((3, "t1".into()))
     );
     assert_eq!(
-        check_snapshot(&v(6), Some("taskID=a%2Fb+c")),
+        check_snapshot(&v(6), Some("taskID=a%2Fb+c"), None),
         Ok((6, "a/b c".into()))
     );
     assert_eq!(
-        check_snapshot(&v(3), Some("taskID=first&taskID=second")),
+        check_snapshot(&v(3), Some("taskID=first&taskID=second"), None),
         Ok((3, "first".into()))
     );
-    assert_eq!(check_snapshot(&v(3), None), Err(MISSING_TASK_ID.into()));
     assert_eq!(
-        check_snapshot(&v(3), Some("taskID=")),
+        check_snapshot(&v(3), None, None),
         Err(MISSING_TASK_ID.into())
     );
     assert_eq!(
-        check_snapshot(&v(3), Some("%%%&&=")),
+        check_snapshot(&v(3), Some("taskID="), None),
         Err(MISSING_TASK_ID.into())
     );
     assert_eq!(
-        check_snapshot(&v(7), Some("taskID=t1")),
+        check_snapshot(&v(3), Some("%%%&&="), None),
+        Err(MISSING_TASK_ID.into())
+    );
+    assert_eq!(
+        check_snapshot(&v(7), Some("taskID=t1"), None),
         Err("Error: Cannot service client at protocol v7. Supported protocols: [v3 ... v6]".into())
     );
     assert_eq!(
-        check_snapshot(&v(2), None),
+        check_snapshot(&v(2), None, None),
         Err("Error: Cannot service client at protocol v2. Supported protocols: [v3 ... v6]".into())
     );
     assert_eq!(
-        check_snapshot(&Version::Invalid("/replication/x/snapshot".into()), None),
+        check_snapshot(
+            &Version::Invalid("/replication/x/snapshot".into()),
+            None,
+            None
+        ),
         Err("Error: invalid path: /replication/x/snapshot".into())
     );
 }
@@ -80,18 +87,56 @@ fn snapshot_checks_in_zeros_order() {
 #[test]
 fn changes_versions_one_to_six_are_forwarded() {
     for n in 1..=6 {
-        assert_eq!(check_changes(&Version::Number(n)), Ok(()));
+        assert_eq!(check_changes(&Version::Number(n), None), Ok(()));
     }
     assert_eq!(
-        check_changes(&Version::Number(0)),
+        check_changes(&Version::Number(0), None),
         Err("Error: Cannot service client at protocol v0. Supported protocols: [v1 ... v6]".into())
     );
     assert_eq!(
-        check_changes(&Version::Number(7)),
+        check_changes(&Version::Number(7), None),
         Err("Error: Cannot service client at protocol v7. Supported protocols: [v1 ... v6]".into())
     );
     assert_eq!(
-        check_changes(&Version::Invalid("/replication/vx/changes".into())),
+        check_changes(&Version::Invalid("/replication/vx/changes".into()), None),
+        Err("Error: invalid path: /replication/vx/changes".into())
+    );
+}
+
+#[test]
+fn a_known_upstream_range_narrows_both_routes_before_anything_else_is_checked() {
+    let v = |n| Version::Number(n);
+    let zero_1_10 = Some(&(4..=6));
+    let refused = "Error: Cannot service client at protocol v3. Supported protocols: [v4 ... v6]";
+    // The version is checked before the taskID, as Zero does.
+    assert_eq!(check_snapshot(&v(3), None, zero_1_10), Err(refused.into()));
+    assert_eq!(
+        check_snapshot(&v(3), Some("taskID=t1"), zero_1_10),
+        Err(refused.into())
+    );
+    assert_eq!(
+        check_snapshot(&v(6), Some("taskID=t1"), zero_1_10),
+        Ok((6, "t1".into()))
+    );
+    assert_eq!(check_changes(&v(3), zero_1_10), Err(refused.into()));
+    assert_eq!(check_changes(&v(4), zero_1_10), Ok(()));
+    // Zero 0.20: v3 as before; a v4 snapshot would be refused on /changes, so it is refused here.
+    let zero_0_20 = Some(&(1..=3));
+    assert_eq!(
+        check_snapshot(&v(3), Some("taskID=t1"), zero_0_20),
+        Ok((3, "t1".into()))
+    );
+    assert_eq!(
+        check_snapshot(&v(4), Some("taskID=t1"), zero_0_20),
+        Err("Error: Cannot service client at protocol v4. Supported protocols: [v3 ... v3]".into())
+    );
+    assert_eq!(check_changes(&v(1), zero_0_20), Ok(()));
+    // A path Zero cannot read is refused as before.
+    assert_eq!(
+        check_changes(
+            &Version::Invalid("/replication/vx/changes".into()),
+            zero_1_10
+        ),
         Err("Error: invalid path: /replication/vx/changes".into())
     );
 }

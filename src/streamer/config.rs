@@ -5,6 +5,8 @@ use std::time::Duration;
 use crate::keys::{self, Section};
 use crate::net::address::{parse_host_port, validate_host_port, validate_owner_address};
 use crate::net::tls::UpstreamTlsConfig;
+use crate::protocol::versions::{intersect, Versions};
+use crate::protocol::CHANGES_VERSIONS;
 
 /// Longest `relay.ack_wakeup_wait`.
 pub const MAX_ACK_WAKEUP_WAIT: Duration = Duration::from_secs(1);
@@ -39,9 +41,57 @@ keys::section! {
         connect_timeout: Duration = key("5s", keys::positive_duration),
         /// An upstream from which nothing (message or ping) arrived during a whole period of this length is dropped.
         silence_timeout: Duration = key("33s", keys::positive_duration),
+        /// The protocol versions the upstream serves: learned from it, or fixed by the operator.
+        protocols: Protocols = key("auto", parse_protocols),
         /// `wss://` to the upstream (`tls = true`), for a change-streamer behind a TLS-terminating proxy.
         tls: Option<UpstreamTlsConfig> = from(upstream_tls(s, address.as_deref())),
     }
+}
+
+/// `upstream.protocols`: where the sidecar's knowledge of the upstream's protocol versions comes from
+/// (docs/protocol.md, "Protocol versions the upstream serves").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Protocols {
+    /// Learned from the upstream's own refusals: of a probe, or of a relayed subscription.
+    Auto,
+    /// Fixed by the operator; nothing is learned, and no probe is made.
+    Fixed(Versions),
+}
+
+/// `"auto"`, or a range `"A..B"` as in `"4..6"` (each bound may be written `v4`, as Zero writes them). A range must
+/// hold a version the relay forwards: one without any would refuse every client.
+fn parse_protocols(text: String) -> Result<Protocols, String> {
+    let text = text.trim();
+    if text == "auto" {
+        return Ok(Protocols::Auto);
+    }
+    let form = || {
+        format!("{text:?} is neither \"auto\" nor a range of protocol versions such as \"4..6\"")
+    };
+    let bound = |b: &str| {
+        let digits = b.strip_prefix('v').unwrap_or(b);
+        let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+        plain.then(|| digits.parse::<u64>().ok()).flatten()
+    };
+    let (min, max) = text.split_once("..").ok_or_else(form)?;
+    let (Some(min), Some(max)) = (bound(min), bound(max)) else {
+        return Err(form());
+    };
+    if min > max {
+        return Err(format!("{text:?} is empty: v{min} is above v{max}"));
+    }
+    if min == 0 {
+        return Err(format!("{text:?}: protocol versions start at v1"));
+    }
+    let versions = min..=max;
+    if intersect(&versions, &CHANGES_VERSIONS).is_none() {
+        return Err(format!(
+            "{text:?} holds no version the sidecar relays (v{} to v{}): every client would be refused",
+            CHANGES_VERSIONS.start(),
+            CHANGES_VERSIONS.end()
+        ));
+    }
+    Ok(Protocols::Fixed(versions))
 }
 
 /// `tls`, `tls_ca_file` and `tls_server_name`: `Some(None)` without TLS; `None` when a problem was recorded. The

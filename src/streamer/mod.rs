@@ -3,8 +3,10 @@
 //!   registry keeps the reservations).
 //! - [`relay`]: `/changes`, relayed to Zero's change-streamer while each subscriber's acks are watched.
 //! - [`wakeup`]: how many bytes of a subscriber's acks are worth waking the relay for, without I/O.
+//! - [`protocols`]: which protocol versions the upstream serves, configured or learned; both endpoints check it.
 
 pub mod config;
+pub mod protocols;
 pub mod relay;
 pub mod snapshot;
 pub mod wakeup;

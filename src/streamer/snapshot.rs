@@ -5,7 +5,9 @@
 //! Requests Zero would reject are refused with HTTP 400 *before* the upgrade, with Zero's own message as the body:
 //! a 0.20 view-syncer whose snapshot socket is accepted and then closed without a status waits forever
 //! (docs/protocol.md, "A snapshot socket closed before its status"), while a refused upgrade makes it fail and
-//! restart.
+//! restart. So is a version the upstream change-streamer does not serve: a status would send the view-syncer to
+//! restore for a subscription that upstream then refuses (docs/protocol.md, "Protocol versions the upstream
+//! serves").
 //!
 //! The socket is read, assembled and written with [`crate::net::ws`]'s pieces, as the relay's are: an idle reservation
 //! keeps neither a read nor a write buffer, since thousands may wait for hours.
@@ -40,6 +42,11 @@ pub struct SnapshotContext {
     pub backup_url: Arc<str>,
     /// Where v4+ statuses read the replica's size (`litestream_db_size`).
     pub status: crate::cleanup::status::StatusHandle,
+    /// What the upstream serves, which bounds the versions given a status.
+    pub protocols: crate::streamer::protocols::UpstreamProtocols,
+    /// Longest a request waits for a probe under way while the upstream's range is unknown
+    /// (`upstream.connect_timeout`, which bounds each step of the probe).
+    pub protocols_wait: Duration,
     pub ping_interval: Duration,
     /// A peer silent this long is dropped (`server.peer_timeout`).
     pub peer_timeout: Duration,
@@ -52,15 +59,21 @@ pub struct SnapshotContext {
 pub const MAX_CLIENT_FRAME: usize = 4096;
 
 /// Answers a `/snapshot` upgrade request: refused (HTTP 400 with Zero's message, 503 while shutting down), or
-/// upgraded, the reservation then held on its own task in `tracker`.
-pub fn serve(
+/// upgraded, the reservation then held on its own task in `tracker`. While the upstream's range is unknown and being
+/// asked, the answer waits for it (at most `protocols_wait`), so that a Zero 1.10 upstream's floor holds from the
+/// sidecar's first request on; once nothing is being asked, an unknown range refuses nothing the sidecar can serve.
+pub async fn serve(
     mut req: Request<Incoming>,
     version: &Version,
     peer: SocketAddr,
     ctx: &SnapshotContext,
     tracker: &TaskTracker,
 ) -> Response<Full<Bytes>> {
-    let (version, task_id) = match protocol::check_snapshot(version, req.uri().query()) {
+    let checked = ctx
+        .protocols
+        .check_snapshot(version, req.uri().query(), ctx.protocols_wait)
+        .await;
+    let (version, task_id) = match checked {
         Ok(checked) => checked,
         Err(message) => {
             debug!(%message, "snapshot request refused");

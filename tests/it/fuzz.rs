@@ -1,5 +1,6 @@
 //! Fuzz targets for every parser that reads bytes from outside the sidecar: request paths and query strings,
-//! client acks, WebSocket frame headers, frame streams and close frames, the commit inspector, litestream's
+//! client acks, WebSocket frame headers, frame streams and close frames, Zero's refusal of a protocol version, the
+//! commit inspector, litestream's
 //! metrics page (parsed, stripped and clamped), `sidecar.toml` with its environment overrides, `host:port` and
 //! backup URLs, the state file, and the `/status` answer the `status` command reads.
 //!
@@ -412,7 +413,7 @@ fn request_path() {
                 prop_assert_eq!(invalid, path);
             }
             match bounded("check_snapshot", len, BOUND, || {
-                protocol::check_snapshot(version, query)
+                protocol::check_snapshot(version, query, None)
             })? {
                 Ok((n, task_id)) => {
                     prop_assert!(protocol::SNAPSHOT_VERSIONS.contains(&n));
@@ -421,9 +422,21 @@ fn request_path() {
                 Err(message) => message_is_clear("check_snapshot", &message)?,
             }
             if let Err(message) = bounded("check_changes", len, BOUND, || {
-                protocol::check_changes(version)
+                protocol::check_changes(version, None)
             })? {
                 message_is_clear("check_changes", &message)?;
+            }
+            // A known upstream range only narrows what is accepted, and only by the version.
+            for upstream in [1..=3, 4..=6, 7..=9] {
+                let narrowed = protocol::check_snapshot(version, query, Some(&upstream));
+                if let Ok((n, _)) = &narrowed {
+                    prop_assert!(upstream.contains(n));
+                    prop_assert_eq!(&narrowed, &protocol::check_snapshot(version, query, None));
+                }
+                let narrowed = protocol::check_changes(version, Some(&upstream));
+                if narrowed.is_ok() {
+                    prop_assert!(protocol::check_changes(version, None).is_ok());
+                }
             }
         }
         let context = bounded("parse_subscriber_context", len, BOUND, || {
@@ -1017,6 +1030,49 @@ fn ws_close() {
     });
 }
 
+/// Close reasons as an upstream sends them: Zero's refusal of a version, other reasons, and mutations of both.
+fn close_reason() -> impl Strategy<Value = String> + Clone {
+    let number = prop_oneof![
+        4 => (0u64..10).prop_map(|n| n.to_string()),
+        1 => any::<u64>().prop_map(|n| n.to_string()),
+        1 => select(&["", "00", "07", "NaN", "1e+21", "-1", "+4", " 4"][..]).prop_map(String::from),
+    ];
+    let refusal =
+        (number.clone(), number.clone(), number, any::<bool>()).prop_map(|(v, a, b, prefix)| {
+            format!(
+                "{}Cannot service client at protocol v{v}. Supported protocols: [v{a} ... v{b}]",
+                if prefix { "Error: " } else { "" }
+            )
+        });
+    prop_oneof![
+        4 => refusal.clone(),
+        1 => select(&["", "Error: invalid path: /replication/x/changes", "Error: upstream connection lost"][..])
+            .prop_map(String::from),
+        1 => any::<String>(),
+        2 => mutated(refusal.prop_map(String::into_bytes), b"v.[] 0123456789").prop_map(lossy),
+    ]
+}
+
+/// Zero's refusal read back: nothing is allocated, and what is read is what Zero would have written.
+#[test]
+fn version_refusal() {
+    fuzz("version_refusal", close_reason(), |reason| {
+        let read = bounded("parse_refusal", reason.len(), (0, 0), || {
+            protocol::versions::parse_refusal(&reason)
+        })?;
+        if let Some(refusal) = read {
+            prop_assert!(refusal.supported.start() <= refusal.supported.end());
+            prop_assert!(!refusal.supported.contains(&refusal.version));
+            let written = protocol::unsupported_version(refusal.version, &refusal.supported);
+            prop_assert!(
+                written == reason || written.strip_prefix("Error: ") == Some(reason.as_str()),
+                "{reason:?} read as {refusal:?}"
+            );
+        }
+        Ok(())
+    });
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The commit inspector
 
@@ -1465,6 +1521,7 @@ const KEYS: &[(&str, &[&str])] = &[
             "tls",
             "tls_ca_file",
             "tls_server_name",
+            "protocols",
         ],
     ),
     (
@@ -1523,6 +1580,11 @@ const TEXT_VALUES: &[&str] = &[
     "postgres://[::1",
     "hide",
     "clamp",
+    "auto",
+    "4..6",
+    "v1..v3",
+    "6..4",
+    "0..9",
     "pin",
     "pause",
     "hold",

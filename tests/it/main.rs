@@ -36,6 +36,9 @@ mod limits;
 mod metrics;
 /// The registry, the subscriber tracker and the cleanup policy together, over random interleavings.
 mod model;
+/// The protocol versions the upstream serves: learned from its refusals or configured, and enforced before any
+/// status or dial.
+mod protocols;
 /// The litestream metrics proxy: the progress family filtered or clamped, failures as 502.
 mod proxy;
 /// Registration in the address table, readiness, ownership-aware cleanup, the v4+ snapshot status.

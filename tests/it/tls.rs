@@ -283,8 +283,15 @@ impl TlsUpstream {
                     )
                     .await
                     {
+                        let mut ws = ws;
                         let target = target.lock().unwrap().clone();
-                        let _ = tx.send((target, ws));
+                        // The sidecar's probe, answered as Zero 1.9 would.
+                        match answer_like_zero(&target, &ZERO_1_9) {
+                            Answer::Refuse(reason) => close_with_refusal(&mut ws, reason).await,
+                            _ => {
+                                let _ = tx.send((target, ws));
+                            }
+                        }
                     }
                 });
             }

@@ -193,6 +193,26 @@ pub struct Upstream {
     pub up: bool,
     pub last_attempt_at: Option<String>,
     pub last_error: Option<String>,
+    /// The protocol versions it serves, as far as the sidecar knows (`upstream.protocols`).
+    pub protocols: Option<ProtocolsEntry>,
+}
+
+/// What the upstream serves decides which versions get a snapshot status and which subscriptions are relayed
+/// (docs/protocol.md, "Protocol versions the upstream serves").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProtocolsEntry {
+    /// `auto` (learned from the upstream), or the configured range as in `4..6`.
+    pub setting: String,
+    /// The upstream's lowest and highest version; `null` while unknown.
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+    /// Who said so: `config`, `probe` or `refusal` (of a relayed subscription).
+    pub source: Option<String>,
+    /// Since when it has been so.
+    pub since: Option<String>,
+    /// Why the last probe learned nothing, while it is the last.
+    pub probe_error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -274,6 +294,9 @@ pub struct ReportInputs {
     pub newest_commit: Option<(String, Instant)>,
     pub upstream: UpstreamHealth,
     pub upstream_address: String,
+    pub protocols: crate::streamer::protocols::Known,
+    /// `upstream.protocols` is a range rather than `auto`.
+    pub protocols_fixed: bool,
     pub cleanup_enabled: bool,
     pub cleanup_delay: Duration,
     pub started: Instant,
@@ -402,10 +425,27 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
             up: inputs.upstream.up,
             last_attempt_at: inputs.upstream.last_attempt.map(rfc3339),
             last_error: inputs.upstream.last_error.clone(),
+            protocols: Some(protocols_entry(inputs)),
         }),
         cleanup: Some(cleanup(inputs, now, wall_now)),
         last_purge,
         change_log: Some(change_log),
+    }
+}
+
+fn protocols_entry(inputs: &ReportInputs) -> ProtocolsEntry {
+    let known = &inputs.protocols;
+    let versions = known.versions.as_ref();
+    ProtocolsEntry {
+        setting: match versions {
+            Some(v) if inputs.protocols_fixed => format!("{}..{}", v.start(), v.end()),
+            _ => "auto".into(),
+        },
+        min: versions.map(|v| *v.start()),
+        max: versions.map(|v| *v.end()),
+        source: known.source.map(|s| s.as_str().to_string()),
+        since: known.since.map(rfc3339),
+        probe_error: known.probe_error.clone(),
     }
 }
 
@@ -561,6 +601,7 @@ pub struct Sources {
     pub status: crate::cleanup::status::StatusHandle,
     pub upstream: crate::shared::Cell<UpstreamHealth>,
     pub upstream_address: String,
+    pub protocols: crate::streamer::protocols::UpstreamProtocols,
     pub cleanup_enabled: bool,
     pub reconnect_grace: Duration,
     pub started: Instant,
@@ -576,6 +617,8 @@ impl Sources {
             newest_commit: self.subscribers.newest_commit(),
             upstream: self.upstream.get(),
             upstream_address: self.upstream_address.clone(),
+            protocols: self.protocols.known(),
+            protocols_fixed: self.protocols.is_fixed(),
             cleanup_enabled: self.cleanup_enabled,
             cleanup_delay: self.registry.cleanup_delay(),
             started: self.started,

@@ -98,6 +98,13 @@ fn inputs(now: Instant, wall_now: SystemTime) -> ReportInputs {
         newest_commit: Some(("0g".into(), now - secs(2))),
         upstream: UpstreamHealth::default(),
         upstream_address: "127.0.0.1:4849".into(),
+        protocols: crate::streamer::protocols::Known {
+            versions: Some(4..=6),
+            source: Some(crate::streamer::protocols::Source::Probe),
+            since: Some(wall_now - secs(600)),
+            ..Default::default()
+        },
+        protocols_fixed: false,
         cleanup_enabled: true,
         cleanup_delay: secs(120),
         started: now - secs(3600),
@@ -154,6 +161,15 @@ fn the_report_says_who_holds_cleanup_and_since_when() {
     assert_eq!(json["change_log"]["rows"], 1234);
     assert_eq!(json["change_log"]["exact"], true);
     assert_eq!(json["upstream"]["up"], true);
+    let protocols = &json["upstream"]["protocols"];
+    assert_eq!(protocols["setting"], "auto");
+    assert_eq!(
+        (&protocols["min"], &protocols["max"]),
+        (&4.into(), &6.into())
+    );
+    assert_eq!(protocols["source"], "probe");
+    assert_eq!(protocols["since"], "2025-06-15T14:56:40Z");
+    assert_eq!(protocols["probe_error"], serde_json::Value::Null);
     assert_eq!(json["newest_commit"]["watermark"], "0g");
 }
 
@@ -291,4 +307,36 @@ fn drills_show_the_proven_watermark_and_the_latest_failure() {
     ] {
         assert!(text.contains(needle), "no {needle:?} in\n{text}");
     }
+}
+
+#[test]
+fn the_upstreams_protocols_say_whether_they_are_configured_learned_or_unknown() {
+    let now = Instant::now();
+    let wall_now = SystemTime::UNIX_EPOCH + secs(1_750_000_000);
+    let mut inputs = inputs(now, wall_now);
+    inputs.protocols_fixed = true;
+    inputs.protocols.source = Some(crate::streamer::protocols::Source::Config);
+    let protocols = build(&inputs, now, wall_now)
+        .upstream
+        .unwrap()
+        .protocols
+        .unwrap();
+    assert_eq!(protocols.setting, "4..6");
+    assert_eq!(protocols.source.as_deref(), Some("config"));
+    inputs.protocols_fixed = false;
+    inputs.protocols = crate::streamer::protocols::Known {
+        probe_error: Some("upstream 127.0.0.1:4849 unreachable: refused".into()),
+        ..Default::default()
+    };
+    let protocols = build(&inputs, now, wall_now)
+        .upstream
+        .unwrap()
+        .protocols
+        .unwrap();
+    assert_eq!(protocols.setting, "auto");
+    assert_eq!((protocols.min, protocols.max), (None, None));
+    assert_eq!(
+        protocols.probe_error.as_deref(),
+        Some("upstream 127.0.0.1:4849 unreachable: refused")
+    );
 }

@@ -22,7 +22,8 @@ use crate::protocol::{self, SubscriberContext, Version};
 use super::upstream::{connect, upstream_target};
 use super::{Relay, RelayContext, Side, SubscriptionEnd};
 
-/// Answers a `/changes` upgrade request. The upstream WebSocket is opened first, inside the request, so that a
+/// Answers a `/changes` upgrade request. A version the upstream is known not to serve is refused (HTTP 400, the
+/// upstream's own text) without a dial. The upstream WebSocket is opened first, inside the request, so that a
 /// subscription the sidecar cannot relay is refused (HTTP 502) before the subscriber's upgrade completes; the
 /// relay then runs on its own task in `tracker`.
 pub async fn serve(
@@ -32,10 +33,13 @@ pub async fn serve(
     ctx: &RelayContext,
     tracker: &TaskTracker,
 ) -> Response<Full<Bytes>> {
-    if let Err(message) = protocol::check_changes(version) {
-        debug!(%message, "subscription refused");
-        return plain(StatusCode::BAD_REQUEST, message);
-    }
+    let version = match ctx.protocols.check_changes(version) {
+        Ok(version) => version,
+        Err(message) => {
+            debug!(%message, "subscription refused");
+            return plain(StatusCode::BAD_REQUEST, message);
+        }
+    };
     if ctx.shutdown.is_cancelled() {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
     }
@@ -73,6 +77,7 @@ pub async fn serve(
         }
         Err(err) => {
             ctx.subscribers.upstream_lost();
+            ctx.protocols.recheck();
             ctx.instruments.upstream_connect_errors.inc();
             ctx.instruments
                 .upstream
@@ -88,7 +93,7 @@ pub async fn serve(
     let ctx = ctx.clone();
     // A failed upgrade drops the upstream socket with the task: Zero sees the subscriber leave.
     spawn_upgraded(tracker, upgrade, span, move |ws| async move {
-        handle_changes(ctx, subscription, requested, ws, upstream, socket).await;
+        handle_changes(ctx, version, subscription, requested, ws, upstream, socket).await;
     });
     response
 }
@@ -97,6 +102,7 @@ pub async fn serve(
 /// its upgrade; `upstream` is the socket [`connect`] returned.
 pub(super) async fn handle_changes(
     ctx: RelayContext,
+    version: u64,
     subscription: SubscriberContext,
     requested: Ticket,
     client: WebSocket<Io>,
@@ -126,7 +132,7 @@ pub(super) async fn handle_changes(
     let silence = settings.upstream.silence_timeout;
     let mut upstream_liveness = Liveness::new(silence, silence);
     let mut client_writes = WriteStall::new(settings.relay.write_stall_timeout);
-    let mut relay = Relay::new(&ctx, subscription, requested);
+    let mut relay = Relay::new(&ctx, version, subscription, requested);
 
     while !relay.is_done() {
         // Once either side has ended, the rest of the close handshake gets a bounded time.
@@ -240,6 +246,9 @@ pub(super) async fn handle_changes(
     if outcome.is_upstreams() {
         // Its other subscribers are likely dropped too, and back off before they return.
         ctx.subscribers.upstream_lost();
+    }
+    if outcome.may_change_upstream() {
+        ctx.protocols.recheck();
     }
     drop(relay);
     info!(outcome = ?outcome, "subscription ended");

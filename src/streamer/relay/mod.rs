@@ -3,7 +3,9 @@
 //! (docs/protocol.md, "The change stream" and "Relaying a subscription"). A subscription the sidecar cannot relay is
 //! refused before the upgrade: HTTP 400 for a path or version no Zero serves, HTTP 502 when the upstream cannot be
 //! reached, which makes Zero's client back off instead of reconnecting every 25 ms (docs/protocol.md, "Reconnect
-//! storms after a rejected upgrade").
+//! storms after a rejected upgrade"). A version the upstream is known not to serve gets the same HTTP 400, without a
+//! dial; the upstream's own refusal of a version teaches the sidecar its range (docs/protocol.md, "Protocol versions
+//! the upstream serves").
 //!
 //! What the relay owns: the upstream handshake, each hop's liveness (the subscriber is pinged and dropped after
 //! `server.peer_timeout` of silence, a silent upstream is dropped), close codes passed through both ways,
@@ -29,10 +31,12 @@
 //! - `upstream`: dialing Zero's change-streamer (TCP, TLS, the WebSocket upgrade).
 //! - `driver`: [`serve`], the upgrade answered, and the loop that drives one connection's sockets and timers.
 //! - `acks`: the commits a subscriber has been sent and not yet acknowledged.
+//! - `probe`: asking the upstream which protocol versions it serves, without a subscription.
 //! - `tests`: the state machine as a table.
 
 mod acks;
 mod driver;
+pub mod probe;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -52,6 +56,7 @@ use crate::net::ws::{self, Assembler, CloseWith, Inbox, Outbox, PeerClose};
 use crate::protocol::inspect::{inspect, Downstream};
 use crate::protocol::{self, close, SubscriberContext};
 use crate::streamer::config::{RelayConfig, UpstreamConfig};
+use crate::streamer::protocols::{Source, UpstreamProtocols};
 use crate::streamer::wakeup::AckWakeups;
 
 pub use driver::serve;
@@ -72,6 +77,8 @@ pub struct RelayContext {
     pub subscribers: Subscribers,
     /// Relayed frames and bytes, counted once per read.
     pub instruments: crate::ops::metrics::Instruments,
+    /// What the upstream serves: checked before a dial, taught by its refusals.
+    pub protocols: UpstreamProtocols,
     pub shutdown: CancellationToken,
 }
 
@@ -128,6 +135,18 @@ impl SubscriptionEnd {
                 | Self::UpstreamSilent
                 | Self::UpstreamProtocolError(_)
         )
+    }
+
+    /// The upstream ended it other than by refusing it (1002): it may be stopping, or another release taking its
+    /// place, so what it serves is asked again.
+    fn may_change_upstream(&self) -> bool {
+        let refused = matches!(
+            self,
+            Self::UpstreamClosed {
+                code: Some(close::PROTOCOL_ERROR)
+            }
+        );
+        self.is_upstreams() && !refused
     }
 }
 
@@ -223,6 +242,8 @@ impl Side {
 /// every socket event to one of the `on_*` methods.
 struct Relay<'a> {
     ctx: &'a RelayContext,
+    /// The protocol version of the request's path.
+    version: u64,
     subscription: SubscriberContext,
     /// Where the reservation registry stood when the subscription was requested.
     requested: Ticket,
@@ -255,13 +276,19 @@ struct Counted {
 }
 
 impl<'a> Relay<'a> {
-    fn new(ctx: &'a RelayContext, subscription: SubscriberContext, requested: Ticket) -> Self {
+    fn new(
+        ctx: &'a RelayContext,
+        version: u64,
+        subscription: SubscriberContext,
+        requested: Ticket,
+    ) -> Self {
         // Zero answers a subscription only once its storer has caught up, which under a large transaction can take
         // long: a lagging subscriber that reconnects must bound cleanup at its watermark from the handshake on, not
         // from that first frame.
         let acks = track(ctx, &subscription);
         Self {
             ctx,
+            version,
             subscription,
             requested,
             client: Peer::new(Role::Server),
@@ -650,6 +677,24 @@ impl<'a> Relay<'a> {
         }
     }
 
+    /// The upstream closed with 1002 before answering anything: if the reason is Zero's refusal of this
+    /// subscription's version, its range is what the upstream serves (docs/protocol.md, "Protocol versions the
+    /// upstream serves"), and clients it would refuse are refused before a dial from now on.
+    fn learn_from_refusal(&self, reason: &[u8]) {
+        if self.subscribed {
+            return;
+        }
+        let refusal = std::str::from_utf8(reason)
+            .ok()
+            .and_then(protocol::versions::parse_refusal)
+            .filter(|refusal| refusal.version == self.version);
+        if let Some(refusal) = refusal {
+            self.ctx
+                .protocols
+                .learned(refusal.supported, Source::Refusal);
+        }
+    }
+
     /// Each hop keeps its own liveness: pings are answered here and never passed on; closes are passed on.
     fn control(&mut self, source: Side, opcode: OpCode, payload: BytesMut) {
         match opcode {
@@ -663,6 +708,9 @@ impl<'a> Relay<'a> {
                 self.peer(source).stopped_reading = true;
                 match ws::read_close(payload) {
                     PeerClose::Valid { code, payload } => {
+                        if source == Side::Upstream && code == Some(close::PROTOCOL_ERROR) {
+                            self.learn_from_refusal(&payload[2..]);
+                        }
                         self.ending(match source {
                             Side::Upstream => SubscriptionEnd::UpstreamClosed { code },
                             Side::Client => SubscriptionEnd::ClientClosed { code },

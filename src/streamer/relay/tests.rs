@@ -146,6 +146,9 @@ fn context() -> RelayContext {
         registry: Registry::new(Duration::ZERO),
         subscribers: Subscribers::default(),
         instruments: crate::ops::metrics::Instruments::default(),
+        protocols: crate::streamer::protocols::UpstreamProtocols::new(
+            &crate::streamer::config::Protocols::Auto,
+        ),
         shutdown: CancellationToken::new(),
     }
 }
@@ -607,6 +610,7 @@ async fn a_relayed_connection_answers_each_event() {
         let _lease = ctx.registry.open("t1", Instant::now());
         let mut relay = Relay::new(
             &ctx,
+            3,
             protocol::parse_subscriber_context(Some(row.query)),
             ctx.registry.ticket(),
         );
@@ -718,7 +722,7 @@ fn a_check_during_the_handover_sees_the_reservation_or_the_subscriber() {
                 format!("taskID=t1&id=s{round}&replicaVersion=01&watermark=0a&initial=true");
             let subscription = protocol::parse_subscriber_context(Some(&query));
             let requested = ctx.registry.ticket();
-            let relay = Relay::new(&ctx, subscription.clone(), requested);
+            let relay = Relay::new(&ctx, 3, subscription.clone(), requested);
             on_subscribed(&ctx, &subscription, requested);
             tracked.push(relay.acks);
             drop(lease);
@@ -734,7 +738,7 @@ async fn relayed_frames_are_not_re_encoded() {
     // A 5-byte payload under a 16-bit length, which no encoder writes: passed on exactly as it came.
     let odd = [&[0x81u8, 126, 0, 5][..], b"hello"].concat();
     let ctx = context();
-    let mut relay = Relay::new(&ctx, SubscriberContext::default(), ctx.registry.ticket());
+    let mut relay = Relay::new(&ctx, 3, SubscriberContext::default(), ctx.registry.ticket());
     let mut inbox = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
     inbox.fill(&mut &odd[..]).await.unwrap();
     relay.on_read(Side::Upstream, &mut inbox);
@@ -767,6 +771,7 @@ async fn with_no_ack_batch_window_each_reads_acks_leave_at_once() {
     ctx.settings = Arc::new(settings);
     let mut relay = Relay::new(
         &ctx,
+        3,
         protocol::parse_subscriber_context(None),
         ctx.registry.ticket(),
     );
@@ -838,4 +843,50 @@ fn the_query_is_forwarded_with_only_initial_changed() {
         upstream_target("/replication/v5/changes", Some(""), true),
         "/replication/v5/changes?"
     );
+}
+
+/// Zero refuses a version by closing with 1002 before anything else: that close, for the subscription's own version,
+/// teaches the upstream's range; any other close teaches nothing. Either way it reaches the subscriber as sent.
+#[tokio::test]
+async fn an_upstreams_refusal_of_the_version_teaches_its_range() {
+    let refusal = "Error: Cannot service client at protocol v3. Supported protocols: [v4 ... v6]";
+    for (version, answered_first, code, reason, learned) in [
+        (3, false, 1002, refusal, Some(4..=6)),
+        // Another version's refusal, another code, a stream the upstream had answered, another reason.
+        (4, false, 1002, refusal, None),
+        (3, false, 1011, refusal, None),
+        (3, true, 1002, refusal, None),
+        (
+            3,
+            false,
+            1002,
+            "Error: invalid querystring - missing id",
+            None,
+        ),
+    ] {
+        let ctx = context();
+        let mut relay = Relay::new(
+            &ctx,
+            version,
+            SubscriberContext::default(),
+            ctx.registry.ticket(),
+        );
+        let mut bytes = Vec::new();
+        if answered_first {
+            bytes.extend(s(true, TEXT, STATUS));
+        }
+        bytes.extend(s(true, CLOSE, &close_payload(code, reason)));
+        let mut inbox = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
+        inbox.fill(&mut &bytes[..]).await.unwrap();
+        relay.on_read(Upstream, &mut inbox);
+        let case = format!("v{version} {code} {reason:?} answered first: {answered_first}");
+        assert_eq!(ctx.protocols.versions(), learned, "{case}");
+        let mut out = Vec::new();
+        relay.client.outbox.flush(&mut out).await.unwrap();
+        assert_eq!(
+            written(&out, false).last(),
+            Some(&closing(code, reason)),
+            "{case}"
+        );
+    }
 }

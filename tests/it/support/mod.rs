@@ -88,6 +88,7 @@ pub struct Sidecar {
     pub subscribers: Subscribers,
     pub status: litestream_sidecar::cleanup::status::StatusHandle,
     pub discovery: litestream_sidecar::cleanup::discovery::StateHandle,
+    pub protocols: litestream_sidecar::streamer::protocols::UpstreamProtocols,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), litestream_sidecar::Error>>,
 }
@@ -120,6 +121,7 @@ pub async fn start_app(app: App) -> Sidecar {
     let subscribers = app.subscribers().clone();
     let status = app.status().clone();
     let discovery = app.discovery().clone();
+    let protocols = app.protocols().clone();
     let proxy = app.bind_proxy().await.expect("metrics proxy binds");
     let proxy_addr = proxy[0].local_addr().unwrap();
     let shutdown = CancellationToken::new();
@@ -131,6 +133,7 @@ pub async fn start_app(app: App) -> Sidecar {
         subscribers,
         status,
         discovery,
+        protocols,
         shutdown,
         task,
     }
@@ -659,10 +662,78 @@ pub fn large_ws_config() -> WebSocketConfig {
 
 /// A stand-in for Zero's change-streamer: accepts WebSocket upgrades on 127.0.0.1:0 and hands each connection,
 /// with the request target it was opened for, to the test, which plays Zero's part (see [`UpstreamConn`]).
+///
+/// Like Zero, it upgrades a request for a protocol version outside the range it serves (v1 to v6 unless told, as
+/// Zero 1.9) and closes it at once with 1002 and Zero's refusal; such requests, the sidecar's probes among them, are
+/// answered here, recorded ([`Upstream::refused_targets`]) and never handed to the test.
 pub struct Upstream {
     pub addr: SocketAddr,
     conns: tokio::sync::mpsc::UnboundedReceiver<UpstreamConn>,
+    refused: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     task: JoinHandle<()>,
+}
+
+/// The protocol versions a stand-in upstream serves, and whether it answers the sidecar's probe.
+#[derive(Debug, Clone)]
+pub struct Serves {
+    pub versions: std::ops::RangeInclusive<u64>,
+    /// false: a probe (`/replication/v0/changes`) is upgraded and dropped without a word, so that the sidecar can
+    /// only learn the range from a relayed subscription's refusal.
+    pub answers_probes: bool,
+}
+
+/// Zero 1.9: v1 to v6.
+pub const ZERO_1_9: Serves = Serves {
+    versions: 1..=6,
+    answers_probes: true,
+};
+
+/// The version of a `/replication/v{N}/...` request target, if it has one.
+pub fn target_version(target: &str) -> Option<u64> {
+    let path = target.split_once('?').map_or(target, |(path, _)| path);
+    let rest = path.strip_prefix("/replication/v")?;
+    let (digits, action) = rest.split_once('/')?;
+    matches!(action, "changes" | "snapshot")
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// How a stand-in upstream answers a request target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A version it serves: the test plays the rest.
+    Serve,
+    /// An unanswered probe: the socket is dropped without a word.
+    Drop,
+    /// A version it does not serve: closed with 1002 and this reason, as Zero does.
+    Refuse(String),
+}
+
+/// What Zero serving `serves` does with a request for `target`.
+pub fn answer_like_zero(target: &str, serves: &Serves) -> Answer {
+    match target_version(target).filter(|v| !serves.versions.contains(v)) {
+        None => Answer::Serve,
+        Some(0) if !serves.answers_probes => Answer::Drop,
+        Some(version) => Answer::Refuse(format!(
+            "Error: Cannot service client at protocol v{version}. Supported protocols: [v{} ... v{}]",
+            serves.versions.start(),
+            serves.versions.end()
+        )),
+    }
+}
+
+/// Closes an upgraded socket with 1002 and `reason`, as Zero's `closeWithError` does.
+pub async fn close_with_refusal<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>, reason: String)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let frame = tungstenite::protocol::CloseFrame {
+        code: CloseCode::from(1002),
+        reason: reason.into(),
+    };
+    let _ = ws.close(Some(frame)).await;
+    // The peer's answering close, briefly: Zero does not wait for it either.
+    let _ = tokio::time::timeout(Duration::from_secs(1), ws.next()).await;
 }
 
 pub type ServerSocket = tokio_tungstenite::WebSocketStream<TcpStream>;
@@ -675,22 +746,37 @@ pub struct UpstreamConn {
 }
 
 impl Upstream {
-    /// Accepts every upgrade.
+    /// Accepts every upgrade; serves v1 to v6 ([`ZERO_1_9`]).
     pub async fn start() -> Upstream {
-        Self::start_with(None, "127.0.0.1:0".parse().unwrap()).await
+        Self::start_with(None, ZERO_1_9, "127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// Serves these versions, refusing others as Zero does.
+    pub async fn serving(serves: Serves) -> Upstream {
+        Self::start_with(None, serves, "127.0.0.1:0".parse().unwrap()).await
     }
 
     /// Answers every upgrade with this HTTP status instead.
     pub async fn refusing(status: u16) -> Upstream {
-        Self::start_with(Some(status), "127.0.0.1:0".parse().unwrap()).await
+        Self::start_with(Some(status), ZERO_1_9, "127.0.0.1:0".parse().unwrap()).await
     }
 
     /// Accepts every upgrade at `addr`: an upstream restarted where it was.
     pub async fn start_at(addr: SocketAddr) -> Upstream {
-        Self::start_with(None, addr).await
+        Self::start_with(None, ZERO_1_9, addr).await
     }
 
-    async fn start_with(refuse: Option<u16>, addr: SocketAddr) -> Upstream {
+    /// Serves these versions at `addr`: another release restarted where the upstream was.
+    pub async fn serving_at(addr: SocketAddr, serves: Serves) -> Upstream {
+        Self::start_with(None, serves, addr).await
+    }
+
+    /// The request targets this upstream refused itself for their version, in order.
+    pub fn refused_targets(&self) -> Vec<String> {
+        self.refused.lock().unwrap().clone()
+    }
+
+    async fn start_with(refuse: Option<u16>, serves: Serves, addr: SocketAddr) -> Upstream {
         // A stopped listener at `addr` is closed once its aborted task is dropped: shortly.
         let mut attempts = 0;
         let listener = loop {
@@ -706,12 +792,15 @@ impl Upstream {
         };
         let addr = listener.local_addr().unwrap();
         let (tx, conns) = tokio::sync::mpsc::unbounded_channel();
+        let refused = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let refusals = refused.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let tx = tx.clone();
+                let (serves, refusals) = (serves.clone(), refusals.clone());
                 tokio::spawn(async move {
                     let target = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
                     let seen = target.clone();
@@ -734,14 +823,28 @@ impl Upstream {
                         Some(large_ws_config()),
                     )
                     .await;
-                    if let Ok(ws) = accepted {
+                    if let Ok(mut ws) = accepted {
                         let target = target.lock().unwrap().clone();
-                        let _ = tx.send(UpstreamConn { target, ws });
+                        match answer_like_zero(&target, &serves) {
+                            Answer::Serve => {
+                                let _ = tx.send(UpstreamConn { target, ws });
+                            }
+                            Answer::Drop => refusals.lock().unwrap().push(target),
+                            Answer::Refuse(reason) => {
+                                refusals.lock().unwrap().push(target);
+                                close_with_refusal(&mut ws, reason).await;
+                            }
+                        }
                     }
                 });
             }
         });
-        Upstream { addr, conns, task }
+        Upstream {
+            addr,
+            conns,
+            refused,
+            task,
+        }
     }
 
     /// The config extra for a sidecar relaying to this upstream (keys of `[server]` may precede it).
