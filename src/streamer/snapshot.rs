@@ -99,7 +99,9 @@ const STATUS_RETRY: Duration = Duration::from_secs(1);
 ///
 /// Withheld for every version until litestream has reported a backup and (with `backup.verify`) a listing found an
 /// object in the destination, as Zero 1.8+ withholds it: a view-syncer handed a status with nothing to restore
-/// fails and retries with a new reservation.
+/// fails and retries with a new reservation. v4+ statuses also wait while the monitor refuses the deployment
+/// ([`crate::cleanup::unservable`]); v3's (Zero 0.20 to 0.24, which have neither v5 backups nor a way to stop
+/// writing the change log) carries nothing such a refusal is about, and goes out as before.
 ///
 /// v3's status carries only the backup URL: the reservation keeps the floor it opened with, or the newest backup
 /// when none was known then. v4+'s also carries `minWatermark`, from which a view-syncer that keeps its own replica
@@ -129,6 +131,11 @@ async fn build_status(ctx: &SnapshotContext, version: u64, lease: &mut Lease) ->
             lease.set_floor(Some(newest));
         }
         return Some(protocol::snapshot_status_v3(&ctx.backup_url));
+    }
+    // Its `minWatermark` would come from a change log that may not be the one view-syncers catch up from, and its
+    // backup URL from a location Zero may not back up to (docs/protocol.md, "Zero 1.10 setups the sidecar refuses").
+    if ctx.registry.is_unservable() {
+        return None;
     }
     let db = ctx.change_db.as_ref()?;
     let pinned = lease.floor();
@@ -219,6 +226,11 @@ where
         info!("snapshot status withheld until litestream reports a first backup");
     } else if !ctx.registry.is_restorable() {
         info!("snapshot status withheld until the backup destination holds a restorable backup");
+    } else if version >= 4 && ctx.registry.is_unservable() {
+        info!(
+            "snapshot status withheld while the sidecar refuses this deployment (see unservable in /status and the \
+             sidecar's error log)"
+        );
     } else {
         info!("snapshot status held back until the change DB answers");
     }
