@@ -139,6 +139,8 @@ pub struct App {
     tls: Option<crate::net::tls::Tls>,
     /// What the upstream serves (`upstream.protocols`, or learned).
     protocols: crate::streamer::protocols::UpstreamProtocols,
+    /// See [`App::log_unwritten_after`]; `None`: [`crate::cleanup::unservable::LOG_UNWRITTEN_AFTER`].
+    log_unwritten_after: Option<std::time::Duration>,
 }
 
 impl App {
@@ -203,6 +205,7 @@ impl App {
             protocols: crate::streamer::protocols::UpstreamProtocols::new(
                 &config.upstream.protocols,
             ),
+            log_unwritten_after: None,
             resumed,
             instruments,
             config,
@@ -218,6 +221,13 @@ impl App {
     /// that began before a restart are covered; tests move it back instead of waiting.
     pub fn started_at(mut self, started: tokio::time::Instant) -> Self {
         self.started = started;
+        self
+    }
+
+    /// How long a relayed commit may stay out of the change log before the sidecar refuses the deployment as one
+    /// whose log Zero does not write; tests shorten it instead of waiting.
+    pub fn log_unwritten_after(mut self, after: std::time::Duration) -> Self {
+        self.log_unwritten_after = Some(after);
         self
     }
 
@@ -441,6 +451,10 @@ impl App {
         .resuming(self.resumed.clone());
         let monitor = match self.backup_env.clone() {
             Some(env) => monitor.with_backup_env(&config.backup, env),
+            None => monitor,
+        };
+        let monitor = match self.log_unwritten_after {
+            Some(after) => monitor.with_log_unwritten_after(after),
             None => monitor,
         };
         tracker.spawn(

@@ -24,6 +24,8 @@
 //! - [`discovery`]: whether the replication manager is registered and the change DB answers.
 //! - [`state`] and [`keeper`]: the state file that carries the policy's memory across restarts, and its writer.
 //! - [`change_db`]: the change DB: reads, the purge, the purger lock, TLS toward PostgreSQL.
+//! - [`unservable`]: deployments the sidecar refuses to serve (Zero 1.10's v5 backups, a change log Zero does not
+//!   write), for which cleanup holds first of all.
 
 pub mod change_db;
 pub mod config;
@@ -37,6 +39,7 @@ pub mod status;
 pub mod subscribers;
 #[cfg(test)]
 mod tests;
+pub mod unservable;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -363,6 +366,9 @@ pub struct Inputs<'a> {
 /// sidecar, a stepped clock. The default is the quiet case: nothing to hold for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Guards {
+    /// The deployment cannot be served ([`unservable`]): whatever else holds, nothing here is about the backup
+    /// view-syncers restore or the log they catch up from.
+    pub unservable: bool,
     /// Another sidecar holds the shard's purger lock, or it could not be taken: this one is standby.
     pub standby: bool,
     /// Whether what this run knows of restores in flight would survive a restart.
@@ -499,6 +505,9 @@ impl fmt::Display for Bound {
 /// reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HoldReason {
+    /// The deployment cannot be served ([`unservable::Reason`]): its backups or its change log are not what the
+    /// sidecar reads, so nothing it knows says what view-syncers still need.
+    Unservable,
     /// `ownerAddress` does not name the sidecar (or cannot be read): it does not front the change-streamer that
     /// owns the shard, so purging is not its call.
     NotRegistered,
@@ -555,7 +564,8 @@ pub enum HoldReason {
 
 impl HoldReason {
     /// Every variant, in evaluation order (for pre-registering metric label values).
-    pub const ALL: [HoldReason; 21] = [
+    pub const ALL: [HoldReason; 22] = [
+        HoldReason::Unservable,
         HoldReason::NotRegistered,
         HoldReason::RecentlyRegistered,
         HoldReason::Standby,
@@ -582,6 +592,7 @@ impl HoldReason {
     /// The snake_case value of the `reason` metric label.
     pub fn as_str(&self) -> &'static str {
         match self {
+            HoldReason::Unservable => "unservable",
             HoldReason::NotRegistered => "not_registered",
             HoldReason::RecentlyRegistered => "recently_registered",
             HoldReason::Standby => "standby",
@@ -610,6 +621,9 @@ impl HoldReason {
 impl fmt::Display for HoldReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            HoldReason::Unservable => {
+                "refused: the sidecar cannot serve this deployment (see unservable in /status)"
+            }
             HoldReason::NotRegistered => "not registered as the change-streamer address",
             HoldReason::RecentlyRegistered => "registered too recently",
             HoldReason::Standby => "standby: another sidecar holds the shard's purger lock",
@@ -656,28 +670,29 @@ impl fmt::Display for HoldReason {
 /// be the newest backup: a slow subscriber or an older reservation only lowers it.
 ///
 /// Otherwise it holds with the first reason that applies, checked in this fixed order (that of [`HoldReason::ALL`]):
-/// 1. `NotRegistered`: ownership is checked and `ownerAddress` does not name the sidecar.
-/// 2. `RecentlyRegistered`: it has named the sidecar for less than `reconnect_grace + cleanup_delay`.
-/// 3. `Standby`: another sidecar holds the shard's purger lock.
-/// 4. `StartingUp`: uptime `< max(cleanup_delay, reconnect_grace)`.
-/// 5. `StateUnreadable`, 6. `StateUnwritable`: the state file cannot be read, or written ([`Memory`]).
-/// 7. `RestoresUnknown`: started without a state file, less than `cleanup.hold_without_state` ago.
-/// 8. `ReplicaReset`: the replica was reset and no backup taken after the reset has aged.
-/// 9. `ReplicaUnknown`: the change DB's replica version has not been read in this run, and none was kept.
-/// 10. `ReservationsOpen`: mode `pause` and a reservation is open.
-/// 11. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
-/// 12. `BackupUnknown`: litestream's position is unknown (restarted, no samples, unreadable).
-/// 13. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
+/// 1. `Unservable`: the deployment cannot be served ([`unservable`]).
+/// 2. `NotRegistered`: ownership is checked and `ownerAddress` does not name the sidecar.
+/// 3. `RecentlyRegistered`: it has named the sidecar for less than `reconnect_grace + cleanup_delay`.
+/// 4. `Standby`: another sidecar holds the shard's purger lock.
+/// 5. `StartingUp`: uptime `< max(cleanup_delay, reconnect_grace)`.
+/// 6. `StateUnreadable`, 7. `StateUnwritable`: the state file cannot be read, or written ([`Memory`]).
+/// 8. `RestoresUnknown`: started without a state file, less than `cleanup.hold_without_state` ago.
+/// 9. `ReplicaReset`: the replica was reset and no backup taken after the reset has aged.
+/// 10. `ReplicaUnknown`: the change DB's replica version has not been read in this run, and none was kept.
+/// 11. `ReservationsOpen`: mode `pause` and a reservation is open.
+/// 12. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
+/// 13. `BackupUnknown`: litestream's position is unknown (restarted, no samples, unreadable).
+/// 14. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
 ///     tracked, and it is the news an operator needs.
-/// 14. `NoBackup`: no backup is tracked.
-/// 15. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
+/// 15. `NoBackup`: no backup is tracked.
+/// 16. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
 ///     [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or uptime `< reconnect_grace`.
-/// 16. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
-/// 17. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
-/// 18. `BackupTooRecent`: none of those is old enough.
-/// 19. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
-/// 20. `ReservationFloor`: all of the covered ones are above some reservation's floor.
-/// 21. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+/// 17. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
+/// 18. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
+/// 19. `BackupTooRecent`: none of those is old enough.
+/// 20. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
+/// 21. `ReservationFloor`: all of the covered ones are above some reservation's floor.
+/// 22. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
 pub fn decide(inputs: &Inputs) -> Decision {
     match choose(inputs) {
         Ok((before, bound)) => Decision::Purge {
@@ -689,6 +704,9 @@ pub fn decide(inputs: &Inputs) -> Decision {
 }
 
 fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
+    if inputs.guards.unservable {
+        return Err(HoldReason::Unservable);
+    }
     match inputs.ownership {
         Ownership::Unchecked => {}
         Ownership::NotRegistered => return Err(HoldReason::NotRegistered),

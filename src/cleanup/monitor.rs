@@ -21,6 +21,7 @@ use crate::cleanup::status::{
     RECENT_BACKUPS,
 };
 use crate::cleanup::subscribers::Subscribers;
+use crate::cleanup::unservable::{self, LogWatch, Reason, Unservable};
 use crate::cleanup::{
     self, Backlog, Backup, Decision, DestinationCheck, GaugeMove, HeldReservation, HoldReason,
     Inputs, Ownership, Subscriber,
@@ -78,6 +79,17 @@ impl Throttle {
         self.current = Some(problem);
     }
 
+    /// Like [`Throttle::failed`] at warn, but said only when the problem starts or changes: for a check the
+    /// sidecar can do without, whose failure an operator may choose to leave as it is.
+    fn failed_once(&mut self, what: &str, problem: String) {
+        if self.current.as_deref() != Some(problem.as_str()) {
+            warn!(error = %problem, "{what}");
+        } else {
+            debug!(error = %problem, "{what}");
+        }
+        self.current = Some(problem);
+    }
+
     fn succeeded(&mut self, what: &str) {
         if self.current.take().is_some() {
             info!("{what}");
@@ -118,6 +130,8 @@ pub struct Monitor {
     destination: Option<Result<destination::Destination, String>>,
     stale_after: Duration,
     requires: Requires,
+    /// How long a relayed commit may stay absent from the change log before the log counts as not written.
+    log_unwritten_after: Duration,
 }
 
 /// What one check saw besides the backlog, in the policy's own types.
@@ -151,6 +165,19 @@ struct Said {
     layout_problem: Throttle,
     last_hold: Option<HoldReason>,
     replica_problem: Throttle,
+    /// One per [`Reason`], in the order of [`Reason::ALL`].
+    refused: [Throttle; 3],
+    replicas_problem: Throttle,
+}
+
+impl Said {
+    fn refused(&mut self, reason: Reason) -> &mut Throttle {
+        let at = Reason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .expect("every reason is in ALL");
+        &mut self.refused[at]
+    }
 }
 
 /// What the previous run left: where its purges and litestream's gauge had got to, for which replica, and whether
@@ -254,7 +281,15 @@ impl Monitor {
             }),
             stale_after: config.backup.stale_after,
             requires: config.cleanup.requires,
+            log_unwritten_after: unservable::LOG_UNWRITTEN_AFTER,
         }
+    }
+
+    /// Replaces how long a relayed commit may stay out of the change log before the log counts as not written
+    /// (tests shorten it instead of waiting).
+    pub fn with_log_unwritten_after(mut self, after: Duration) -> Self {
+        self.log_unwritten_after = after;
+        self
     }
 
     /// Replaces the destination's client, built with `env` instead of the process environment (tests give their
@@ -300,6 +335,7 @@ impl Monitor {
             ..Position::default()
         };
         let mut said = Said::default();
+        let mut log_watch = LogWatch::default();
         if self.destination.is_some() {
             self.status.update(|s| s.backup.verifying = true);
         }
@@ -307,6 +343,9 @@ impl Monitor {
         while every.tick(&shutdown).await {
             let now = Instant::now();
             self.read_replica(&mut replica, &mut backlog, &mut said, now)
+                .await;
+            self.read_replica_backups(&mut said, now).await;
+            self.watch_log(&mut log_watch, &replica, &mut said, now)
                 .await;
             match self.requires {
                 Requires::Listing => {
@@ -369,12 +408,18 @@ impl Monitor {
 
     /// The guards of a check at `now` (see [`cleanup::Guards`]).
     fn guards(&self, now: Instant, position: &Position, replica: &Replica) -> cleanup::Guards {
-        let (standby, memory, restores_unknown_since) = self
-            .status
-            .read(|s| (s.standby, s.memory, s.restores_unknown_since));
+        let (standby, memory, restores_unknown_since, refused) = self.status.read(|s| {
+            (
+                s.standby,
+                s.memory,
+                s.restores_unknown_since,
+                !s.unservable.is_empty(),
+            )
+        });
         let (anchor, anchor_wall) = self.anchor;
         let hold_without_state = self.hold_without_state.for_size(position.db_bytes);
         cleanup::Guards {
+            unservable: refused,
             standby: standby == Some(true),
             memory,
             restores_unknown_until: restores_unknown_since.map(|since| {
@@ -390,6 +435,113 @@ impl Monitor {
             position_unknown: position.unknown.is_some(),
             steady_now: anchor_wall.checked_add(now.saturating_duration_since(anchor)),
         }
+    }
+
+    /// Records what the check for `reason` found (`None`: it does not apply now), logs it (at error when it starts
+    /// or changes and every 5 minutes while it lasts, at info when it clears), and tells the registry, which
+    /// withholds v4+ statuses while any refusal stands.
+    fn refuse(&self, reason: Reason, found: Option<Unservable>, said: &mut Said, now: Instant) {
+        let throttle = said.refused(reason);
+        match &found {
+            Some(found) => throttle.failed(
+                &format!(
+                    "refused ({reason}): the sidecar cannot serve this deployment; cleanup and v4+ snapshot \
+                     statuses held"
+                ),
+                found.to_string(),
+                Level::ERROR,
+                now,
+            ),
+            None => throttle.succeeded(&format!(
+                "no longer refused ({reason}): {}",
+                match reason {
+                    Reason::Ltx => "the backup destination holds no litestream 0.5 files any more",
+                    Reason::BackupPath =>
+                        "no replica is recorded backing up to a path of its own or with litestream 0.5 any more",
+                    Reason::LogNotWritten =>
+                        "the change log holds the relayed commit it lacked, or the replica was resynced",
+                }
+            )),
+        }
+        let mut refused = false;
+        self.status.update(|s| {
+            s.unservable.set(reason, found, SystemTime::now());
+            refused = !s.unservable.is_empty();
+        });
+        self.registry.set_unservable(refused);
+    }
+
+    /// Reads the upstream's `replicas` table where the change DB's connection sees it: a replica recorded with a
+    /// path of its own or a v5 backup is a refusal. Absent (another database, Zero before 1.10), it refuses nothing.
+    /// A failed read changes nothing: what the last one found stands.
+    async fn read_replica_backups(&self, said: &mut Said, now: Instant) {
+        let read = tokio::time::timeout(SIZE_TIMEOUT, self.change_db.replica_backups()).await;
+        let rows = match read {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(err)) if err.class().is_permanent() => {
+                said.replicas_problem.failed_once(
+                    &format!(
+                        "cannot read {}, where Zero 1.10 records replicas that back up with litestream 0.5; \
+                         grant the sidecar's role SELECT on it, or leave it: the listing and the change log still \
+                         tell such a deployment",
+                        self.change_db.replicas_table()
+                    ),
+                    err.to_string(),
+                );
+                return;
+            }
+            Ok(Err(err)) => {
+                debug!(error = %err, "replicas table not read: the change DB did not answer");
+                return;
+            }
+            Err(_) => return,
+        };
+        said.replicas_problem.succeeded(&format!(
+            "{} readable again",
+            self.change_db.replicas_table()
+        ));
+        let found =
+            rows.and_then(|rows| unservable::of_replicas(self.change_db.replicas_table(), &rows));
+        self.refuse(Reason::BackupPath, found, said, now);
+    }
+
+    /// Follows the commits the relay passes on into the change log ([`LogWatch`]): one that stays out of it for
+    /// `log_unwritten_after` is a refusal. A failed read changes nothing.
+    async fn watch_log(
+        &self,
+        watch: &mut LogWatch,
+        replica: &Replica,
+        said: &mut Said,
+        now: Instant,
+    ) {
+        let Some(version) = replica.version.as_deref() else {
+            return;
+        };
+        watch.for_replica(version);
+        let relayed = self.subscribers.newest_commit_of(version);
+        let relayed = relayed.as_ref().map(|(w, at)| (w.as_str(), *at));
+        let Some(probe) = watch
+            .probe(relayed, now, SystemTime::now())
+            .map(str::to_owned)
+        else {
+            return self.refuse(Reason::LogNotWritten, None, said, now);
+        };
+        let read = tokio::time::timeout(SIZE_TIMEOUT, self.change_db.log_reaches(&probe)).await;
+        let reaches = match read {
+            Ok(Ok(reaches)) => reaches,
+            Ok(Err(err)) => {
+                debug!(error = %err, watermark = %probe, "change log not asked whether it holds a relayed commit");
+                return;
+            }
+            Err(_) => return,
+        };
+        let found = watch.answer(
+            reaches,
+            now,
+            self.log_unwritten_after,
+            self.change_db.change_log_table(),
+        );
+        self.refuse(Reason::LogNotWritten, found, said, now);
     }
 
     /// Takes (or keeps) the shard's purger lock: of two sidecars for one shard only the holder purges, and the
@@ -749,6 +901,12 @@ impl Monitor {
         );
         said.listing_problem
             .succeeded("backup destination can be listed again");
+        self.refuse(
+            Reason::Ltx,
+            unservable::of_layout(&listing.layout),
+            said,
+            now,
+        );
         match layout_problem(&listing.layout) {
             Some(problem) => said.layout_problem.failed(
                 "backup destination does not restore",

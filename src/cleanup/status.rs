@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use crate::cleanup::change_db::{DbError, FailureClass};
+use crate::cleanup::unservable::Refusals;
 use crate::cleanup::{self, Backup, Decision, HoldReason};
 use crate::litestream::destination::{ErrorKind, ListError, Listing};
 use crate::litestream::drill::{Failure, Proof};
@@ -73,6 +74,8 @@ pub struct Status {
     pub drills: DrillStatus,
     /// The largest database on litestream's last page that said: the space a drill needs.
     pub db_bytes: Option<u64>,
+    /// Why the sidecar cannot serve this deployment, while it cannot: cleanup holds and v4+ snapshot statuses wait.
+    pub unservable: Refusals,
 }
 
 /// A hold reason in force, and since when.
@@ -163,10 +166,12 @@ pub struct BackupStatus {
     pub failing: Option<ListError>,
 }
 
-/// What an operator must hear of the destination's layout; `None` while it restores or holds nothing yet.
+/// What an operator must hear of the destination's layout; `None` while it restores or holds nothing yet, and for
+/// litestream 0.5's files, which are a refusal of the whole deployment ([`crate::cleanup::unservable`]) rather than
+/// a problem of one generation.
 pub fn layout_problem(layout: &Layout) -> Option<String> {
     match layout {
-        Layout::Empty | Layout::Restorable(_) => None,
+        Layout::Empty | Layout::Restorable(_) | Layout::Ltx => None,
         Layout::Broken {
             generation,
             problem,
@@ -174,11 +179,6 @@ pub fn layout_problem(layout: &Layout) -> Option<String> {
             "cleanup and snapshot statuses held: the backup's newest generation {generation} does not restore: \
              {problem}"
         )),
-        Layout::Ltx => Some(
-            "refused: the backup destination holds litestream 0.5 (LTX) files; Zero reads such backups itself, so \
-             the sidecar cannot keep it from purging. Back up with litestream 0.3 (Zero's fork)"
-                .to_string(),
-        ),
     }
 }
 
@@ -188,9 +188,15 @@ impl Status {
         self.purged_through.as_ref().map(|b| b.watermark.as_str())
     }
 
-    /// One line on why cleanup cannot do its job (litestream's gauge went back, purges fail), for `/keepalive` and
-    /// systemd's status; `None` while neither is so.
+    /// One line on why cleanup cannot do its job (the deployment cannot be served, litestream's gauge went back,
+    /// purges fail), for `/keepalive` and systemd's status; `None` while none is so.
     pub fn cleanup_problem(&self) -> Option<String> {
+        let refused = self.unservable.iter().map(|refusal| {
+            format!(
+                "refused ({}): cleanup and snapshot statuses held: {}",
+                refusal.unservable.reason, refusal.unservable
+            )
+        });
         let regressed = self.backup_regressed.as_ref().map(|(highest, current)| {
             format!(
                 "cleanup held: litestream's backed-up watermark went back from {highest} to {current} \
@@ -241,12 +247,15 @@ impl Status {
                     "cleanup and snapshot statuses held: the last restore drill failed ({failure})"
                 )
             });
-        let problems: Vec<String> = [
-            state, below, regressed, unknown, stale, unlisted, layout, drill, failing,
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let problems: Vec<String> = refused
+            .chain(
+                [
+                    state, below, regressed, unknown, stale, unlisted, layout, drill, failing,
+                ]
+                .into_iter()
+                .flatten(),
+            )
+            .collect();
         (!problems.is_empty()).then(|| problems.join("; "))
     }
 
@@ -402,6 +411,36 @@ mod tests {
             .cleanup_problem()
             .unwrap()
             .starts_with("cleanup held: the last 1"));
+    }
+
+    #[test]
+    fn a_refusal_comes_first_and_says_what_to_do() {
+        use crate::cleanup::unservable::{of_layout, Reason};
+        let mut status = Status {
+            backup_regressed: Some(("0d".into(), "0b".into())),
+            ..Status::default()
+        };
+        status
+            .unservable
+            .set(Reason::Ltx, of_layout(&Layout::Ltx), std::time::UNIX_EPOCH);
+        let problem = status.cleanup_problem().unwrap();
+        assert!(
+            problem.starts_with(
+                "refused (ltx): cleanup and snapshot statuses held: the backup destination (litestream.backup_url) \
+                 holds litestream 0.5 (LTX) files"
+            ),
+            "{problem}"
+        );
+        assert!(
+            problem.contains("what to do: back up with litestream 0.3"),
+            "{problem}"
+        );
+        assert!(
+            problem.contains("; cleanup held: litestream's backed-up watermark went back"),
+            "{problem}"
+        );
+        // The layout itself is not a second problem.
+        assert_eq!(layout_problem(&Layout::Ltx), None);
     }
 
     #[test]

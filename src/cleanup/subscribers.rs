@@ -36,8 +36,9 @@ struct Seen {
     acked: String,
     connected: Instant,
     departed: Option<Instant>,
-    /// The newest commit relayed to it.
+    /// The newest commit relayed to it, and when it first was.
     last_sent: Option<String>,
+    last_sent_at: Option<Instant>,
     /// When the oldest commit relayed to it and not yet acknowledged was relayed: how long it has been behind.
     unacked_since: Option<Instant>,
 }
@@ -110,6 +111,7 @@ impl Subscribers {
                 connected: Instant::now(),
                 departed: None,
                 last_sent: None,
+                last_sent_at: None,
                 unacked_since: None,
             },
         );
@@ -174,6 +176,7 @@ impl Subscribers {
                     connected: now,
                     departed: Some(now),
                     last_sent: None,
+                    last_sent_at: None,
                     unacked_since: None,
                 },
             );
@@ -253,6 +256,29 @@ impl Subscribers {
         self.lock().newest_commit.clone()
     }
 
+    /// The newest commit relayed to a subscriber of replica `replica_version` that is still known (connected, or
+    /// departed and not yet forgotten), and when it was first relayed: what the change log of that replica must
+    /// come to hold ([`crate::cleanup::unservable::LogWatch`]). Only that replica's subscribers count, so that a
+    /// resync onto lower watermarks is not judged by the old replica's commits.
+    pub fn newest_commit_of(&self, replica_version: &str) -> Option<(String, Instant)> {
+        let inner = self.lock();
+        let mut newest: Option<(&str, Instant)> = None;
+        for entry in inner
+            .entries
+            .values()
+            .filter(|e| e.info.replica_version == replica_version)
+        {
+            let (Some(sent), Some(at)) = (entry.last_sent.as_deref(), entry.last_sent_at) else {
+                continue;
+            };
+            newest = match newest {
+                Some((w, first)) if sent < w || (sent == w && first <= at) => Some((w, first)),
+                _ => Some((sent, at)),
+            };
+        }
+        newest.map(|(w, at)| (w.to_owned(), at))
+    }
+
     /// The acked watermarks of connected subscribers, by Zero's `id`, for logs and tests.
     pub fn acked_by_id(&self) -> Vec<(String, String)> {
         let mut list: Vec<_> = self
@@ -290,9 +316,15 @@ impl SubscriberHandle {
                 entry.unacked_since = Some(at);
             }
             match &mut entry.last_sent {
-                Some(last) if watermark > last.as_str() => overwrite(last, watermark),
+                Some(last) if watermark > last.as_str() => {
+                    overwrite(last, watermark);
+                    entry.last_sent_at = Some(at);
+                }
                 Some(_) => {}
-                none => *none = Some(watermark.to_string()),
+                none => {
+                    *none = Some(watermark.to_string());
+                    entry.last_sent_at = Some(at);
+                }
             }
         }
     }
@@ -435,6 +467,42 @@ mod tests {
         a.ack("2b11");
         assert_eq!(a.acked(), "2b11");
         assert_eq!(behind(&subscribers), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_newest_commit_of_a_replica_counts_only_its_subscribers_and_the_first_time_it_was_relayed(
+    ) {
+        let subscribers = Subscribers::default();
+        assert_eq!(subscribers.newest_commit_of("01"), None);
+        let a = subscribers.connect(info("a", "0a"));
+        let b = subscribers.connect(info("b", "0a"));
+        let old = subscribers.connect(SubscriberInfo {
+            replica_version: "00".into(),
+            ..info("old", "9a")
+        });
+        let first = Instant::now();
+        a.sent("0c", first);
+        old.sent("9z", first);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        b.sent("0c", Instant::now());
+        b.sent("0b", Instant::now());
+        assert_eq!(
+            subscribers.newest_commit_of("01"),
+            Some(("0c".to_string(), first)),
+            "the other replica's 9z does not count, and 0c was first relayed to a"
+        );
+        assert_eq!(
+            subscribers.newest_commit_of("00"),
+            Some(("9z".to_string(), first))
+        );
+        // A departed subscriber still counts until it is forgotten.
+        drop(a);
+        b.sent("0d", Instant::now());
+        assert_eq!(
+            subscribers.newest_commit_of("01"),
+            Some(("0d".to_string(), Instant::now()))
+        );
+        assert_eq!(subscribers.newest_commit_of("02"), None);
     }
 
     /// With no reconnect grace, a subscriber the upstream cut off still holds cleanup until the upstream is back.

@@ -200,6 +200,42 @@ fn each_guard_holds_with_its_own_reason_and_the_quiet_case_purges() {
         }),
         Decision::Hold(ReplicaUnknown)
     );
+    assert_eq!(
+        with(Guards {
+            unservable: true,
+            ..held
+        }),
+        Decision::Hold(Unservable)
+    );
+}
+
+/// A deployment the sidecar cannot serve is the news, whatever else would hold: even a sidecar that is not
+/// registered, just started and standby says so first.
+#[test]
+fn an_unservable_deployment_holds_before_every_other_reason() {
+    let everything = Case {
+        now: 10,
+        started: 0,
+        ownership: Ownership::NotRegistered,
+        guards: Guards {
+            unservable: true,
+            standby: true,
+            memory: Memory::Unreadable,
+            position_unknown: true,
+            replica_unknown: true,
+            ..Guards::default()
+        },
+        ..guarded()
+    };
+    assert_eq!(everything.decide(), Decision::Hold(Unservable));
+    let served = Case {
+        guards: Guards {
+            unservable: false,
+            ..everything.guards
+        },
+        ..everything
+    };
+    assert_eq!(served.decide(), Decision::Hold(NotRegistered));
 }
 
 #[test]
@@ -1096,12 +1132,13 @@ fn hold_reasons_have_distinct_labels_in_evaluation_order() {
             "{phrase}"
         );
     }
-    assert_eq!(HoldReason::ALL[0], NotRegistered);
-    assert_eq!(HoldReason::ALL[3], StartingUp);
-    assert_eq!(HoldReason::ALL[11], BackupUnknown);
-    assert_eq!(HoldReason::ALL[12], BackupRegressed);
-    assert_eq!(HoldReason::ALL[18], BackupUnverified);
-    assert_eq!(HoldReason::ALL[20], SubscriberBehind);
+    assert_eq!(HoldReason::ALL[0], Unservable);
+    assert_eq!(HoldReason::ALL[1], NotRegistered);
+    assert_eq!(HoldReason::ALL[4], StartingUp);
+    assert_eq!(HoldReason::ALL[12], BackupUnknown);
+    assert_eq!(HoldReason::ALL[13], BackupRegressed);
+    assert_eq!(HoldReason::ALL[19], BackupUnverified);
+    assert_eq!(HoldReason::ALL[21], SubscriberBehind);
 }
 
 // Property tests: a model of the monitor's view over random event sequences.

@@ -9,7 +9,8 @@
 //! - litestream 0.3 (the base of Zero's fork): `generations/<id>/snapshots/<index>.snapshot.lz4` and
 //!   `generations/<id>/wal/<index>_<offset>.wal.lz4` (before 0.3.10, `wal/<index>/<offset>.wal.lz4`). Indexes and
 //!   offsets are lower-case hex of any width: 8 digits is only the usual width, and an offset past 4 GiB has more.
-//! - litestream 0.5: `ltx/<level>/<min txid>-<max txid>.ltx`. Recognised so that it can be refused: Zero reads such
+//! - litestream 0.5: `ltx/<level>/<min txid>-<max txid>.ltx`, and Zero 1.10's v5 backups put the same one path segment
+//!   deeper (`<backupPath>/ltx/…`, a path per replica). Recognised so that it can be refused: Zero reads such
 //!   backups itself, so no proxy can keep it from purging.
 
 use std::collections::BTreeMap;
@@ -110,14 +111,15 @@ impl Layout {
         }
     }
 
-    /// Reads a listing's names. Objects outside `generations/` and `ltx/` are not litestream's and are ignored;
+    /// Reads a listing's names. Objects outside `generations/`, `ltx/` and `<one segment>/ltx/` are not litestream's
+    /// and are ignored;
     /// inside a generation every name must be one litestream writes.
     pub fn read<'a>(objects: impl IntoIterator<Item = &'a Object>) -> Layout {
         let mut generations: BTreeMap<&str, Generation> = BTreeMap::new();
         let mut ltx = false;
         for object in objects {
             let path = object.path.trim_start_matches('/');
-            if path.starts_with("ltx/") {
+            if is_ltx(path) {
                 ltx = true;
                 continue;
             }
@@ -212,6 +214,22 @@ impl Generation {
             objects,
         })
     }
+}
+
+/// litestream 0.5's file at the replica's path, or below one path segment of it (a v5 backup's per-replica path):
+/// `ltx/<level>/<name>.ltx`.
+fn is_ltx(path: &str) -> bool {
+    let below = |path: &str| {
+        path.strip_prefix("ltx/")
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(level, name)| {
+                !level.is_empty() && !name.contains('/') && name.ends_with(".ltx")
+            })
+    };
+    path.starts_with("ltx/")
+        || path
+            .split_once('/')
+            .is_some_and(|(first, rest)| first != "generations" && below(rest))
 }
 
 enum Entry {
@@ -392,5 +410,32 @@ mod tests {
             Layout::Ltx
         );
         assert_eq!(Layout::read(&objects(&[("README.txt", 1)])), Layout::Empty);
+        // Zero 1.10's v5 backups: one path per replica below the backup URL, old 0.3 generations beside them.
+        assert_eq!(
+            Layout::read(&objects(&[
+                (&format!("{G}/snapshots/00000000.snapshot.lz4"), 1),
+                (
+                    "1761300000000/ltx/0/0000000000000001-0000000000000001.ltx",
+                    2
+                ),
+            ])),
+            Layout::Ltx
+        );
+        // Not litestream 0.5's: deeper, not `.ltx`, or a name inside a generation.
+        for path in [
+            "a/b/ltx/0/0000000000000001-0000000000000001.ltx",
+            "backups/ltx/0/notes.txt",
+            "backups/ltx/0000000000000001-0000000000000001.ltx",
+        ] {
+            assert_eq!(
+                Layout::read(&objects(&[(path, 1)])),
+                Layout::Empty,
+                "{path}"
+            );
+        }
+        assert!(matches!(
+            Layout::read(&objects(&[(&format!("{G}/ltx/0/x.ltx"), 1)])),
+            Layout::Broken { .. }
+        ));
     }
 }

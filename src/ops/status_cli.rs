@@ -135,6 +135,9 @@ pub fn render(report: &Report) -> String {
         duration(report.uptime_seconds),
         or_dash(Some(&report.generated_at)),
     ));
+    if !report.unservable.is_empty() {
+        unservable_section(&mut out, &report.unservable);
+    }
 
     out.push_str(&format!(
         "BACKUPS ({} tracked)\n",
@@ -400,6 +403,28 @@ pub fn render(report: &Report) -> String {
     out
 }
 
+/// `REFUSED`, first of all: a deployment the sidecar cannot serve is the one thing that matters until it is fixed.
+fn unservable_section(out: &mut String, entries: &[crate::ops::status::UnservableEntry]) {
+    out.push_str(
+        "REFUSED: the sidecar cannot serve this deployment; cleanup and v4+ snapshot statuses are held\n",
+    );
+    for entry in entries {
+        let since = match (&entry.since, entry.since_seconds) {
+            (Some(at), Some(secs)) => format!(" (since {at}, {})", duration(secs)),
+            (Some(at), None) => format!(" (since {at})"),
+            _ => String::new(),
+        };
+        out.push_str(&format!("{}{since}: {}\n", entry.reason, entry.detail));
+        if !entry.why.is_empty() {
+            out.push_str(&format!("  why: {}\n", entry.why));
+        }
+        if !entry.remedy.is_empty() {
+            out.push_str(&format!("  what to do: {}\n", entry.remedy));
+        }
+    }
+    out.push('\n');
+}
+
 /// `DRILLS`: the latest drill, the latest proof and when the next one runs.
 fn drills_section(out: &mut String, drills: &crate::ops::status::DrillsEntry) {
     out.push_str(&format!(
@@ -508,6 +533,26 @@ mod tests {
         ] {
             assert!(text.contains(needle), "no {needle:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn a_refusal_comes_before_everything_else_with_what_to_do() {
+        let mut report = report();
+        assert!(!render(&report).contains("REFUSED"), "none while servable");
+        report.unservable = vec![crate::ops::status::UnservableEntry {
+            reason: "backup_path".into(),
+            detail: r#"Zero records per-replica or v5 backups in "zero_0"."replicas": replica "r2" (backupPath "1761", backupV5 true)"#.into(),
+            why: "Zero 1.10's v5 backups go elsewhere".into(),
+            remedy: "unset ZERO_LITESTREAM_BACKUP_USING_V5".into(),
+            since: Some("2025-06-15T15:01:40Z".into()),
+            since_seconds: Some(300.0),
+        }];
+        let text = render(&report);
+        let expected = "\n\nREFUSED: the sidecar cannot serve this deployment; cleanup and v4+ snapshot statuses are \
+                        held\nbackup_path (since 2025-06-15T15:01:40Z, 5m): Zero records per-replica or v5 backups in \
+                        \"zero_0\".\"replicas\": replica \"r2\" (backupPath \"1761\", backupV5 true)\n  why: Zero \
+                        1.10's v5 backups go elsewhere\n  what to do: unset ZERO_LITESTREAM_BACKUP_USING_V5\n\nBACKUPS";
+        assert!(text.contains(expected), "no {expected:?} in\n{text}");
     }
 
     #[test]

@@ -19,6 +19,11 @@ impl ZeroConfig {
     pub fn cdc_schema(&self) -> String {
         format!("{}_{}/cdc", self.app_id, self.shard_num)
     }
+
+    /// The shard's schema in the upstream database, e.g. `zero_0`, unquoted: Zero keeps its `replicas` table there.
+    pub fn upstream_schema(&self) -> String {
+        format!("{}_{}", self.app_id, self.shard_num)
+    }
 }
 
 /// Zero refuses other app IDs (docs/protocol.md, "Schema and app ID"); the ID also becomes part of a quoted SQL identifier.

@@ -119,6 +119,8 @@ enum Withheld {
     NotRestorable,
     /// The change DB cannot be read.
     ChangeDb,
+    /// The sidecar refuses this deployment (a v5 backup, or a log Zero no longer writes).
+    Unservable,
     /// The change log's oldest row is past the newest backup: a view-syncer restoring it could not catch up.
     LogPastBackup { oldest: String, newest: String },
 }
@@ -133,6 +135,10 @@ impl Withheld {
                 "snapshot status withheld until the backup destination holds a restorable backup"
             ),
             Withheld::ChangeDb => info!("snapshot status held back until the change DB answers"),
+            Withheld::Unservable => info!(
+                "snapshot status withheld while the sidecar refuses this deployment (see unservable in /status and \
+                 the sidecar's error log)"
+            ),
             Withheld::LogPastBackup { oldest, newest } => warn!(
                 %oldest,
                 %newest,
@@ -149,7 +155,9 @@ impl Withheld {
 ///
 /// Withheld for every version until litestream has reported a backup and (with `backup.verify`) a listing found an
 /// object in the destination, as Zero 1.8+ withholds it: a view-syncer handed a status with nothing to restore
-/// fails and retries with a new reservation.
+/// fails and retries with a new reservation. v4+ statuses also wait while the monitor refuses the deployment
+/// ([`crate::cleanup::unservable`]); v3's (Zero 0.20 to 0.24, which have neither v5 backups nor a way to stop
+/// writing the change log) carries nothing such a refusal is about, and goes out as before.
 ///
 /// v3's status carries only the backup URL: the reservation keeps the floor it opened with, or the newest backup
 /// when none was known then. v4+'s also carries `minWatermark`, from which a view-syncer that keeps its own replica
@@ -189,6 +197,11 @@ async fn build_status(
             lease.set_floor(Some(newest));
         }
         return Ok(protocol::snapshot_status_v3(&ctx.backup_url));
+    }
+    // Its `minWatermark` would come from a change log that may not be the one view-syncers catch up from, and its
+    // backup URL from a location Zero may not back up to (docs/protocol.md, "Zero 1.10 setups the sidecar refuses").
+    if ctx.registry.is_unservable() {
+        return Err(Withheld::Unservable);
     }
     let db = ctx.change_db.as_ref().ok_or(Withheld::ChangeDb)?;
     let pinned = lease.floor();

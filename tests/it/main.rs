@@ -53,3 +53,6 @@ mod secrets;
 mod status;
 /// TLS on both hops: wss for clients, TLS to the upstream, certificate reloads on SIGHUP.
 mod tls;
+/// Deployments the sidecar refuses (Zero 1.10's v5 backups, a change log Zero does not write): reported, cleanup
+/// and v4+ statuses held, cleared when the cause goes.
+mod unservable;

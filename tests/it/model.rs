@@ -462,6 +462,7 @@ impl World {
     fn guards(&self, now: Instant) -> Guards {
         let (anchor, anchor_wall) = self.anchor;
         Guards {
+            unservable: false,
             standby: self.standby,
             memory: Memory::Kept,
             restores_unknown_until: self.restores_unknown_until,

@@ -399,6 +399,8 @@ pub struct ChangeDb {
 struct Inner {
     /// The unquoted schema name, for errors and logs.
     schema: String,
+    /// The shard's schema in the upstream database (unquoted), where Zero keeps `replicas`.
+    upstream_schema: String,
     sql: Sql,
     /// `host=… port=… dbname=… user=…`, never the password.
     target: String,
@@ -457,7 +459,8 @@ impl ChangeDb {
             pg.application_name("litestream-sidecar");
         }
         let inner = Arc::new(Inner {
-            sql: Sql::new(&schema),
+            sql: Sql::new(&schema, &zero.upstream_schema()),
+            upstream_schema: zero.upstream_schema(),
             schema,
             target: supervisor::target(&pg),
             client: tokio::sync::Mutex::new(None),
@@ -598,6 +601,86 @@ impl ChangeDb {
         }
         .await;
         self.noting_schema(result)
+    }
+
+    /// The change log table, quoted as statements name it: for messages about it.
+    pub fn change_log_table(&self) -> &str {
+        &self.inner.sql.tables[0]
+    }
+
+    /// The upstream's `replicas` table, quoted as statements name it: for messages about it.
+    pub fn replicas_table(&self) -> &str {
+        &self.inner.sql.replicas
+    }
+
+    /// Whether `changeLog` holds a row at or past `watermark` (byte-wise): what the storer has written so far.
+    /// Served by the primary-key index where the column's collation orders as bytes.
+    pub async fn log_reaches(&self, watermark: &str) -> Result<bool, DbError> {
+        let result = async {
+            let client = self.client().await?;
+            let sql = self.watermark_sql(&client).await?;
+            let row = client
+                .query_one(&sql.reaches, &[&watermark])
+                .await
+                .map_err(|e| self.query_error("looking for a watermark in the change log", e))?;
+            Ok(row.get(0))
+        }
+        .await;
+        self.noting_schema(result)
+    }
+
+    /// The rows of the upstream's `"{app}_{shard}".replicas` that back up to a path of their own or with
+    /// litestream 0.5 (Zero 1.10's v5 backups), read through the change DB's connection: `None` when that table, or
+    /// both of its columns that say so, are not there (the upstream is another database, or Zero is older than
+    /// 1.10), which is no error. A table dropped between the two reads counts as absent.
+    pub async fn replica_backups(
+        &self,
+    ) -> Result<Option<Vec<crate::cleanup::unservable::ReplicaRow>>, DbError> {
+        let client = self.client().await?;
+        let sql = &self.inner.sql;
+        let context = format!("reading {}", sql.replicas);
+        let columns: Vec<String> = client
+            .query(&sql.replica_columns, &[&self.inner.upstream_schema])
+            .await
+            .map_err(|e| self.upstream_error(&context, e))?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let Some(select) = sql::replica_backups(&sql.replicas, &columns) else {
+            return Ok(None);
+        };
+        match client.query(&select, &[]).await {
+            Ok(rows) => Ok(Some(
+                rows.iter()
+                    .map(|row| crate::cleanup::unservable::ReplicaRow {
+                        id: row.get(0),
+                        backup_path: row.get(1),
+                        backup_v5: row.get(2),
+                    })
+                    .collect(),
+            )),
+            Err(e)
+                if e.code() == Some(&SqlState::UNDEFINED_TABLE)
+                    || e.code() == Some(&SqlState::UNDEFINED_COLUMN) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(self.upstream_error(&context, e)),
+        }
+    }
+
+    /// A failed read outside the change DB's own schema: never [`DbError::SchemaMissing`], which is about that
+    /// schema.
+    fn upstream_error(&self, context: &str, err: tokio_postgres::Error) -> DbError {
+        if err.is_closed() {
+            return DbError::Unavailable {
+                reason: with_cause(&err),
+            };
+        }
+        DbError::Query {
+            context: context.into(),
+            source: err,
+        }
     }
 
     /// `versionHistory.dataVersion`: 5 for Zero 0.20-0.25 (SERIALIZABLE storer), 6 from 0.26 (row locks).

@@ -30,6 +30,12 @@ pub(super) struct Sql {
     pub(super) try_purger_lock: String,
     /// Releases the lock `($1, $2)` only if this session holds it: unlocking a lock not held logs a server warning.
     pub(super) release_purger_lock: String,
+    /// `"{app}_{shard}".replicas`, quoted: the upstream's table of replicas, visible here only when the upstream
+    /// database is the change DB.
+    pub(super) replicas: String,
+    /// Which of the `replicas` columns that say where a replica backs up exist (`$1`: the upstream schema's name,
+    /// unquoted): none while the table is absent (another database, or Zero before 1.10).
+    pub(super) replica_columns: String,
     /// Statements that compare watermarks, in the column's collation: served by the primary-key index.
     pub(super) indexed: WatermarkSql,
     /// The same under `COLLATE "C"`, for a column whose collation does not order watermarks as bytes.
@@ -43,6 +49,8 @@ pub(super) struct WatermarkSql {
     pub(super) max_watermark: String,
     pub(super) lock_head: String,
     pub(super) purge_batch: String,
+    /// Whether the log holds a row at or past `$1`.
+    pub(super) reaches: String,
 }
 
 impl WatermarkSql {
@@ -68,12 +76,24 @@ impl WatermarkSql {
                     WHERE {w} < $1 AND {w} < (SELECT max({w}) FROM {change_log})
                     ORDER BY {w}, pos LIMIT $2))"
             ),
+            // Under `COLLATE "C"` no index serves the range: the exact watermark is looked up first (equality is
+            // byte equality in every deterministic collation, so the index serves it), and the range is scanned
+            // only when it is absent.
+            reaches: if collate.is_empty() {
+                format!("SELECT EXISTS (SELECT 1 FROM {change_log} WHERE {w} >= $1)")
+            } else {
+                format!(
+                    "SELECT EXISTS (SELECT 1 FROM {change_log} WHERE watermark = $1) \
+                     OR EXISTS (SELECT 1 FROM {change_log} WHERE {w} >= $1)"
+                )
+            },
         }
     }
 }
 
 impl Sql {
-    pub(super) fn new(schema: &str) -> Sql {
+    /// `schema` is the change DB's, `upstream` the shard's schema in the upstream database.
+    pub(super) fn new(schema: &str, upstream: &str) -> Sql {
         let table = |name: &str| format!("{}.{}", quote_ident(schema), quote_ident(name));
         let change_log = table("changeLog");
         let replication_state = table("replicationState");
@@ -105,11 +125,52 @@ impl Sql {
             release_purger_lock: format!(
                 "SELECT CASE WHEN {HOLDS_LOCK} THEN pg_advisory_unlock($1::int4, $2::int4) ELSE false END"
             ),
+            replicas: format!("{}.{}", quote_ident(upstream), quote_ident("replicas")),
+            // By name through the catalogs, which every role may read: no lookup that a schema without USAGE could
+            // turn into an error.
+            replica_columns: "SELECT a.attname::text FROM pg_attribute a \
+                              JOIN pg_class c ON c.oid = a.attrelid \
+                              JOIN pg_namespace n ON n.oid = c.relnamespace \
+                              WHERE n.nspname = $1 AND c.relname = 'replicas' AND c.relkind IN ('r', 'p') \
+                              AND a.attname IN ('id', 'slot', 'backupPath', 'backupV5') AND a.attnum > 0 \
+                              AND NOT a.attisdropped"
+                .into(),
             indexed: WatermarkSql::new(&change_log, ""),
             bytewise: WatermarkSql::new(&change_log, r#" COLLATE "C""#),
             tables: [change_log, replication_state, replication_config],
         }
     }
+}
+
+/// The rows of `replicas` (quoted) that say a replica backs up to a path of its own or with litestream 0.5, from
+/// `columns`, the ones [`Sql::replica_columns`] found; `None` when neither of the two columns exists (Zero before
+/// 1.10: every replica backs up to the backup URL itself). `backupPath` came in Zero's shard schema v24, `backupV5`
+/// in v25: either may be there alone.
+pub(super) fn replica_backups(replicas: &str, columns: &[String]) -> Option<String> {
+    let has = |name: &str| columns.iter().any(|c| c == name);
+    if !has("backupPath") && !has("backupV5") {
+        return None;
+    }
+    let id = if has("id") {
+        "id::text"
+    } else if has("slot") {
+        "slot::text"
+    } else {
+        "''::text"
+    };
+    let path = if has("backupPath") {
+        r#""backupPath"::text"#
+    } else {
+        "NULL::text"
+    };
+    let v5 = if has("backupV5") {
+        r#"coalesce("backupV5", false)"#
+    } else {
+        "false"
+    };
+    Some(format!(
+        "SELECT {id}, {path}, {v5} FROM {replicas} WHERE {path} IS NOT NULL OR {v5} ORDER BY 1"
+    ))
 }
 
 /// This session holds the two-int4 advisory lock `($1, $2)`. `pg_locks` shows its keys as `oid`: the cast keeps
@@ -163,6 +224,7 @@ mod tests {
                 shard_num: 0,
             }
             .cdc_schema(),
+            "zero_0",
         );
         assert_eq!(
             sql.owner_address,
@@ -176,6 +238,48 @@ mod tests {
     }
 
     #[test]
+    fn replica_backups_are_read_from_whichever_columns_exist() {
+        let sql = Sql::new("zero_0/cdc", "zero_0");
+        assert_eq!(sql.replicas, r#""zero_0"."replicas""#);
+        let columns = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        // Zero <= 1.9: neither column, nothing to read.
+        assert_eq!(
+            replica_backups(&sql.replicas, &columns(&["id", "slot"])),
+            None
+        );
+        assert_eq!(
+            replica_backups(
+                &sql.replicas,
+                &columns(&["id", "slot", "backupPath", "backupV5"])
+            )
+            .unwrap(),
+            r#"SELECT id::text, "backupPath"::text, coalesce("backupV5", false) FROM "zero_0"."replicas" WHERE "backupPath"::text IS NOT NULL OR coalesce("backupV5", false) ORDER BY 1"#
+        );
+        // Shard schema v24 only: the path without the flag.
+        assert_eq!(
+            replica_backups(&sql.replicas, &columns(&["slot", "backupPath"])).unwrap(),
+            r#"SELECT slot::text, "backupPath"::text, false FROM "zero_0"."replicas" WHERE "backupPath"::text IS NOT NULL OR false ORDER BY 1"#
+        );
+    }
+
+    #[test]
+    fn reaching_a_watermark_uses_the_index_where_it_can() {
+        let sql = Sql::new("zero_0/cdc", "zero_0");
+        assert_eq!(
+            sql.indexed.reaches,
+            r#"SELECT EXISTS (SELECT 1 FROM "zero_0/cdc"."changeLog" WHERE watermark >= $1)"#
+        );
+        assert!(sql
+            .bytewise
+            .reaches
+            .contains(r#"WHERE watermark = $1) OR EXISTS"#));
+        assert!(sql
+            .bytewise
+            .reaches
+            .contains(r#"WHERE watermark COLLATE "C" >= $1)"#));
+    }
+
+    #[test]
     fn quotes_inside_identifiers_are_doubled() {
         assert_eq!(quote_ident(r#"a"b"#), r#""a""b""#);
         assert_eq!(quote_ident("zero_3/cdc"), r#""zero_3/cdc""#);
@@ -183,7 +287,7 @@ mod tests {
 
     #[test]
     fn purge_never_reaches_the_newest_watermark() {
-        let sql = Sql::new("zero_0/cdc");
+        let sql = Sql::new("zero_0/cdc", "zero_0");
         assert!(sql
             .indexed
             .purge_batch
@@ -200,7 +304,7 @@ mod tests {
 
     #[test]
     fn address_update_never_writes_owner_and_skips_no_ops() {
-        let sql = Sql::new("zero_0/cdc");
+        let sql = Sql::new("zero_0/cdc", "zero_0");
         assert!(!sql.adopt_address.contains(r#""owner" "#));
         assert!(!sql.adopt_address.contains(r#""owner"="#));
         assert!(sql

@@ -76,6 +76,9 @@ struct Book {
     /// by the monitor from the same listing it publishes in its status; kept here so that a snapshot status is
     /// withheld or sent under the same lock that reads `newest_backup`.
     restorable: bool,
+    /// The deployment cannot be served ([`crate::cleanup::unservable`]): v4+ statuses, whose `minWatermark` comes
+    /// from a change log nobody may be reading, wait. Set by the monitor alongside its status.
+    unservable: bool,
 }
 
 struct Held {
@@ -135,6 +138,7 @@ impl Registry {
                 cleanup_delay: initial_delay.max(MIN_CLEANUP_DELAY),
                 newest_backup: None,
                 restorable: true,
+                unservable: false,
             })),
         }
     }
@@ -296,6 +300,17 @@ impl Registry {
     /// What the latest listing of the destination found (the monitor's job).
     pub fn set_restorable(&self, restorable: bool) {
         self.lock().restorable = restorable;
+    }
+
+    /// Whether the monitor refuses the deployment ([`crate::cleanup::unservable`]): a v4+ status is withheld
+    /// meanwhile. False until it says otherwise.
+    pub fn is_unservable(&self) -> bool {
+        self.lock().unservable
+    }
+
+    /// What the monitor's last checks found (its job, as [`Registry::set_restorable`]).
+    pub fn set_unservable(&self, unservable: bool) {
+        self.lock().unservable = unservable;
     }
 
     /// Never above the newest backup: a floor computed before the gauge went back (a v4 status built across a

@@ -92,6 +92,8 @@ pub struct Snapshot {
     /// The first gauge after a start was below the last purge.
     pub backup_below_last_purge: bool,
     pub drills: DrillFigures,
+    /// Why the deployment cannot be served, while it cannot.
+    pub unservable: Vec<crate::cleanup::unservable::Reason>,
 }
 
 /// The backup destination's figures (`backup.verify`).
@@ -249,6 +251,11 @@ impl MetricsSources {
             backup_position_known: status.backup_unknown.is_none(),
             backup_below_last_purge: status.backup_below_purge.is_some(),
             drills: DrillFigures::of(&status.drills),
+            unservable: status
+                .unservable
+                .iter()
+                .map(|r| r.unservable.reason)
+                .collect(),
         }
     }
 
@@ -477,6 +484,23 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
         "1 when litestream's first backed-up watermark after a start was below the last purge: a restore of that \
          backup cannot catch up",
         gauge(if snapshot.backup_below_last_purge { 1.0 } else { 0.0 }),
+    );
+    // Every reason has a series from the start, so that an alert sees one end rather than vanish.
+    let unservable = Family::<ReasonLabel, Gauge>::default();
+    for reason in crate::cleanup::unservable::Reason::ALL {
+        unservable
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .set(snapshot.unservable.contains(&reason) as i64);
+    }
+    registry.register(
+        "unservable",
+        "1 while the sidecar refuses this deployment for the reason (ltx: the backup destination holds litestream 0.5 \
+         files; backup_path: Zero records per-replica or v5 backups, ZERO_LITESTREAM_BACKUP_USING_V5; \
+         log_not_written: relayed commits never reach the change log), else 0; cleanup and v4+ snapshot statuses \
+         hold meanwhile",
+        unservable,
     );
     registry.register(
         "upstream_up",

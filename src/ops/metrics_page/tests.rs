@@ -78,6 +78,7 @@ fn rendered_values_parse_back() {
         backup_position_known: false,
         backup_below_last_purge: true,
         drills: DrillFigures::default(),
+        unservable: vec![crate::cleanup::unservable::Reason::Ltx],
     };
     let text = render(&instruments, &snapshot);
     let scrape = parse(&text);
@@ -88,6 +89,14 @@ fn rendered_values_parse_back() {
     assert_eq!(v("litestream_sidecar_reservations_kept"), 1.0);
     assert_eq!(v("litestream_sidecar_backup_position_known"), 0.0);
     assert_eq!(v("litestream_sidecar_backup_below_last_purge"), 1.0);
+    assert_eq!(
+        value(
+            &scrape,
+            "litestream_sidecar_unservable",
+            Some(("reason", "ltx"))
+        ),
+        1.0
+    );
     assert_eq!(v("litestream_sidecar_relayed_subscribers"), 3.0);
     assert_eq!(
         value(
@@ -554,4 +563,35 @@ fn the_backup_figures_read_the_listing_s_layout() {
     let figures = BackupFigures::of(&listed);
     assert_eq!(figures.layout, Some("ltx"));
     assert_eq!(figures.newest_object, Some(1_746_600_000.5));
+}
+
+#[test]
+fn every_unservable_reason_has_a_series_and_only_those_in_force_are_1() {
+    use crate::cleanup::unservable::Reason;
+    let page = |unservable: Vec<Reason>| {
+        render(
+            &Instruments::default(),
+            &Snapshot {
+                unservable,
+                ..Snapshot::default()
+            },
+        )
+    };
+    assert_lines(
+        &page(vec![]),
+        &[
+            "# TYPE litestream_sidecar_unservable gauge",
+            "litestream_sidecar_unservable{reason=\"ltx\"} 0",
+            "litestream_sidecar_unservable{reason=\"backup_path\"} 0",
+            "litestream_sidecar_unservable{reason=\"log_not_written\"} 0",
+        ],
+    );
+    assert_lines(
+        &page(vec![Reason::BackupPath, Reason::LogNotWritten]),
+        &[
+            "litestream_sidecar_unservable{reason=\"ltx\"} 0",
+            "litestream_sidecar_unservable{reason=\"backup_path\"} 1",
+            "litestream_sidecar_unservable{reason=\"log_not_written\"} 1",
+        ],
+    );
 }

@@ -32,6 +32,9 @@ pub struct Report {
     /// When the document was made (RFC 3339, UTC); every `*_seconds` age is relative to it.
     pub generated_at: String,
     pub uptime_seconds: f64,
+    /// Why the sidecar cannot serve this deployment, one entry per reason; empty while it can. While any stands,
+    /// cleanup holds (`unservable`) and v4+ snapshot statuses are withheld.
+    pub unservable: Vec<UnservableEntry>,
     /// The newest backed-up watermarks litestream reported and the sidecar still tracks, newest first (at most
     /// [`crate::cleanup::status::RECENT_BACKUPS`]), plus the gauge's current one if it is not among them.
     pub backups: Vec<BackupEntry>,
@@ -55,6 +58,23 @@ pub struct Report {
     /// file (then only `before` is known).
     pub last_purge: Option<LastPurgeEntry>,
     pub change_log: Option<ChangeLog>,
+}
+
+/// One reason the deployment cannot be served ([`crate::cleanup::unservable`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct UnservableEntry {
+    /// `ltx`, `backup_path` or `log_not_written` (as in the metric's `reason` label).
+    pub reason: String,
+    /// What was found: the objects, rows or commit.
+    pub detail: String,
+    /// Why that cannot be served.
+    pub why: String,
+    /// What to do.
+    pub remedy: String,
+    /// Since when it has stood without interruption.
+    pub since: Option<String>,
+    pub since_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -84,7 +104,7 @@ pub struct DestinationEntry {
     /// Why the latest listing failed, while listings fail.
     pub error: Option<String>,
     /// What the names say of a restore: `restorable`, `empty`, `no_snapshot`, `index_gap`, `unreadable_name` or
-    /// `ltx` (litestream 0.5: refused).
+    /// `ltx` (litestream 0.5: refused, see [`Report::unservable`]).
     pub layout: Option<String>,
     /// The newest generation, and the chain a restore of it applies (while `restorable`).
     pub generation: Option<String>,
@@ -406,6 +426,18 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
         version: env!("CARGO_PKG_VERSION").into(),
         generated_at: rfc3339(wall_now),
         uptime_seconds: since(inputs.started),
+        unservable: status
+            .unservable
+            .iter()
+            .map(|refusal| UnservableEntry {
+                reason: refusal.unservable.reason.as_str().into(),
+                detail: refusal.unservable.detail.clone(),
+                why: refusal.unservable.reason.why().into(),
+                remedy: refusal.unservable.reason.remedy().into(),
+                since: Some(rfc3339(refusal.since.min(wall_now))),
+                since_seconds: Some(age(refusal.since, wall_now)),
+            })
+            .collect(),
         backups,
         backups_tracked: status.backups_tracked,
         destination: destination_entry(&status.backup, wall_now),
@@ -497,7 +529,12 @@ fn destination_entry(
         snapshot_index: chain.map(|c| c.snapshot_index),
         last_wal_index: chain.map(|c| c.last_index),
         restore_reaches_at: chain.map(|c| rfc3339(c.newest)),
-        problem: listing.and_then(|l| crate::cleanup::status::layout_problem(&l.layout)),
+        problem: listing.and_then(|l| {
+            crate::cleanup::status::layout_problem(&l.layout).or_else(|| {
+                crate::cleanup::unservable::of_layout(&l.layout)
+                    .map(|refused| format!("refused: {}", refused.detail))
+            })
+        }),
     })
 }
 

@@ -171,6 +171,51 @@ fn the_report_says_who_holds_cleanup_and_since_when() {
     assert_eq!(protocols["since"], "2025-06-15T14:56:40Z");
     assert_eq!(protocols["probe_error"], serde_json::Value::Null);
     assert_eq!(json["newest_commit"]["watermark"], "0g");
+    assert_eq!(json["unservable"], serde_json::json!([]));
+}
+
+/// A refusal is a top-level field, with what was found, why, what to do and since when, and the keepalive text
+/// (`cleanup.problem`) leads with it.
+#[test]
+fn a_refused_deployment_says_why_and_since_when() {
+    use crate::cleanup::unservable::{of_replicas, Reason, ReplicaRow};
+    let now = Instant::now();
+    let wall_now = SystemTime::UNIX_EPOCH + secs(1_750_000_000);
+    let mut inputs = inputs(now, wall_now);
+    let found = of_replicas(
+        r#""zero_0"."replicas""#,
+        &[ReplicaRow {
+            id: "r2".into(),
+            backup_path: Some("1761".into()),
+            backup_v5: true,
+        }],
+    );
+    inputs
+        .status
+        .unservable
+        .set(Reason::BackupPath, found, wall_now - secs(300));
+    inputs.status.last_decision = Some(Decision::Hold(HoldReason::Unservable));
+    let json = serde_json::to_value(build(&inputs, now, wall_now)).unwrap();
+    let refused = &json["unservable"][0];
+    assert_eq!(refused["reason"], "backup_path", "{json:#}");
+    assert_eq!(
+        refused["detail"],
+        r#"Zero records per-replica or v5 backups in "zero_0"."replicas": replica "r2" (backupPath "1761", backupV5 true)"#
+    );
+    assert!(refused["why"]
+        .as_str()
+        .unwrap()
+        .contains("per-replica path"));
+    assert!(refused["remedy"]
+        .as_str()
+        .unwrap()
+        .contains("unset ZERO_LITESTREAM_BACKUP_USING_V5"));
+    assert_eq!(refused["since"], "2025-06-15T15:01:40Z");
+    assert_eq!(refused["since_seconds"], 300.0);
+    assert_eq!(json["unservable"].as_array().unwrap().len(), 1);
+    assert_eq!(json["cleanup"]["hold_reason"], "unservable");
+    let problem = json["cleanup"]["problem"].as_str().unwrap();
+    assert!(problem.starts_with("refused (backup_path): "), "{problem}");
 }
 
 #[test]

@@ -225,9 +225,20 @@ async fn no_status_is_sent_before_the_destination_holds_a_restorable_backup() {
             "no status for an LTX destination"
         );
     }
+    let refused_for_ltx = || {
+        sidecar
+            .status
+            .get()
+            .unservable
+            .has(litestream_sidecar::cleanup::unservable::Reason::Ltx)
+    };
+    assert!(refused_for_ltx(), "an LTX destination is a refusal");
+    assert!(sidecar.registry.is_unservable());
     std::fs::remove_dir_all(dir.path().join("ltx")).unwrap();
 
     fork_layout(dir.path(), Duration::ZERO);
+    // The LTX files gone: the refusal clears with the next listing.
+    eventually("the LTX refusal cleared", || !refused_for_ltx()).await;
     let (mut status3, mut status6) = (None, None);
     for _ in 0..100 {
         if status3.is_none() {

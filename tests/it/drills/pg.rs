@@ -3,7 +3,7 @@
 //! anything behind. The change log holds wm(1)..wm(n); the replica applies them as Zero's replicator would, never
 //! ahead of the log.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::App;
@@ -677,15 +677,49 @@ async fn an_ltx_destination_is_refused_holds_cleanup_and_withholds_statuses() {
         problem.starts_with("refused") && problem.contains("LTX"),
         "{problem}"
     );
-    let mut reservation = reserve(&sidecar, "vs-1").await;
-    withheld(&mut reservation, 20).await;
-    // The claim ages (30 s) and is never covered.
-    settles_within(
+    // The refusal itself: what was found, why, what to do, since when.
+    let json = reported(
         &sidecar,
-        hold(HoldReason::BackupUnverified),
-        Duration::from_secs(60),
+        "the LTX refusal",
+        Duration::from_secs(20),
+        |json| json["unservable"][0]["reason"] == "ltx",
     )
     .await;
+    let refusal = &json["unservable"][0];
+    assert_eq!(
+        refusal["detail"],
+        "the backup destination (litestream.backup_url) holds litestream 0.5 (LTX) files",
+        "{json:#}"
+    );
+    assert!(refusal["remedy"]
+        .as_str()
+        .unwrap()
+        .contains("back up with litestream 0.3"));
+    assert!(refusal["since"].is_string(), "{json:#}");
+    assert_eq!(json["unservable"].as_array().unwrap().len(), 1, "{json:#}");
+    let page = scrape(&sidecar).await;
+    assert_eq!(
+        value(
+            &page,
+            "litestream_sidecar_unservable",
+            Some(("reason", "ltx"))
+        ),
+        Some(1.0)
+    );
+    let mut reservation = reserve(&sidecar, "vs-1").await;
+    withheld(&mut reservation, 20).await;
+    settles_within(
+        &sidecar,
+        hold(HoldReason::Unservable),
+        Duration::from_secs(20),
+    )
+    .await;
+    // Still refused once the claim has aged (30 s), when only the refusal and the listing stand in the way.
+    reported(&sidecar, "the claim aged", Duration::from_secs(60), |_| {
+        epoch_now() - claimed >= 30.0
+    })
+    .await;
+    assert_eq!(decisions(&sidecar, 1).await, hold(HoldReason::Unservable));
     withheld(&mut reservation, 5).await;
     assert_eq!(db.rows().await, all, "nothing purged");
     let json = report(&sidecar).await;
@@ -693,12 +727,7 @@ async fn an_ltx_destination_is_refused_holds_cleanup_and_withholds_statuses() {
         json["drills"]["runs"], 0,
         "no drill of what would not restore"
     );
-    let age = SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-        - claimed;
-    assert!(age >= 30.0, "{age}");
+    assert_eq!(json["cleanup"]["hold_reason"], "unservable", "{json:#}");
     left_nothing(&sidecar, &rig.drill_dir()).await;
     sidecar.stop().await;
     db.drop().await;
