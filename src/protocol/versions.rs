@@ -3,6 +3,9 @@
 //! check that refuses a version before any status with the text the upstream would have sent.
 
 use std::ops::RangeInclusive;
+use std::time::SystemTime;
+
+use tokio::time::Instant;
 
 /// Protocol versions, both ends included.
 pub type Versions = RangeInclusive<u64>;
@@ -65,6 +68,43 @@ pub fn check_version(
 pub fn intersect(a: &Versions, b: &Versions) -> Option<Versions> {
     let both = *a.start().max(b.start())..=*a.end().min(b.end());
     (!both.is_empty()).then_some(both)
+}
+
+/// Who said what the upstream serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `upstream.protocols`.
+    Config,
+    /// The refusal of the sidecar's own `/replication/v0/changes` probe.
+    Probe,
+    /// The refusal of a relayed subscription.
+    Refusal,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Config => "config",
+            Source::Probe => "probe",
+            Source::Refusal => "refusal",
+        }
+    }
+}
+
+/// What is known now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Known {
+    /// The upstream's range; `None` while unknown (`auto` before the upstream has said it).
+    pub versions: Option<Versions>,
+    pub source: Option<Source>,
+    /// Since when `versions` has been what it is (wall clock).
+    pub since: Option<SystemTime>,
+    /// When the upstream last said it: a client refused on an older range has it asked again ([`RECHECK_AFTER`]).
+    pub confirmed: Option<Instant>,
+    /// A probe is under way.
+    pub probing: bool,
+    /// Why the last probe learned nothing, while it is the last.
+    pub probe_error: Option<String>,
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::protocol::versions::{intersect, Versions};
+pub use crate::protocol::versions::{Known, Source};
 use crate::protocol::{self, Version, CHANGES_VERSIONS};
 use crate::streamer::config::Protocols;
 
@@ -22,43 +23,6 @@ use crate::streamer::config::Protocols;
 /// replaced while no subscription was relayed (so that no lost connection told) is noticed within about this long
 /// of a client needing it, at the cost of one probe per period while clients are refused.
 pub const RECHECK_AFTER: Duration = Duration::from_secs(30);
-
-/// Who said what the upstream serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// `upstream.protocols`.
-    Config,
-    /// The refusal of the sidecar's own `/replication/v0/changes` probe.
-    Probe,
-    /// The refusal of a relayed subscription.
-    Refusal,
-}
-
-impl Source {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Config => "config",
-            Source::Probe => "probe",
-            Source::Refusal => "refusal",
-        }
-    }
-}
-
-/// What is known now.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Known {
-    /// The upstream's range; `None` while unknown (`auto` before the upstream has said it).
-    pub versions: Option<Versions>,
-    pub source: Option<Source>,
-    /// Since when `versions` has been what it is (wall clock).
-    pub since: Option<SystemTime>,
-    /// When the upstream last said it: a client refused on an older range has it asked again ([`RECHECK_AFTER`]).
-    pub confirmed: Option<Instant>,
-    /// A probe is under way.
-    pub probing: bool,
-    /// Why the last probe learned nothing, while it is the last.
-    pub probe_error: Option<String>,
-}
 
 /// The shared knowledge: cheap to clone, read on every upgrade, written by the probe and the relay.
 #[derive(Clone)]
@@ -107,6 +71,11 @@ impl UpstreamProtocols {
 
     pub fn known(&self) -> Known {
         self.0.known.borrow().clone()
+    }
+
+    /// A reader of what is known, for those that only report it (`/status`).
+    pub fn watch(&self) -> watch::Receiver<Known> {
+        self.0.known.subscribe()
     }
 
     pub fn versions(&self) -> Option<Versions> {

@@ -314,7 +314,7 @@ pub struct ReportInputs {
     pub newest_commit: Option<(String, Instant)>,
     pub upstream: UpstreamHealth,
     pub upstream_address: String,
-    pub protocols: crate::streamer::protocols::Known,
+    pub protocols: crate::protocol::versions::Known,
     /// `upstream.protocols` is a range rather than `auto`.
     pub protocols_fixed: bool,
     pub cleanup_enabled: bool,
@@ -638,7 +638,10 @@ pub struct Sources {
     pub status: crate::cleanup::status::StatusHandle,
     pub upstream: crate::shared::Cell<UpstreamHealth>,
     pub upstream_address: String,
-    pub protocols: crate::streamer::protocols::UpstreamProtocols,
+    /// What is known of the upstream's protocol versions, as the relay and the probe learn it.
+    pub protocols: tokio::sync::watch::Receiver<crate::protocol::versions::Known>,
+    /// `upstream.protocols` is a fixed range.
+    pub protocols_fixed: bool,
     pub cleanup_enabled: bool,
     pub reconnect_grace: Duration,
     pub started: Instant,
@@ -654,8 +657,8 @@ impl Sources {
             newest_commit: self.subscribers.newest_commit(),
             upstream: self.upstream.get(),
             upstream_address: self.upstream_address.clone(),
-            protocols: self.protocols.known(),
-            protocols_fixed: self.protocols.is_fixed(),
+            protocols: self.protocols.borrow().clone(),
+            protocols_fixed: self.protocols_fixed,
             cleanup_enabled: self.cleanup_enabled,
             cleanup_delay: self.registry.cleanup_delay(),
             started: self.started,

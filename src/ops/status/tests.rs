@@ -98,9 +98,9 @@ fn inputs(now: Instant, wall_now: SystemTime) -> ReportInputs {
         newest_commit: Some(("0g".into(), now - secs(2))),
         upstream: UpstreamHealth::default(),
         upstream_address: "127.0.0.1:4849".into(),
-        protocols: crate::streamer::protocols::Known {
+        protocols: crate::protocol::versions::Known {
             versions: Some(4..=6),
-            source: Some(crate::streamer::protocols::Source::Probe),
+            source: Some(crate::protocol::versions::Source::Probe),
             since: Some(wall_now - secs(600)),
             ..Default::default()
         },
@@ -360,7 +360,7 @@ fn the_upstreams_protocols_say_whether_they_are_configured_learned_or_unknown() 
     let wall_now = SystemTime::UNIX_EPOCH + secs(1_750_000_000);
     let mut inputs = inputs(now, wall_now);
     inputs.protocols_fixed = true;
-    inputs.protocols.source = Some(crate::streamer::protocols::Source::Config);
+    inputs.protocols.source = Some(crate::protocol::versions::Source::Config);
     let protocols = build(&inputs, now, wall_now)
         .upstream
         .unwrap()
@@ -369,7 +369,7 @@ fn the_upstreams_protocols_say_whether_they_are_configured_learned_or_unknown() 
     assert_eq!(protocols.setting, "4..6");
     assert_eq!(protocols.source.as_deref(), Some("config"));
     inputs.protocols_fixed = false;
-    inputs.protocols = crate::streamer::protocols::Known {
+    inputs.protocols = crate::protocol::versions::Known {
         probe_error: Some("upstream 127.0.0.1:4849 unreachable: refused".into()),
         ..Default::default()
     };
