@@ -10,7 +10,7 @@
 # (the S3 server of the deployments that back up to S3) unless MOTO_SERVER names one (scripts/moto.sh), builds the
 # sidecar unless SIDECAR_BIN names one, and runs node's test runner (TAP: "# pass N", "# fail N") on the suite,
 # after the tests of the harness's own parts that the version's entry in tests/interop/lib/versions.mjs lists (0.20:
-# litestream's gauge exporter, about 20 s). What differs between
+# litestream's gauge exporter, about 20 s; 1.9: the model of Zero 1.10's rules, a second). What differs between
 # versions is read from that table; a version it knows but cannot install yet (1.10) is refused with the reason.
 # The suite starts and stops every process itself; whatever still carries this run's marker when it ends (also on
 # failure or interruption) is killed here. Several runs may share one PostgreSQL cluster (each deployment has
@@ -63,7 +63,7 @@ status=0
 for lib_test in $INTEROP_LIB_TESTS; do
   "$NODE" --test --test-reporter=tap --test-timeout=120000 "../lib/$lib_test" || status=$?
 done
-# INTEROP_ONLY='^5\.' runs only the scenarios whose names match (node's --test-name-pattern; `before` and `after`
+# INTEROP_ONLY='^11\.' runs only the scenarios whose names match (node's --test-name-pattern; `before` and `after`
 # still run): for working on one scenario.
 only=()
 [[ -z ${INTEROP_ONLY:-} ]] || only=(--test-name-pattern="$INTEROP_ONLY")

@@ -19,7 +19,7 @@
 # After the build, the Rust lane (build-tests, alerts, rust-unit, rust-it, then rust-pg-M for every major side by
 # side) and every zero-V-M run side by side, each phase that needs PostgreSQL on a throwaway cluster of its own
 # (scripts/with-postgres.sh). The interop suites mostly wait on Zero's and the sidecar's timers (Zero 1.9's takes
-# about 8 minutes, nearly all of it waiting), so they cost little beside the Rust tests, and one after the other
+# about 10 minutes, nearly all of it waiting), so they cost little beside the Rust tests, and one after the other
 # they would not fit in 15 minutes. Every phase runs even when an earlier one failed.
 #
 # The last lines: a table of the phases (seconds, result), the test counts of the tests that run once, of each major

