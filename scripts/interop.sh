@@ -8,16 +8,21 @@
 # Installs the suite's npm packages (scripts/install-interop.sh: `npm ci`, skipped while node_modules matches the
 # lockfile), the real litestream 0.3.13 unless LITESTREAM_BIN names one (scripts/install-litestream.sh) and moto
 # (the S3 server of the deployments that back up to S3) unless MOTO_SERVER names one (scripts/moto.sh), builds the
-# sidecar unless SIDECAR_BIN names one, and runs node's test runner (TAP: "# pass N", "# fail N") on the suite; for
-# 0.20 (the shorter suite, beside which `make test` runs 1.9's) first on the tests of litestream's gauge exporter
-# alone (tests/interop/lib/litestream-gauge.test.mjs, about 20 s). The suite starts and stops every process
-# itself; whatever still carries this run's marker when it ends (also on failure or interruption) is killed here.
-# Several runs may share one PostgreSQL cluster (each deployment has databases of its own).
+# sidecar unless SIDECAR_BIN names one, and runs node's test runner (TAP: "# pass N", "# fail N") on the suite,
+# after the tests of the harness's own parts that the version's entry in tests/interop/lib/versions.mjs lists (0.20:
+# litestream's gauge exporter, about 20 s; 1.9: the model of Zero 1.10's rules, a second). What differs between
+# versions is read from that table; a version it knows but cannot install yet (1.10) is refused with the reason.
+# The suite starts and stops every process itself; whatever still carries this run's marker when it ends (also on
+# failure or interruption) is killed here. Several runs may share one PostgreSQL cluster (each deployment has
+# databases of its own).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-VERSION=${1:?usage: scripts/interop.sh <0.20|1.9>}
+VERSION=${1:?usage: scripts/interop.sh <version> (node tests/interop/lib/versions.mjs --list)}
 CARGO=${CARGO:-cargo}
+# INTEROP_LIB_TESTS and the rest of the version's entry (refused here when the table cannot run it).
+settings=$(node "$ROOT/tests/interop/lib/versions.mjs" --shell "$VERSION") || exit 2
+eval "$settings"
 
 : "${SIDECAR_TEST_DATABASE_URL:?run under scripts/with-postgres.sh, or point it at a PostgreSQL with wal_level=logical}"
 
@@ -55,9 +60,14 @@ trap 'exit 143' TERM
 cd "$ROOT/tests/interop/zero-$VERSION"
 start=$(date +%s)
 status=0
-if [[ $VERSION == 0.20 ]]; then
-  "$NODE" --test --test-reporter=tap --test-timeout=120000 ../lib/litestream-gauge.test.mjs || status=$?
-fi
-"$NODE" --test --test-reporter=tap --test-concurrency=1 --test-timeout=900000 interop.test.mjs || status=$?
+for lib_test in $INTEROP_LIB_TESTS; do
+  "$NODE" --test --test-reporter=tap --test-timeout=120000 "../lib/$lib_test" || status=$?
+done
+# INTEROP_ONLY='^11\.' runs only the scenarios whose names match (node's --test-name-pattern; `before` and `after`
+# still run): for working on one scenario.
+only=()
+[[ -z ${INTEROP_ONLY:-} ]] || only=(--test-name-pattern="$INTEROP_ONLY")
+"$NODE" --test --test-reporter=tap --test-concurrency=1 --test-timeout=900000 ${only[@]+"${only[@]}"} interop.test.mjs \
+  || status=$?
 echo "interop $VERSION: suite took $(( $(date +%s) - start )) s (node $("$NODE" --version))" >&2
 exit $status

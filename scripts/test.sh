@@ -14,11 +14,12 @@
 #   rust-unit   `cargo test --lib --bins`, once
 #   rust-it     the integration tests that need no database (`--test it -- --skip pg::`), once
 #   rust-pg-M   the integration tests that do (`--test it -- pg::`), on PostgreSQL M
-#   zero-V-M    the interop suite with real Zero V (0.20 and 1.9; scripts/interop.sh) on PostgreSQL M
+#   zero-V-M    the interop suite with real Zero V (each version tests/interop/lib/versions.mjs can install: 0.20
+#               and 1.9; scripts/interop.sh) on PostgreSQL M
 # After the build, the Rust lane (build-tests, alerts, rust-unit, rust-it, then rust-pg-M for every major side by
 # side) and every zero-V-M run side by side, each phase that needs PostgreSQL on a throwaway cluster of its own
 # (scripts/with-postgres.sh). The interop suites mostly wait on Zero's and the sidecar's timers (Zero 1.9's takes
-# about 8 minutes, nearly all of it waiting), so they cost little beside the Rust tests, and one after the other
+# about 10 minutes, nearly all of it waiting), so they cost little beside the Rust tests, and one after the other
 # they would not fit in 15 minutes. Every phase runs even when an earlier one failed.
 #
 # The last lines: a table of the phases (seconds, result), the test counts of the tests that run once, of each major
@@ -33,7 +34,8 @@ majors=("$@")
 if [[ ${#majors[@]} -eq 0 ]]; then
   read -r -a majors <<<"${PG:-15 17}"
 fi
-ZERO_VERSIONS=(0.20 1.9)
+# The Zero versions with an interop suite that can be installed (tests/interop/lib/versions.mjs).
+read -r -a ZERO_VERSIONS <<<"$(node tests/interop/lib/versions.mjs --list)"
 
 STARTED=$(date +%s)
 LOGS=${TEST_LOGS:-$PWD/target/test-logs}
@@ -85,10 +87,11 @@ RUST_PG=(--test it -- pg:: --test-threads="$TEST_THREADS")
 
 build() {
   # The installs wait on the network and the disk (and Zero 0.20's compiles zero-sqlite3); the build takes the rest.
-  scripts/install-interop.sh 0.20 >/dev/null &
-  local i020=$!
-  scripts/install-interop.sh 1.9 >/dev/null &
-  local i19=$!
+  local installs=() version pid
+  for version in "${ZERO_VERSIONS[@]}"; do
+    scripts/install-interop.sh "$version" >/dev/null &
+    installs+=($!)
+  done
   (scripts/install-litestream.sh 0.3 >"$LOGS/litestream.path" && scripts/install-litestream.sh 0.5 >"$LOGS/litestream-0.5.path") &
   local ils=$!
   # An S3-compatible server (moto) on loopback, before the phases that start it side by side.
@@ -96,8 +99,7 @@ build() {
   local moto=$!
   local rc=0
   $CARGO build --locked --bin litestream-sidecar || rc=$?
-  wait $i020 || rc=$?
-  wait $i19 || rc=$?
+  for pid in "${installs[@]}"; do wait "$pid" || rc=$?; done
   wait $ils || rc=$?
   wait $moto || rc=$?
   return $rc

