@@ -101,6 +101,12 @@ pub async fn serve_http<H: Handler>(
                 }
             },
         };
+        // Each write leaves at once: with Nagle's algorithm a relayed message written while the previous one is
+        // unacknowledged would wait for the subscriber's next ack to carry the TCP acknowledgement, a message's
+        // processing time later (docs/protocol.md, "Relayed subscribers dropped as too far behind").
+        if let Err(err) = stream.set_nodelay(true) {
+            debug!(error = %err, "cannot set TCP_NODELAY on an accepted connection");
+        }
         // Only a plain connection's: under TLS a record split across reads can leave fewer bytes to come than the
         // low-water mark the relay would set, and its last ack would wait for `relay.ack_wakeup_wait`.
         let socket = tls
@@ -421,5 +427,61 @@ fn keepalive(ctx: &Context) -> Response<Full<Bytes>> {
     match ctx.metrics.status.read(|s| s.cleanup_problem()) {
         None => plain(StatusCode::OK, "OK"),
         Some(problem) => plain(StatusCode::OK, format!("OK; {problem}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::family::Family;
+    use tokio::io::AsyncReadExt;
+
+    /// Answers with whether the connection's socket has `TCP_NODELAY` set.
+    struct NoDelayProbe;
+
+    impl Handler for NoDelayProbe {
+        async fn handle(
+            self: Arc<Self>,
+            req: Request<Incoming>,
+            _: SocketAddr,
+        ) -> Response<Full<Bytes>> {
+            let socket = req
+                .extensions()
+                .get::<ClientSocket>()
+                .expect("a plain connection's socket");
+            let set = crate::net::sockopt::no_delay(socket.0).expect("getsockopt");
+            plain(StatusCode::OK, format!("nodelay={set}"))
+        }
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_send_each_write_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            admission: Admission::new(4, Family::default()),
+            header_read_timeout: Duration::from_secs(5),
+            max_header_bytes: 8192,
+        };
+        let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
+        let server = tokio::spawn(serve_http(
+            listener,
+            None,
+            Arc::new(NoDelayProbe),
+            limits,
+            shutdown.clone(),
+            tracker,
+        ));
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        client.read_to_string(&mut response).await.unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("nodelay=true"), "{response}");
+        shutdown.cancel();
+        server.await.unwrap();
     }
 }

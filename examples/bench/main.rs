@@ -5,6 +5,7 @@
 
 mod attack;
 mod drill;
+mod laggard;
 mod metrics;
 mod purge;
 mod relay;
@@ -43,6 +44,9 @@ fn main() {
         }
         if wanted("relay") {
             relay::run(&mut report).await;
+        }
+        if wanted("laggard") {
+            laggard::run(&mut report).await;
         }
         if wanted("metrics") {
             metrics::run(&mut report).await;

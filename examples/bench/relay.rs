@@ -617,13 +617,13 @@ impl Drop for Nginx {
 
 /// The plain byte relay as a process of its own, like the sidecar, on the same kind of runtime: this bench
 /// binary run again with `plain-relay <upstream>`. Killed when dropped.
-struct PlainRelay {
-    child: std::process::Child,
-    addr: SocketAddr,
+pub struct PlainRelay {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
 }
 
 impl PlainRelay {
-    fn start(upstream: SocketAddr) -> PlainRelay {
+    pub fn start(upstream: SocketAddr) -> PlainRelay {
         use std::io::BufRead;
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["plain-relay", &upstream.to_string()])

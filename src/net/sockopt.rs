@@ -36,6 +36,15 @@ pub fn set_receive_low_water(fd: RawFd, bytes: u32) -> std::io::Result<()> {
     }
 }
 
+/// Whether `fd` sends each write at once (`TCP_NODELAY`), for tests of the sockets the sidecar sets up.
+#[cfg(test)]
+pub fn no_delay(fd: RawFd) -> std::io::Result<bool> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the stream only borrows `fd` (ManuallyDrop: it is never closed here) for one getsockopt.
+    let stream = std::mem::ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+    stream.nodelay()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,8 @@ use crate::protocol::CHANGES_VERSIONS;
 /// Longest `relay.ack_wakeup_wait`.
 pub const MAX_ACK_WAKEUP_WAIT: Duration = Duration::from_secs(1);
 
-/// `relay.ack_wakeup_bytes` by default: about 60 of Zero's acks.
+/// `relay.ack_wakeup_bytes` by default: about 60 of Zero's acks, more than the most awaited at once
+/// ([`crate::streamer::wakeup::MAX_ACKS_AWAITED`]), so that the count and the pace decide.
 pub const DEFAULT_ACK_WAKEUP_BYTES: u64 = 1024;
 
 /// Largest `relay.ack_wakeup_bytes`: far below a TCP receive buffer (Linux's default is 128 KiB), so that the kernel
@@ -159,12 +160,13 @@ keys::section! {
         write_stall_timeout: Duration = key("60s", keys::positive_duration),
         /// How long a subscriber's acks may wait to travel upstream together while later messages are still being
         /// consumed; zero (the default) sends each read's acks at once. An ack that leaves nothing in flight is
-        /// never held.
+        /// never held, nor are acks once the next is not expected within half of `ack_wakeup_wait` of the first.
         ack_batch_window: Duration = key("0s", |text: String| {
             keys::at_most(text, MAX_ACK_BATCH_WINDOW).map_err(|e| format!("{e}: Zero paces replication on acks"))
         }),
         /// Most bytes of a subscriber's acks the relay asks the kernel to gather before waking it (`SO_RCVLOWAT`,
-        /// [`crate::streamer::wakeup`]); 0 wakes it for each. It waits only for acks that are sure to come.
+        /// [`crate::streamer::wakeup`]); 0 wakes it for each. It waits only for acks that are sure to come, and
+        /// only for as many as neither TCP nor the subscriber's pace would keep waiting long.
         ack_wakeup_bytes: u64 = key(DEFAULT_ACK_WAKEUP_BYTES, |n: u64| {
             if n > MAX_ACK_WAKEUP_BYTES {
                 Err(format!("{n} is above {MAX_ACK_WAKEUP_BYTES}"))
@@ -172,9 +174,11 @@ keys::section! {
                 Ok(n)
             }
         }),
-        /// Longest a subscriber's acks wait in the kernel for the rest of theirs: past it the relay reads what
-        /// came, so a subscriber that stalls mid-transaction, or closes, is heard anyway.
-        ack_wakeup_wait: Duration = key("20ms", |text: String| {
+        /// Longest a subscriber's acks wait in the kernel for the ones after them: past it the relay reads what
+        /// came, so a subscriber that stalls mid-transaction, or closes, is heard anyway. Half of it is the
+        /// budget the wake-ups and ack batching plan with: Zero 1.10 drops a subscriber whose acks keep coming
+        /// later than the others' (docs/protocol.md, "Relayed subscribers dropped as too far behind").
+        ack_wakeup_wait: Duration = key("1ms", |text: String| {
             keys::positive_duration(text.clone()).and_then(|_| keys::at_most(text, MAX_ACK_WAKEUP_WAIT))
         }),
     }

@@ -150,7 +150,11 @@ pub(super) async fn handle_changes(
             if let Some(wanted) = relay.ack_wakeup_threshold().filter(|w| *w != low_water) {
                 let bytes = wanted.try_into().unwrap_or(u32::MAX);
                 match crate::net::sockopt::set_receive_low_water(fd, bytes) {
-                    Ok(()) => low_water = wanted,
+                    Ok(()) => {
+                        low_water = wanted;
+                        // A wait that ended leaves no limit behind for the next one.
+                        ack_wakeup_waiting &= wanted > 1;
+                    }
                     Err(err) => {
                         // Not expected of a TCP socket; the relay then wakes as the kernel decides.
                         warn!(error = %err, "cannot set the subscriber socket's low-water mark");
@@ -159,7 +163,9 @@ pub(super) async fn handle_changes(
                     }
                 }
             }
-            // Armed when a wait starts, not moved while it lasts: it fires at most once per limit.
+            // Armed when a wait starts and again after each read from the subscriber: the acks awaited are those
+            // sent since, so none of them waits in the kernel longer than the limit. Moving a deadline later costs
+            // the timer no re-registration, and it fires at most once per limit.
             if low_water > 1 && !ack_wakeup_waiting {
                 ack_wakeup_waiting = true;
                 ack_wakeup_wait
@@ -194,6 +200,7 @@ pub(super) async fn handle_changes(
                     Ok(n) if n > 0 => {
                         client_liveness.heard();
                         relay.on_read(Side::Client, &mut from_client);
+                        ack_wakeup_waiting = false;
                     }
                     result => {
                         debug!(error = ?result.err(), "subscriber connection lost");

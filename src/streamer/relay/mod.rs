@@ -23,8 +23,9 @@
 //! (through an [`Assembler`]) are looked at. A source is read only while the
 //! outbox toward the other side holds less than `relay.max_buffered_bytes`, so a subscriber that reads slowly
 //! stops the reads from its upstream and TCP does the rest; nothing else is buffered beyond the frame being read.
-//! The subscriber's socket is woken only once the acks sure to come are there ([`crate::streamer::wakeup`]), so a
-//! transaction's acks are read and forwarded in one go.
+//! The subscriber's socket is woken only once a few of the acks sure to come are there ([`crate::streamer::wakeup`]),
+//! so a small transaction's acks are read and forwarded in one go; never later than the newest message's ack, and
+//! never more than the subscriber is seen to send within half of `relay.ack_wakeup_wait`.
 //!
 //! The files:
 //! - this one: the relay's context and settings, and the state machine of one relayed connection (`Relay`).
@@ -262,9 +263,12 @@ struct Relay<'a> {
     scratch: Vec<u8>,
     /// How many bytes of the subscriber's acks are worth waking up for; it also counts the messages passed down.
     wakeups: AckWakeups,
+    /// Bytes of the subscriber's next frame already read, while it is not whole: part of the next ack awaited.
+    client_partial: u64,
     /// Until when the acks queued toward the upstream wait for the ones sure to follow, to leave in one write
-    /// (see [`Relay::batch_acks`]).
+    /// (see [`Relay::batch_acks`]), and since when the first of them has been held.
     ack_hold: Option<Instant>,
+    ack_held_since: Option<Instant>,
     counted: Counted,
     outcome: Option<SubscriptionEnd>,
 }
@@ -298,8 +302,13 @@ impl<'a> Relay<'a> {
             downstream_messages: Assembler::new(ctx.settings.max_message_bytes),
             client_messages: Assembler::new(ACK_INSPECT_LIMIT),
             scratch: Vec::new(),
-            wakeups: AckWakeups::new(ctx.settings.relay.ack_wakeup_bytes),
+            wakeups: AckWakeups::new(
+                ctx.settings.relay.ack_wakeup_bytes,
+                ctx.settings.relay.ack_wakeup_wait,
+            ),
+            client_partial: 0,
             ack_hold: None,
+            ack_held_since: None,
             counted: Counted {
                 downstream: ctx
                     .instruments
@@ -372,7 +381,7 @@ impl<'a> Relay<'a> {
         if self.is_closing() || !self.client.reading() {
             Some(1)
         } else {
-            self.wakeups.threshold()
+            self.wakeups.threshold(self.client_partial)
         }
     }
 
@@ -388,7 +397,12 @@ impl<'a> Relay<'a> {
 
     /// The acks' batch window has ended: they leave as they are.
     fn on_ack_window_end(&mut self) {
+        self.release_acks();
+    }
+
+    fn release_acks(&mut self) {
         self.ack_hold = None;
+        self.ack_held_since = None;
     }
 
     /// Decides, after a read from the subscriber, whether the acks queued toward the upstream leave now or wait
@@ -397,24 +411,36 @@ impl<'a> Relay<'a> {
     /// relay knows which messages are still unacknowledged, so while the newest ack is below the newest message
     /// relayed it holds them, and writes them together once the subscriber has acked everything relayed, within
     /// `relay.ack_batch_window` at most, or once they fill [`ACK_BATCH_BYTES`]. An ack that leaves nothing in flight
-    /// is never held: it is the one an upstream pacing on acks waits for. Anything else from the subscriber (any
-    /// other frame, a close) ends the wait, and so does an upstream ping, so no answer is ever delayed.
+    /// is never held: it is the one an upstream pacing on acks waits for. Nor are acks held once the next read is
+    /// not expected within the budget of the first held ([`AckWakeups::may_hold`]): a relayed subscriber's acks
+    /// must not come later than a direct one's by more than that (docs/protocol.md, "Relayed subscribers dropped
+    /// as too far behind"). Anything else from the subscriber (any other frame, a close) ends the wait, and so does
+    /// an upstream ping, so no answer is ever delayed.
     ///
     /// `only_acks`: the read brought whole acks and nothing else, the newest `newest_ack`; `was_idle`: nothing
     /// waited toward the upstream before the read, beyond held acks.
-    fn batch_acks(&mut self, only_acks: bool, newest_ack: Option<u64>, was_idle: bool) {
+    fn batch_acks(
+        &mut self,
+        only_acks: bool,
+        newest_ack: Option<u64>,
+        was_idle: bool,
+        now: Instant,
+    ) {
         let window = self.ctx.settings.relay.ack_batch_window;
         // Zero numbers a connection's messages 1, 2, 3…: an ack below the newest relayed is sure to have followers.
         let more_coming = newest_ack.is_some_and(|id| id < self.wakeups.messages_relayed());
+        let held_since = self.ack_held_since.unwrap_or(now);
         if only_acks
             && more_coming
             && was_idle
             && !window.is_zero()
             && self.upstream.outbox.len() < ACK_BATCH_BYTES
+            && self.wakeups.may_hold(held_since, now)
         {
-            self.ack_hold.get_or_insert_with(|| Instant::now() + window);
+            self.ack_hold.get_or_insert(now + window);
+            self.ack_held_since = Some(held_since);
         } else {
-            self.ack_hold = None;
+            self.release_acks();
         }
     }
 
@@ -532,15 +558,13 @@ impl<'a> Relay<'a> {
     /// as they came, headers included and without a copy, a read's worth at a time; control frames are answered
     /// here.
     fn on_read(&mut self, source: Side, inbox: &mut Inbox) {
+        let now = Instant::now();
         // Bytes at the front of the inbox that are whole data frames, relayed together.
         let mut frames = 0;
         let (mut data_frames, mut data_bytes) = (0u64, 0u64);
         // For the subscriber's acks: whether the read brought only acks, and the newest.
         let was_idle = self.ack_hold.is_some() || self.upstream.outbox.is_empty();
         let (mut only_acks, mut newest_ack) = (true, None);
-        if source == Side::Client {
-            self.wakeups.read();
-        }
         while self.peer(source).reading() {
             let header = match inbox.header_at(frames) {
                 Ok(Some(header)) => header,
@@ -566,7 +590,12 @@ impl<'a> Relay<'a> {
                 self.control(source, frame.opcode, frame.payload);
                 continue;
             }
-            match self.data(source, &header, &inbox.buffered()[frames + header.len..end]) {
+            match self.data(
+                source,
+                &header,
+                &inbox.buffered()[frames + header.len..end],
+                now,
+            ) {
                 Some(id) => newest_ack = Some(id),
                 None => only_acks = false,
             }
@@ -576,7 +605,8 @@ impl<'a> Relay<'a> {
         }
         self.relay(source, inbox, &mut frames);
         if source == Side::Client {
-            self.batch_acks(only_acks, newest_ack, was_idle);
+            self.wakeups.read(now);
+            self.batch_acks(only_acks, newest_ack, was_idle, now);
         }
         if data_frames > 0 {
             match source {
@@ -587,6 +617,9 @@ impl<'a> Relay<'a> {
         if !self.peer(source).reading() {
             // Nothing after a close or a broken frame is read.
             inbox.discard();
+        }
+        if source == Side::Client {
+            self.client_partial = inbox.buffered().len() as u64;
         }
     }
 
@@ -600,12 +633,18 @@ impl<'a> Relay<'a> {
 
     /// Reads what ack tracking and batching need from a data frame: messages and commits going down, acks coming
     /// up. Returns the ack a subscriber's frame completed, if it did.
-    fn data(&mut self, source: Side, header: &ws::Header, payload: &[u8]) -> Option<u64> {
+    fn data(
+        &mut self,
+        source: Side,
+        header: &ws::Header,
+        payload: &[u8],
+        now: Instant,
+    ) -> Option<u64> {
         match source {
             Side::Upstream => {
                 if header.fin {
                     self.wakeups
-                        .relayed((header.opcode == OpCode::Text).then_some(payload));
+                        .relayed((header.opcode == OpCode::Text).then_some(payload), now);
                 }
                 if !self.subscribed {
                     // The upstream answers only once it has registered the subscriber (docs/protocol.md, "How a
@@ -700,7 +739,7 @@ impl<'a> Relay<'a> {
         match opcode {
             OpCode::Ping => {
                 // The answer does not wait behind held acks.
-                self.ack_hold = None;
+                self.release_acks();
                 self.peer(source).control(OpCode::Pong, &payload);
             }
             OpCode::Pong if source == Side::Client => self.wakeups.ponged(),

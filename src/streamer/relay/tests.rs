@@ -105,6 +105,8 @@ enum Step {
     LowWater(Option<u64>),
     /// The subscriber's acks waited `relay.ack_wakeup_wait`.
     AckWakeupWaitEnds,
+    /// Time passes (the clock stands still otherwise).
+    Advance(Duration),
 }
 use Side::{Client, Upstream};
 use Step::*;
@@ -187,6 +189,11 @@ fn rows() -> Vec<Row> {
             .collect::<Vec<_>>()
     };
     let awaited = |first, last| Some(crate::streamer::wakeup::ack_bytes(first, last));
+    // Messages 2 to 11, as Zero 1.6 and later frame them.
+    let ten: Vec<Vec<u8>> = (2..=11)
+        .map(|id| format!(r#"{{"id":{id},"msg":["data"]}}"#).into_bytes())
+        .collect();
+    let ten_down: Vec<u8> = ten.iter().flat_map(|m| s(true, TEXT, m)).collect();
     vec![
         Row {
             name: "the subscriber's socket waits for the acks in flight; a ping, the wait limit and a close lower it",
@@ -214,6 +221,31 @@ fn rows() -> Vec<Row> {
             to_client: [zero_three_down(), vec![whole(PING, b"")]].concat(),
             to_upstream: vec![acked(1), acked(2), acked(3), closing(1000, "done")],
             outcome: Some(SubscriptionEnd::ClientClosed { code: Some(1000) }),
+            done: false,
+            acked: &[],
+            reservation_held: true,
+        },
+        Row {
+            name: "the socket waits for eight acks at most, and for one at a time from a subscriber slower than the budget",
+            query: "",
+            steps: vec![
+                Read(Upstream, s(true, TEXT, STATUS)),
+                Read(Client, ack(1)),
+                Read(Upstream, ten_down.clone()),
+                LowWater(awaited(2, 9)),
+                // relay.ack_wakeup_wait is 1ms: a budget of 500 us, and this ack took 600.
+                Advance(Duration::from_micros(600)),
+                Read(Client, ack(2)),
+                LowWater(awaited(3, 3)),
+                Advance(Duration::from_micros(100)),
+                Read(Client, ack(3)),
+                LowWater(awaited(4, 4)),
+            ],
+            to_client: std::iter::once(whole(TEXT, STATUS))
+                .chain(ten.iter().map(|m| whole(TEXT, m)))
+                .collect(),
+            to_upstream: vec![acked(1), acked(2), acked(3)],
+            outcome: None,
             done: false,
             acked: &[],
             reservation_held: true,
@@ -247,6 +279,27 @@ fn rows() -> Vec<Row> {
                 Holding(true),
                 Read(Client, ack(2)),
                 Holding(true),
+                Read(Client, ack(3)),
+                Holding(false),
+            ],
+            to_client: vec![whole(TEXT, b"m1"), whole(TEXT, b"m2"), whole(TEXT, b"m3")],
+            to_upstream: vec![acked(1), acked(2), acked(3)],
+            outcome: None,
+            done: false,
+            acked: &[],
+            reservation_held: true,
+        },
+        Row {
+            name: "held acks leave once the next read is not due within the budget of the first",
+            query: "",
+            steps: vec![
+                Read(Upstream, three.clone()),
+                Read(Client, ack(1)),
+                Holding(true),
+                // 400 us for this ack: the next is due 800 us after the first was held, past the 500 us budget.
+                Advance(Duration::from_micros(400)),
+                Read(Client, ack(2)),
+                Holding(false),
                 Read(Client, ack(3)),
                 Holding(false),
             ],
@@ -601,8 +654,8 @@ fn rows() -> Vec<Row> {
 }
 
 /// Drives one relayed connection through each row's events as the I/O loop would, writing every outbox after
-/// each step unless its side is stalled.
-#[tokio::test]
+/// each step unless its side is stalled. The clock moves only with `Advance`.
+#[tokio::test(start_paused = true)]
 async fn a_relayed_connection_answers_each_event() {
     for row in rows() {
         let name = row.name;
@@ -655,6 +708,7 @@ async fn a_relayed_connection_answers_each_event() {
                     assert_eq!(relay.ack_wakeup_threshold(), expected, "{name}: low water")
                 }
                 AckWakeupWaitEnds => relay.on_ack_wakeup_wait_end(),
+                Advance(by) => tokio::time::advance(by).await,
             }
             if relay.wants_write(Client) && !client_stalled {
                 relay.client.outbox.flush(&mut to_client).await.unwrap();
