@@ -49,9 +49,11 @@ image:
 test-image:
 	CARGO="$(CARGO)" scripts/test-image.sh $(firstword $(PG))
 
+# Also the Kubernetes examples: the schema and what the guides promise of them (scripts/lint-kubernetes.sh).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	scripts/lint-kubernetes.sh
 
 # The purge benchmark runs on every major in $(PG), side by side; the relay is compared with nginx (Debian's, from
 # scripts/nginx.sh) as a WebSocket proxy; `laggard` times a relayed subscriber's acks against a direct one's on the

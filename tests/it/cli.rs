@@ -661,6 +661,14 @@ fn ready_without_a_daemon_exits_1_and_on_a_bad_config_78() {
     let (code, _, err) = run(&["ready", "--config", &path], dir.path(), &[]);
     assert_eq!(code, 78, "{err}");
     assert!(err.contains("server.listen"), "{err}");
+    // The same file named by the environment, as the container image's health check finds it.
+    let (code, _, err) = run(
+        &["ready"],
+        dir.path(),
+        &[("LITESTREAM_SIDECAR_CONFIG", &path)],
+    );
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("server.listen"), "{err}");
 }
 
 #[test]
