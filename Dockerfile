@@ -1,7 +1,8 @@
 # litestream-sidecar container image: build with the Rust toolchain, run on a slim Debian as an unprivileged user.
+# Where no base image can be pulled, `make image` (scripts/image.sh) builds the same image from Debian's packages.
 #
 #   docker build -t litestream-sidecar .
-#   docker run --rm -v $PWD/sidecar.toml:/etc/litestream-sidecar/sidecar.toml:ro \
+#   docker run --rm --read-only -v $PWD/sidecar.toml:/etc/litestream-sidecar/sidecar.toml:ro \
 #     -v litestream-sidecar-state:/var/lib/litestream-sidecar litestream-sidecar
 #
 # Every config key can also come from the environment (LITESTREAM_SIDECAR__SECTION__KEY), which is how the
@@ -28,5 +29,7 @@ VOLUME /var/lib/litestream-sidecar
 USER 65532:65532
 # 4851: view-syncers (snapshot, changes); 4850: the metrics proxy Zero's BackupMonitor reads.
 EXPOSE 4851 4850
+# The config is /etc/litestream-sidecar/sidecar.toml, or where LITESTREAM_SIDECAR_CONFIG says: not an argument, so
+# that the health check (GET /keepalive at server.listen) reads the same file as the daemon.
 ENTRYPOINT ["/usr/local/bin/litestream-sidecar"]
-CMD ["--config", "/etc/litestream-sidecar/sidecar.toml"]
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s CMD ["/usr/local/bin/litestream-sidecar", "ready"]

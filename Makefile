@@ -7,7 +7,7 @@ CONFIG ?= ./sidecar.toml
 # PostgreSQL majors `make test` runs the whole suite against, each on its own throwaway cluster: `make test PG=18`.
 PG ?= 15 17
 
-.PHONY: all build run demo test interop lint bench fuzz clean
+.PHONY: all build run demo test interop lint bench fuzz clean image test-image
 
 all: build
 
@@ -38,9 +38,22 @@ interop:
 	  'status=0; for v in $(ZERO); do scripts/interop.sh $$v || status=1; done; exit $$status'
 
 
+# The container image, localhost/litestream-sidecar:latest (scripts/image.sh): a base unpacked from Debian's
+# packages with mmdebstrap and the release binary, imported with podman (which it installs when missing). The
+# Dockerfile builds the same image where a base image can be pulled.
+image:
+	CARGO="$(CARGO)" scripts/image.sh
+
+# The container test (scripts/test-image.sh): the image built, the process tests run against it under podman on
+# a throwaway PostgreSQL (the first major in $(PG)), its size and idle memory printed, everything it made removed.
+test-image:
+	CARGO="$(CARGO)" scripts/test-image.sh $(firstword $(PG))
+
+# Also the Kubernetes examples: the schema and what the guides promise of them (scripts/lint-kubernetes.sh).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	scripts/lint-kubernetes.sh
 
 # The purge benchmark runs on every major in $(PG), side by side; the relay is compared with nginx (Debian's, from
 # scripts/nginx.sh) as a WebSocket proxy; `laggard` times a relayed subscriber's acks against a direct one's on the

@@ -28,8 +28,14 @@ const EXIT_CHECK_FAILED: u8 = 2;
                   Exit codes: 0 done, 1 runtime failure, 2 usage or --check-config errors, 78 invalid config."
 )]
 struct Args {
-    /// Config file [default: ./sidecar.toml, then /etc/litestream-sidecar/sidecar.toml]
-    #[arg(long, value_name = "PATH", global = true)]
+    /// Config file [default: ./sidecar.toml, then /etc/litestream-sidecar/sidecar.toml]. From the environment, the
+    /// daemon and the commands run beside it (a container's health check) read the same file
+    #[arg(
+        long,
+        value_name = "PATH",
+        global = true,
+        env = "LITESTREAM_SIDECAR_CONFIG"
+    )]
     config: Option<PathBuf>,
 
     /// Print the effective config (passwords redacted) and exit 0, or print every error and exit 2
@@ -69,6 +75,20 @@ enum Command {
                       78 invalid config."
     )]
     Drill,
+    /// Ask the running daemon whether it is ready (GET /keepalive): the container image's health check
+    #[command(
+        after_help = "Exit codes: 0 ready, 1 not ready or not answering, 78 invalid config or its TLS\n\
+                      certificate unreadable."
+    )]
+    Ready {
+        /// The daemon's host:port [default: server.listen from the config, a wildcard address as loopback]
+        #[arg(long, value_name = "HOST:PORT")]
+        addr: Option<String>,
+
+        /// Give up after this long
+        #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
 }
 
 fn main() -> ExitCode {
@@ -83,6 +103,9 @@ fn main() -> ExitCode {
     }
     if let Some(Command::Drill) = &args.command {
         return drill(args.config.as_deref());
+    }
+    if let Some(Command::Ready { addr, timeout }) = &args.command {
+        return ready(args.config.as_deref(), addr.as_deref(), *timeout);
     }
     let path = config::resolve_path(args.config.as_deref());
     let loaded = config::load(path.as_deref())
@@ -174,8 +197,6 @@ fn raise_open_files(max_connections: usize) {
     }
 }
 
-/// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came. Only the address is read from
-/// the config, so `--addr` works without one.
 /// What `--check-config` reports: the keys, or the files they name.
 #[derive(Debug, thiserror::Error)]
 enum CheckError {
@@ -185,8 +206,7 @@ enum CheckError {
     Tls(litestream_sidecar::net::tls::TlsError),
 }
 
-/// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came. Only the address and the TLS
-/// certificate are read from the config, so `--addr` works without one.
+/// `litestream-sidecar status`: the daemon's `/status`, as tables or as it came.
 fn status(
     config_path: Option<&std::path::Path>,
     addr: Option<&str>,
@@ -194,14 +214,57 @@ fn status(
     timeout: std::time::Duration,
 ) -> ExitCode {
     use litestream_sidecar::ops::status_cli as status;
+    let (addr, tls, runtime) = match daemon_target("status", config_path, addr) {
+        Ok(target) => target,
+        Err(code) => return code,
+    };
+    match runtime.block_on(status::fetch(&addr, tls, timeout)) {
+        Ok((raw, _)) if json => {
+            print!("{raw}");
+            ExitCode::SUCCESS
+        }
+        Ok((_, report)) => {
+            print!("{}", status::render(&report));
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("litestream-sidecar status: {err}");
+            if matches!(err, status::FetchError::Unreachable { .. }) {
+                eprintln!(
+                    "is the daemon running and listening there? (--addr HOST:PORT to ask another)"
+                );
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The running daemon a client command talks to: its address (`--addr`, or `server.listen` from the config), a TLS
+/// connector when the config's listener speaks TLS, and a runtime to talk with. Only the address and the TLS
+/// certificate are read from the config, so `--addr` works without one.
+fn daemon_target(
+    command: &str,
+    config_path: Option<&std::path::Path>,
+    addr: Option<&str>,
+) -> Result<
+    (
+        String,
+        Option<tokio_rustls::TlsConnector>,
+        tokio::runtime::Runtime,
+    ),
+    ExitCode,
+> {
+    use litestream_sidecar::ops::status_cli as status;
     // With --addr, a config is read only when --config names one, and only for its TLS settings.
     let config = if addr.is_none() || config_path.is_some() {
         let path = config::resolve_path(config_path);
         match config::load(path.as_deref()).and_then(|raw| raw.validate()) {
             Ok(config) => Some(config),
             Err(err) => {
-                eprintln!("litestream-sidecar status: {err}\n(--addr HOST:PORT needs no config)");
-                return ExitCode::from(EXIT_CONFIG);
+                eprintln!(
+                    "litestream-sidecar {command}: {err}\n(--addr HOST:PORT needs no config)"
+                );
+                return Err(ExitCode::from(EXIT_CONFIG));
             }
         }
     } else {
@@ -220,37 +283,41 @@ fn status(
         Some(files) => match litestream_sidecar::net::tls::status_connector(files) {
             Ok(connector) => Some(connector),
             Err(err) => {
-                eprintln!("litestream-sidecar status: {err}");
-                return ExitCode::from(EXIT_CONFIG);
+                eprintln!("litestream-sidecar {command}: {err}");
+                return Err(ExitCode::from(EXIT_CONFIG));
             }
         },
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime,
+        Ok(runtime) => Ok((addr, tls, runtime)),
         Err(err) => {
-            eprintln!("litestream-sidecar status: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
+            eprintln!("litestream-sidecar {command}: cannot start the async runtime: {err}");
+            Err(ExitCode::FAILURE)
         }
+    }
+}
+
+/// `litestream-sidecar ready`: 0 when the daemon answers `/keepalive` with 200, 1 otherwise.
+fn ready(
+    config_path: Option<&std::path::Path>,
+    addr: Option<&str>,
+    timeout: std::time::Duration,
+) -> ExitCode {
+    use litestream_sidecar::ops::status_cli as status;
+    let (addr, tls, runtime) = match daemon_target("ready", config_path, addr) {
+        Ok(target) => target,
+        Err(code) => return code,
     };
-    match runtime.block_on(status::fetch(&addr, tls, timeout)) {
-        Ok((raw, _)) if json => {
-            print!("{raw}");
-            ExitCode::SUCCESS
-        }
-        Ok((_, report)) => {
-            print!("{}", status::render(&report));
+    match runtime.block_on(status::ready(&addr, tls, timeout)) {
+        Ok(body) => {
+            print!("{body}");
             ExitCode::SUCCESS
         }
         Err(err) => {
-            eprintln!("litestream-sidecar status: {err}");
-            if matches!(err, status::FetchError::Unreachable { .. }) {
-                eprintln!(
-                    "is the daemon running and listening there? (--addr HOST:PORT to ask another)"
-                );
-            }
+            eprintln!("litestream-sidecar ready: {err}");
             ExitCode::FAILURE
         }
     }

@@ -1,4 +1,5 @@
-//! `litestream-sidecar status`: fetches the daemon's `/status` ([`fetch`]) and prints it as tables ([`render`]).
+//! `litestream-sidecar status`: fetches the daemon's `/status` ([`fetch`]) and prints it as tables ([`render`]);
+//! `litestream-sidecar ready`: asks its `/keepalive` ([`ready`]).
 //! [`render`] is pure: the tests feed it plain reports. Every field the renderer reads is optional on the way in, so
 //! a newer `status` reads an older daemon's answer.
 
@@ -26,6 +27,31 @@ pub async fn fetch(
     tls: Option<tokio_rustls::TlsConnector>,
     timeout: Duration,
 ) -> Result<(String, Report), FetchError> {
+    let body = get(addr, "/status", tls, timeout).await?;
+    read_report(&body).map_err(|source| FetchError::NotAReport {
+        addr: addr.to_string(),
+        source,
+    })
+}
+
+/// `litestream-sidecar ready`, a container's health check (the image has no HTTP client of its own): whether the
+/// daemon at `addr` answers `/keepalive` with 200, and what it said.
+pub async fn ready(
+    addr: &str,
+    tls: Option<tokio_rustls::TlsConnector>,
+    timeout: Duration,
+) -> Result<String, FetchError> {
+    let body = get(addr, "/keepalive", tls, timeout).await?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// `GET path` from the daemon at `addr`: the body of a 200 answer.
+async fn get(
+    addr: &str,
+    path: &str,
+    tls: Option<tokio_rustls::TlsConnector>,
+    timeout: Duration,
+) -> Result<Vec<u8>, FetchError> {
     use crate::net::client::HttpError;
     // The client's messages name the URL and call it a scrape; here the address is said once, up front.
     let unreachable = |err: HttpError| FetchError::Unreachable {
@@ -33,12 +59,12 @@ pub async fn fetch(
         reason: match err {
             HttpError::Io { source, .. } => source.to_string(),
             HttpError::Timeout { after, .. } => format!("no answer within {after:?}"),
-            HttpError::Http { status, .. } => format!("GET /status answered HTTP {status}"),
+            HttpError::Http { status, .. } => format!("GET {path} answered HTTP {status}"),
             HttpError::TooLarge { limit, .. } => format!("answer larger than {limit} bytes"),
             HttpError::InvalidUrl { reason, .. } => reason.to_string(),
         },
     };
-    let url = format!("http://{addr}/status").parse().map_err(|_| {
+    let url = format!("http://{addr}{path}").parse().map_err(|_| {
         unreachable(HttpError::InvalidUrl {
             url: addr.to_string(),
             reason: "not a host:port",
@@ -50,11 +76,11 @@ pub async fn fetch(
         Some(connector) => scraper.with_tls(connector),
         None => scraper,
     };
-    let body = scraper.fetch().await.map_err(unreachable)?;
-    read_report(&body).map_err(|source| FetchError::NotAReport {
-        addr: addr.to_string(),
-        source,
-    })
+    scraper
+        .fetch()
+        .await
+        .map(|body| body.to_vec())
+        .map_err(unreachable)
 }
 
 /// A `/status` answer as text and as a report. Whoever answers at the address writes it, so it is read like any

@@ -636,6 +636,39 @@ async fn status_prints_the_running_daemons_reservations_subscribers_and_hold_rea
     .await;
     assert_eq!(code, 0, "{err}");
     assert!(by_addr.contains("restore-42"), "{by_addr}");
+    // Not ready (its change DB does not answer): the health check fails, naming the answer.
+    let (code, out, err) = run_async(&["ready", "--config", &path], dir.path()).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains(&format!(
+            "litestream-sidecar ready: cannot reach the sidecar at 127.0.0.1:{port}: GET /keepalive answered HTTP 503"
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn ready_without_a_daemon_exits_1_and_on_a_bad_config_78() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = run(&["ready", "--addr", "127.0.0.1:9"], dir.path(), &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("litestream-sidecar ready: cannot reach the sidecar at 127.0.0.1:9"),
+        "{err}"
+    );
+    let path = write(dir.path(), "bad.toml", "[server]\nlisten = \"nowhere\"\n");
+    let (code, _, err) = run(&["ready", "--config", &path], dir.path(), &[]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("server.listen"), "{err}");
+    // The same file named by the environment, as the container image's health check finds it.
+    let (code, _, err) = run(
+        &["ready"],
+        dir.path(),
+        &[("LITESTREAM_SIDECAR_CONFIG", &path)],
+    );
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("server.listen"), "{err}");
 }
 
 #[test]

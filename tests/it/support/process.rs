@@ -1,5 +1,9 @@
 //! The built binary run as operators run it (a config file, JSON logs on stderr), for cases that need a real
 //! process: one that can be killed with SIGKILL, whose sockets and database sessions die with it.
+//!
+//! With `SIDECAR_IMAGE` set (`make test-image`), the same cases run the container image instead, under podman with
+//! runc, on the host's network, with a read-only root filesystem: the config's directory is mounted at the same
+//! path and is the state's volume, owned by the image's user.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -9,6 +13,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_litestream-sidecar");
+
+/// The image's user and group (the Dockerfile's and scripts/image.sh's).
+const IMAGE_USER: &str = "65532:65532";
+
+/// The container image the processes run as, when the tests are asked to (`SIDECAR_IMAGE`).
+fn image() -> Option<String> {
+    std::env::var("SIDECAR_IMAGE")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// Names the containers of one test run apart.
+static CONTAINERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A child process killed (SIGKILL) and reaped when the guard is dropped, also when the test fails first: no test
 /// leaves a process behind.
@@ -34,9 +51,12 @@ impl Drop for Reaped {
     }
 }
 
-/// One run of the sidecar binary.
+/// One run of the sidecar binary, or of its container image.
 pub struct Process {
+    /// The binary, or the `podman run` that runs the container in the foreground.
     pub child: Reaped,
+    /// The container's name, when the image runs: signals go to it, and it is removed with the guard.
+    container: Option<String>,
     /// Where it serves (`server.listen` is `127.0.0.1:0` in tests; the log names the port).
     pub addr: SocketAddr,
     /// Every log line so far, parsed (a line that is not JSON is kept as `{"message": line}`).
@@ -56,19 +76,84 @@ impl Process {
     /// otherwise).
     pub async fn spawn_with_env(config: &Path, env: &[(&str, &str)]) -> Process {
         let dir = config.parent().expect("the config is in a directory");
+        let mut vars = vec![
+            ("STATE_DIRECTORY", dir.to_str().expect("a UTF-8 path")),
+            ("LITESTREAM_SIDECAR__CLEANUP__HOLD_WITHOUT_STATE", "0s"),
+        ];
+        vars.extend_from_slice(env);
+        let (mut command, container) = match image() {
+            None => {
+                let mut command = Command::new(BIN);
+                command
+                    .arg("--config")
+                    .arg(config)
+                    .env_clear()
+                    .envs(vars.iter().copied());
+                (command, None)
+            }
+            Some(image) => {
+                let name = format!(
+                    "litestream-sidecar-test-{}-{}",
+                    std::process::id(),
+                    CONTAINERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                );
+                let owned = Command::new("chown")
+                    .args(["-R", IMAGE_USER])
+                    .arg(dir)
+                    .status()
+                    .expect("chown");
+                assert!(owned.success(), "chown {}", dir.display());
+                let mut command = Command::new("podman");
+                let volume = format!("{0}:{0}", dir.display());
+                command.args([
+                    "run",
+                    "--rm",
+                    "--name",
+                    &name,
+                    "--runtime",
+                    "runc",
+                    "--network",
+                    "host",
+                    "--read-only",
+                    // The image's health check is run by the tests (`podman healthcheck run`), not on podman's
+                    // timer: this machine has no systemd to schedule it.
+                    "--health-interval",
+                    "disable",
+                    // A process may not raise its own limits here: runc is given them.
+                    "--ulimit",
+                    "nofile=1024:1024",
+                    "--ulimit",
+                    "nproc=1024:1024",
+                    "--volume",
+                    &volume,
+                ]);
+                // The config by the environment, not by an argument: the image's health check reads it too. It
+                // finds the daemon at `server.listen`, so that is a free port rather than the tests' port 0.
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|listener| listener.local_addr())
+                    .expect("a free port")
+                    .port();
+                command
+                    .arg("--env")
+                    .arg(format!("LITESTREAM_SIDECAR_CONFIG={}", config.display()))
+                    .arg("--env")
+                    .arg(format!(
+                        "LITESTREAM_SIDECAR__SERVER__LISTEN=127.0.0.1:{port}"
+                    ));
+                for (key, value) in &vars {
+                    command.arg("--env").arg(format!("{key}={value}"));
+                }
+                command.arg(&image);
+                (command, Some(name))
+            }
+        };
         let mut child = Reaped(
-            Command::new(BIN)
-                .arg("--config")
-                .arg(config)
-                .env_clear()
-                .env("STATE_DIRECTORY", dir)
-                .env("LITESTREAM_SIDECAR__CLEANUP__HOLD_WITHOUT_STATE", "0s")
-                .envs(env.iter().copied())
+            command
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
-                .expect("spawn the sidecar binary"),
+                .expect("spawn the sidecar"),
         );
         let stderr = child.0.stderr.take().unwrap();
         let logs = Arc::new(Mutex::new(Vec::new()));
@@ -90,12 +175,14 @@ impl Process {
                 }
             });
         }
-        let addr = tokio::time::timeout(Duration::from_secs(10), rx)
+        // A container takes longer to start than the binary.
+        let addr = tokio::time::timeout(Duration::from_secs(30), rx)
             .await
-            .expect("the sidecar listens within 10s")
+            .expect("the sidecar listens within 30s")
             .unwrap_or_else(|_| panic!("the sidecar exited before listening"));
         Process {
             child,
+            container,
             addr: addr.parse().expect("the logged address"),
             logs,
         }
@@ -103,7 +190,59 @@ impl Process {
 
     /// `kill -9`: no shutdown, no drain, nothing written after it.
     pub fn kill(&mut self) {
+        if self.container.is_some() {
+            self.signal("KILL");
+        }
         self.child.kill();
+    }
+
+    /// `kill -TERM`: the shutdown operators (and systemd, and container engines) ask for.
+    pub fn terminate(&mut self) {
+        self.signal("TERM");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = match &self.container {
+            None => Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(self.child.id().to_string())
+                .status(),
+            Some(name) => Command::new("podman")
+                .args(["kill", "--signal", signal, name])
+                .stdout(Stdio::null())
+                .status(),
+        };
+        assert!(status.expect("send a signal").success(), "SIG{signal}");
+    }
+
+    /// The exit code, once the process (or container) has exited within `timeout`; `None` if it has not.
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.0.try_wait().expect("wait") {
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The health check a supervisor would run: `litestream-sidecar ready` beside the binary, the image's own
+    /// `HEALTHCHECK` in the container.
+    pub fn healthy(&self) -> bool {
+        let status = match &self.container {
+            None => Command::new(BIN)
+                .args(["ready", "--addr", &self.addr.to_string()])
+                .stdout(Stdio::null())
+                .status(),
+            Some(name) => Command::new("podman")
+                .args(["healthcheck", "run", name])
+                .stdout(Stdio::null())
+                .status(),
+        };
+        status.expect("run the health check").success()
     }
 
     /// The log events with this message so far.
@@ -139,6 +278,19 @@ impl Process {
         let (status, page) = super::http(self.addr, "GET", "/metrics").await;
         assert_eq!(status, 200, "{page}");
         page
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // Also when the test failed first: no container is left behind.
+        if let Some(name) = &self.container {
+            let _ = Command::new("podman")
+                .args(["rm", "--force", "--time", "0", name])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 }
 

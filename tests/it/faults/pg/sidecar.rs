@@ -461,6 +461,51 @@ async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_unt
 /// A real sidecar process's config with the settings a deployment keeps by default — the state file where
 /// systemd puts it ([`Process::spawn`] sets `STATE_DIRECTORY` to `dir`) — but for what a test must shorten: checks
 /// every second, discovery off, cleanup without relayed subscribers once a one-second grace has passed.
+/// The process as operators run it (under `make test-image`, the container image): ready on `/keepalive` and to
+/// its health check, a reservation and a relayed subscription served, and SIGTERM ending both sockets with 1001,
+/// the upstream's with them, and the process with 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_process_is_ready_serves_and_ends_its_sockets_with_1001_on_sigterm() {
+    let db = TestSchema::create(Some(5), None).await;
+    db.insert_transaction("0a", 2).await;
+    let litestream = MetricsServer::start(&progress_page(&[("0a", seconds_ago(600.0))])).await;
+    let mut upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_default_process_config(dir.path(), &db, &litestream, &upstream);
+    let mut sidecar = Process::spawn(&config).await;
+    within("ready", Duration::from_secs(20), || async {
+        http(sidecar.addr, "GET", "/keepalive").await.0 == 200
+    })
+    .await;
+    assert!(sidecar.healthy(), "{}", sidecar.log_text());
+
+    let mut restore = connect(&format!(
+        "ws://{}/replication/v3/snapshot?taskID=restoring",
+        sidecar.addr
+    ))
+    .await;
+    assert!(next_text(&mut restore).await.contains("\"backupURL\""));
+    let path = changes_path(3, "task-7", "vs-1", "0a", false);
+    let url = format!("ws://{}{path}", sidecar.addr);
+    let (mut subscriber, mut conn) = tokio::join!(connect(&url), upstream.accept());
+    assert!(conn.admit_like_zero().await);
+    let status = conn.send_msg(1, r#"["status",{"tag":"status"}]"#).await;
+    assert_eq!(next_text(&mut subscriber).await, status);
+
+    sidecar.terminate();
+    let going_away = Some((1001, "sidecar shutting down".to_string()));
+    assert_eq!(expect_close(&mut restore).await, going_away);
+    assert_eq!(expect_close(&mut subscriber).await, going_away);
+    assert_eq!(conn.expect_close().await, going_away);
+    assert_eq!(
+        sidecar.wait(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        sidecar.log_text()
+    );
+    db.drop().await;
+}
+
 fn write_default_process_config(
     dir: &std::path::Path,
     db: &TestSchema,
