@@ -23,8 +23,8 @@ command -v runc >/dev/null || need+=(runc)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 if ((${#need[@]})); then
   echo "image: installing ${need[*]}" >&2
-  install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" uidmap >&2; }
-  install || { apt-get update -qq >&2 && install; }
+  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" uidmap >&2; }
+  apt_install || { apt-get update -qq >&2 && apt_install; }
 fi
 
 echo "image: building the release binary" >&2
