@@ -267,7 +267,7 @@ impl LogWatch {
 
 /// A refusal in force, and since when.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub struct StandingRefusal {
     pub unservable: Unservable,
     pub since: SystemTime,
 }
@@ -275,7 +275,7 @@ pub struct Refusal {
 /// The refusals in force, at most one per reason, in [`Reason`] order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Refusals {
-    current: Vec<Refusal>,
+    current: Vec<StandingRefusal>,
 }
 
 impl Refusals {
@@ -293,7 +293,7 @@ impl Refusals {
             }
             (Some(i), Some(found)) => self.current[i].unservable = found,
             (None, Some(found)) => {
-                self.current.push(Refusal {
+                self.current.push(StandingRefusal {
                     unservable: found,
                     since: now,
                 });
@@ -306,7 +306,7 @@ impl Refusals {
         self.current.is_empty()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Refusal> {
+    pub fn iter(&self) -> impl Iterator<Item = &StandingRefusal> {
         self.current.iter()
     }
 

@@ -12,7 +12,7 @@ pub type Versions = RangeInclusive<u64>;
 
 /// Zero's refusal of a protocol version, read back from its text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub struct VersionRefusal {
     /// The version the refused client asked for.
     pub version: u64,
     /// What the refusing server says it serves.
@@ -23,7 +23,7 @@ pub struct Refusal {
 /// reason carries it (`Error: ` first, since it is a thrown error's text) or without that prefix. Strict otherwise:
 /// exactly Zero's words, decimal numbers as JavaScript prints them (no sign, no leading zero), `A <= B`, and `X`
 /// outside `A..B`, since anything else is not a refusal of `X` and must not teach the sidecar a range.
-pub fn parse_refusal(reason: &str) -> Option<Refusal> {
+pub fn parse_refusal(reason: &str) -> Option<VersionRefusal> {
     let text = reason.strip_prefix("Error: ").unwrap_or(reason);
     let rest = text.strip_prefix("Cannot service client at protocol v")?;
     let (version, rest) = rest.split_once(". Supported protocols: [v")?;
@@ -31,7 +31,7 @@ pub fn parse_refusal(reason: &str) -> Option<Refusal> {
     let max = rest.strip_suffix(']')?;
     let (version, min, max) = (number(version)?, number(min)?, number(max)?);
     let supported = min..=max;
-    (min <= max && !supported.contains(&version)).then_some(Refusal { version, supported })
+    (min <= max && !supported.contains(&version)).then_some(VersionRefusal { version, supported })
 }
 
 /// A version number as JavaScript's `String(n)` writes a small integer.
@@ -113,7 +113,7 @@ mod tests {
 
     #[test]
     fn zeros_refusals_are_read_with_or_without_the_error_prefix() {
-        let refusal = |version, supported| Some(Refusal { version, supported });
+        let refusal = |version, supported| Some(VersionRefusal { version, supported });
         assert_eq!(
             parse_refusal(
                 "Error: Cannot service client at protocol v3. Supported protocols: [v4 ... v6]"
