@@ -265,9 +265,8 @@ struct Relay<'a> {
     wakeups: AckWakeups,
     /// Bytes of the subscriber's next frame already read, while it is not whole: part of the next ack awaited.
     client_partial: u64,
-    /// Until when the acks queued toward the upstream wait for the ones sure to follow, to leave in one write
-    /// (see [`Relay::batch_acks`]), and since when the first of them has been held.
-    ack_hold: Option<Instant>,
+    /// Since when the acks queued toward the upstream have waited for the ones sure to follow, to leave in one
+    /// write (see [`Relay::batch_acks`]); they wait `relay.ack_batch_window` at most.
     ack_held_since: Option<Instant>,
     counted: Counted,
     outcome: Option<SubscriptionEnd>,
@@ -307,7 +306,6 @@ impl<'a> Relay<'a> {
                 ctx.settings.relay.ack_wakeup_wait,
             ),
             client_partial: 0,
-            ack_hold: None,
             ack_held_since: None,
             counted: Counted {
                 downstream: ctx
@@ -371,7 +369,7 @@ impl<'a> Relay<'a> {
     /// connection is closing.
     fn wants_write(&self, side: Side) -> bool {
         let peer = self.peer_ref(side);
-        let held = side == Side::Upstream && self.ack_hold.is_some() && !self.is_closing();
+        let held = side == Side::Upstream && self.ack_held_since.is_some() && !self.is_closing();
         !peer.outbox.is_empty() && !peer.gone && !held
     }
 
@@ -392,7 +390,8 @@ impl<'a> Relay<'a> {
 
     /// Until when acks wait toward the upstream, if they do.
     fn ack_hold(&self) -> Option<Instant> {
-        self.ack_hold
+        let window = self.ctx.settings.relay.ack_batch_window;
+        self.ack_held_since.map(|since| since + window)
     }
 
     /// The acks' batch window has ended: they leave as they are.
@@ -401,7 +400,6 @@ impl<'a> Relay<'a> {
     }
 
     fn release_acks(&mut self) {
-        self.ack_hold = None;
         self.ack_held_since = None;
     }
 
@@ -437,7 +435,6 @@ impl<'a> Relay<'a> {
             && self.upstream.outbox.len() < ACK_BATCH_BYTES
             && self.wakeups.may_hold(held_since, now)
         {
-            self.ack_hold.get_or_insert(now + window);
             self.ack_held_since = Some(held_since);
         } else {
             self.release_acks();
@@ -563,7 +560,7 @@ impl<'a> Relay<'a> {
         let mut frames = 0;
         let (mut data_frames, mut data_bytes) = (0u64, 0u64);
         // For the subscriber's acks: whether the read brought only acks, and the newest.
-        let was_idle = self.ack_hold.is_some() || self.upstream.outbox.is_empty();
+        let was_idle = self.ack_held_since.is_some() || self.upstream.outbox.is_empty();
         let (mut only_acks, mut newest_ack) = (true, None);
         while self.peer(source).reading() {
             let header = match inbox.header_at(frames) {
