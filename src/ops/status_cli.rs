@@ -51,7 +51,7 @@ async fn get(
     path: &str,
     tls: Option<tokio_rustls::TlsConnector>,
     timeout: Duration,
-) -> Result<Vec<u8>, FetchError> {
+) -> Result<bytes::Bytes, FetchError> {
     use crate::net::client::HttpError;
     // The client's messages name the URL and call it a scrape; here the address is said once, up front.
     let unreachable = |err: HttpError| FetchError::Unreachable {
@@ -76,11 +76,7 @@ async fn get(
         Some(connector) => scraper.with_tls(connector),
         None => scraper,
     };
-    scraper
-        .fetch()
-        .await
-        .map(|body| body.to_vec())
-        .map_err(unreachable)
+    scraper.fetch().await.map_err(unreachable)
 }
 
 /// A `/status` answer as text and as a report. Whoever answers at the address writes it, so it is read like any
