@@ -32,6 +32,15 @@ def pod_templates(docs):
             yield doc, doc["spec"]["template"]
 
 
+def env_vars(docs, name):
+    """Every container's environment entry called `name`, in every pod template."""
+    for _, template in pod_templates(docs):
+        for container in template["spec"]["containers"]:
+            for env in container.get("env", []):
+                if env["name"] == name:
+                    yield env
+
+
 def sidecar_toml(docs):
     for doc in docs:
         if doc.get("kind") == "ConfigMap" and "sidecar.toml" in doc.get("data", {}):
@@ -61,7 +70,7 @@ def check(docs):
                 continue
             found = True
             check_sidecar(owner, spec, container, listen_port)
-            check_advertised(spec, listen_port)
+            check_advertised(docs, listen_port)
             check_uris(docs, template, container, listen_port)
     assert found, f"no container named {SIDECAR}"
 
@@ -94,37 +103,31 @@ def check_sidecar(owner, spec, container, listen_port):
         )
 
 
-def check_advertised(spec, listen_port):
-    for container in spec["containers"]:
-        for env in container.get("env", []):
-            if env["name"] == "ZERO_CHANGE_STREAMER_ADDRESS":
-                port = int(env["value"].rsplit(":", 1)[1])
-                assert port == listen_port, f"ZERO_CHANGE_STREAMER_ADDRESS {env['value']} is not the sidecar's port"
+def check_advertised(docs, listen_port):
+    for env in env_vars(docs, "ZERO_CHANGE_STREAMER_ADDRESS"):
+        port = int(env["value"].rsplit(":", 1)[1])
+        assert port == listen_port, f"ZERO_CHANGE_STREAMER_ADDRESS {env['value']} is not the sidecar's port"
 
 
 def check_uris(docs, template, sidecar, listen_port):
     labels = template["metadata"].get("labels", {})
     services = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Service"}
-    for _, other in pod_templates(docs):
-        for container in other["spec"]["containers"]:
-            for env in container.get("env", []):
-                if env["name"] != "ZERO_CHANGE_STREAMER_URI":
-                    continue
-                url = urlsplit(env["value"])
-                assert url.scheme in ("ws", "wss"), f"ZERO_CHANGE_STREAMER_URI {env['value']}: not ws:// or wss://"
-                service = services.get(url.hostname)
-                assert service, f"ZERO_CHANGE_STREAMER_URI names {url.hostname}, not a Service here"
-                selector = service["spec"].get("selector", {})
-                assert selector and all(labels.get(k) == v for k, v in selector.items()), (
-                    f"Service {url.hostname} does not select the sidecar's pod"
-                )
-                port = url.port or (443 if url.scheme == "wss" else 80)
-                matching = [p for p in service["spec"]["ports"] if p["port"] == port]
-                assert matching, f"Service {url.hostname} has no port {port}"
-                target = matching[0].get("targetPort", port)
-                assert port_number(sidecar, target) == listen_port, (
-                    f"ZERO_CHANGE_STREAMER_URI {env['value']} leads to port {target}, not the sidecar's {listen_port}"
-                )
+    for env in env_vars(docs, "ZERO_CHANGE_STREAMER_URI"):
+        url = urlsplit(env["value"])
+        assert url.scheme in ("ws", "wss"), f"ZERO_CHANGE_STREAMER_URI {env['value']}: not ws:// or wss://"
+        service = services.get(url.hostname)
+        assert service, f"ZERO_CHANGE_STREAMER_URI names {url.hostname}, not a Service here"
+        selector = service["spec"].get("selector", {})
+        assert selector and all(labels.get(k) == v for k, v in selector.items()), (
+            f"Service {url.hostname} does not select the sidecar's pod"
+        )
+        port = url.port or (443 if url.scheme == "wss" else 80)
+        matching = [p for p in service["spec"]["ports"] if p["port"] == port]
+        assert matching, f"Service {url.hostname} has no port {port}"
+        target = matching[0].get("targetPort", port)
+        assert port_number(sidecar, target) == listen_port, (
+            f"ZERO_CHANGE_STREAMER_URI {env['value']} leads to port {target}, not the sidecar's {listen_port}"
+        )
 
 
 def breakages(docs):
@@ -169,38 +172,18 @@ def breakages(docs):
 
     yield broken("server.listen elsewhere", other_listen)
 
-    advertises = any(
-        e["name"] == "ZERO_CHANGE_STREAMER_ADDRESS"
-        for _, t in pod_templates(docs)
-        for c in t["spec"]["containers"]
-        for e in c.get("env", [])
-    )
-    if advertises:
+    def to_rm_port(name):
+        def change(d, t, c):
+            for e in env_vars(d, name):
+                e["value"] = e["value"].replace(":4851", ":4849")
 
-        def address_to_rm(d, t, c):
-            for container in t["spec"]["containers"]:
-                for e in container.get("env", []):
-                    if e["name"] == "ZERO_CHANGE_STREAMER_ADDRESS":
-                        e["value"] = e["value"].replace(":4851", ":4849")
+        return change
 
-        yield broken("ownerAddress the RM's own port", address_to_rm)
+    if any(env_vars(docs, "ZERO_CHANGE_STREAMER_ADDRESS")):
+        yield broken("ownerAddress the RM's own port", to_rm_port("ZERO_CHANGE_STREAMER_ADDRESS"))
 
-    uses_uri = any(
-        e["name"] == "ZERO_CHANGE_STREAMER_URI"
-        for _, t in pod_templates(docs)
-        for c in t["spec"]["containers"]
-        for e in c.get("env", [])
-    )
-    if uses_uri:
-
-        def uri_to_rm(d, t, c):
-            for _, other in pod_templates(d):
-                for container in other["spec"]["containers"]:
-                    for e in container.get("env", []):
-                        if e["name"] == "ZERO_CHANGE_STREAMER_URI":
-                            e["value"] = e["value"].replace(":4851", ":4849")
-
-        yield broken("URI to the RM's own port", uri_to_rm)
+    if any(env_vars(docs, "ZERO_CHANGE_STREAMER_URI")):
+        yield broken("URI to the RM's own port", to_rm_port("ZERO_CHANGE_STREAMER_URI"))
 
         def service_elsewhere(d, t, c):
             for doc in d:
