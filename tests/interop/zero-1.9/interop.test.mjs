@@ -1145,8 +1145,16 @@ scenario("11. Zero 1.10's rules, from its tagged source, on a fresh stack: ready
     // The probes' statuses: v6, the change log's oldest watermark as minWatermark, replicaSize as litestream reports it.
     const answered = probes.filter(p => p.status);
     assert.ok(answered.length >= 5, `probe statuses: ${JSON.stringify(probes)}`);
-    for (const {status: [tag, st], minBefore, minAfter, dbSize: size} of answered) {
+    // replicaSize is sent once the sidecar has read litestream_db_size: a probe answered before its first scrape of
+    // the size has none, and every probe from the first that has one carries it.
+    const sized = answered.findIndex(p => 'replicaSize' in p.status[1]);
+    assert.ok(sized >= 0 && sized <= 1, `replicaSize sent from the second probe at the latest: ${JSON.stringify(answered)}`);
+    for (const [i, {status: [tag, st], minBefore, minAfter, dbSize: size}] of answered.entries()) {
       assert.equal(tag, 'status');
+      if (i < sized) {
+        assert.deepEqual(Object.keys(st), ['tag', 'backupURL', 'replicaVersion', 'minWatermark']);
+        continue;
+      }
       assert.deepEqual(Object.keys(st), ['tag', 'backupURL', 'replicaVersion', 'minWatermark', 'replicaSize']);
       assert.equal(st.backupURL, fresh.backupURL);
       assert.equal(st.replicaVersion, freshReplicaVersion);
