@@ -324,6 +324,11 @@ async fn killed_during_a_purge_keeps_every_row_from_its_watermark_and_the_restar
         Some(below.len() as f64),
         "{page}"
     );
+    // The log line is read from the process's stderr by a thread of its own: it can come after the metrics.
+    within("the purge logged", Duration::from_secs(10), || async {
+        !second.logged("change log purged").is_empty()
+    })
+    .await;
     let purged = second.logged("change log purged");
     assert_eq!(purged.len(), 1, "{}", second.log_text());
     assert_eq!(purged[0]["before"], target.as_str());
