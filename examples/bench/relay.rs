@@ -514,8 +514,17 @@ pub async fn fake_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<TcpStream>)
             let tx = tx.clone();
             tokio::spawn(async move {
                 let _ = stream.set_nodelay(true);
-                if accept_upgrade(&mut stream).await.is_ok() {
-                    let _ = tx.send(stream);
+                match accept_upgrade(&mut stream).await {
+                    // The sidecar's protocol probe, refused as Zero 1.9 refuses it (docs/protocol.md, "Protocol
+                    // versions the upstream serves"): it is no subscriber, and the bench's subscriptions are not
+                    // kept waiting on what it learns.
+                    Ok(path) if path.starts_with("/replication/v0/") => {
+                        let _ = stream.write_all(&refusal_of_v0()).await;
+                    }
+                    Ok(_) => {
+                        let _ = tx.send(stream);
+                    }
+                    Err(_) => {}
                 }
             });
         }
@@ -523,7 +532,8 @@ pub async fn fake_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<TcpStream>)
     (addr, rx)
 }
 
-async fn accept_upgrade(stream: &mut TcpStream) -> std::io::Result<()> {
+/// Answers a WebSocket upgrade, returning the request's path.
+async fn accept_upgrade(stream: &mut TcpStream) -> std::io::Result<String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -534,6 +544,11 @@ async fn accept_upgrade(stream: &mut TcpStream) -> std::io::Result<()> {
         head.extend_from_slice(&byte[..n]);
     }
     let head = String::from_utf8_lossy(&head).into_owned();
+    let path = head
+        .split(' ')
+        .nth(1)
+        .ok_or(std::io::ErrorKind::InvalidData)?
+        .to_string();
     let key = head
         .lines()
         .find_map(|line| {
@@ -547,7 +562,17 @@ async fn accept_upgrade(stream: &mut TcpStream) -> std::io::Result<()> {
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
          Sec-WebSocket-Accept: {accept}\r\n\r\n"
     );
-    stream.write_all(response.as_bytes()).await
+    stream.write_all(response.as_bytes()).await?;
+    Ok(path)
+}
+
+/// The close frame Zero 1.9 ends a `/replication/v0/changes` socket with: 1002 and its refusal's text.
+fn refusal_of_v0() -> Vec<u8> {
+    let reason = "Error: Cannot service client at protocol v0. Supported protocols: [v1 ... v6]";
+    let mut frame = vec![0x88, (2 + reason.len()) as u8];
+    frame.extend_from_slice(&1002u16.to_be_bytes());
+    frame.extend_from_slice(reason.as_bytes());
+    frame
 }
 
 /// nginx as a WebSocket proxy in front of the same upstream, as an operator without the sidecar would run it:

@@ -55,6 +55,10 @@ impl Report {
 }
 
 pub fn release_binary() -> PathBuf {
+    // Another build to measure, such as the last release's, for a comparison run by run.
+    if let Some(binary) = std::env::var_os("BENCH_SIDECAR_BIN").filter(|b| !b.is_empty()) {
+        return PathBuf::from(binary);
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let status = Command::new(env!("CARGO"))
         .args([
@@ -93,6 +97,11 @@ impl Daemon {
         let mut child = Command::new(release_binary())
             .arg("--config")
             .arg(&path)
+            // Each daemon its own state, gone with it: the default path is the host's, shared by every run.
+            .env(
+                "LITESTREAM_SIDECAR__CLEANUP__STATE_FILE",
+                dir.path().join("state.json"),
+            )
             .env(
                 "RUST_LOG",
                 std::env::var("BENCH_RUST_LOG").unwrap_or("warn,litestream_sidecar=info".into()),
@@ -107,7 +116,11 @@ impl Daemon {
         {
             let log = log.clone();
             std::thread::spawn(move || {
+                let show = std::env::var_os("BENCH_SHOW_LOG").is_some();
                 for line in stderr.lines().map_while(Result::ok) {
+                    if show {
+                        eprintln!("sidecar: {line}");
+                    }
                     let mut log = log.lock().unwrap();
                     if log.len() < 50 {
                         log.push(line);
