@@ -5,6 +5,7 @@
 //! - [`admission`]: connection limits, the refusal past them, and counts of connections turned away.
 //! - [`head`]: the request head, read before hyper sees it.
 //! - [`sockopt`]: the socket a request came in on, and the option the ack threshold is set with (the only `unsafe`).
+//! - [`timer`]: a timer to the microsecond, where Tokio's millisecond ticks are too coarse (the ack wake-up limit).
 //! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
 //! - `http`: the answers the router and the handlers write themselves: plain text, and WebSocket upgrades.
 //! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads and flushes, limits, liveness, closing).
@@ -17,5 +18,6 @@ pub mod config;
 pub mod head;
 pub(crate) mod http;
 pub(crate) mod sockopt;
+pub(crate) mod timer;
 pub mod tls;
 pub mod ws;

@@ -16,6 +16,7 @@ use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::cleanup::reservations::Ticket;
 use crate::net::http::{accept_upgrade, plain, spawn_upgraded};
+use crate::net::timer::PreciseTimer;
 use crate::net::ws::{self, Inbox, Io, Liveness, Reads, WriteStall};
 use crate::protocol::{self, SubscriberContext, Version};
 
@@ -118,13 +119,15 @@ pub(super) async fn handle_changes(
     // The end of the held acks' batch window, armed only when a new hold starts.
     let ack_window = tokio::time::sleep(Duration::ZERO);
     let mut ack_window_at = None;
-    // The subscriber's socket's low-water mark as set, and the limit on how long acks wait under it.
+    // The subscriber's socket's low-water mark as set, and the limit on how long acks wait under it: a timer to
+    // the microsecond, made when the first wait starts, since Tokio's millisecond ticks would add up to a
+    // millisecond to every wait cut short.
     let mut low_water = 1;
-    let ack_wakeup_wait = tokio::time::sleep(Duration::ZERO);
+    let mut ack_wakeup_timer: Option<PreciseTimer> = None;
     let mut ack_wakeup_waiting = false;
     // One shutdown future for the whole connection: creating one per loop turn would cost a lock each time.
     let shutdown = ctx.shutdown.cancelled();
-    tokio::pin!(linger, ack_window, ack_wakeup_wait, shutdown);
+    tokio::pin!(linger, ack_window, shutdown);
     let mut lingering = false;
     let mut shutting_down = false;
     let mut client_liveness = Liveness::new(settings.ping_interval, settings.peer_timeout);
@@ -148,6 +151,17 @@ pub(super) async fn handle_changes(
         }
         if let Some(fd) = client_socket {
             if let Some(wanted) = relay.ack_wakeup_threshold().filter(|w| *w != low_water) {
+                if wanted > 1 && ack_wakeup_timer.is_none() {
+                    match PreciseTimer::new() {
+                        Ok(timer) => ack_wakeup_timer = Some(timer),
+                        Err(err) => {
+                            // Out of file descriptors: this subscription is woken for every ack instead.
+                            warn!(error = %err, "cannot make the ack wake-up timer");
+                            client_socket = None;
+                            continue;
+                        }
+                    }
+                }
                 let bytes = wanted.try_into().unwrap_or(u32::MAX);
                 match crate::net::sockopt::set_receive_low_water(fd, bytes) {
                     Ok(()) => {
@@ -164,13 +178,21 @@ pub(super) async fn handle_changes(
                 }
             }
             // Armed when a wait starts and again after each read from the subscriber: the acks awaited are those
-            // sent since, so none of them waits in the kernel longer than the limit. Moving a deadline later costs
-            // the timer no re-registration, and it fires at most once per limit.
+            // sent since, so none of them waits in the kernel longer than the limit. Arming replaces the deadline
+            // and any expiry not waited for; one left running after a read may wake the relay once, for nothing.
             if low_water > 1 && !ack_wakeup_waiting {
                 ack_wakeup_waiting = true;
-                ack_wakeup_wait
-                    .as_mut()
-                    .reset(Instant::now() + settings.relay.ack_wakeup_wait);
+                let armed = ack_wakeup_timer
+                    .as_ref()
+                    .map(|timer| timer.arm(settings.relay.ack_wakeup_wait));
+                if let Some(Err(err)) = armed {
+                    // Not expected of a timer just made; acks are not left waiting without one.
+                    warn!(error = %err, "cannot arm the ack wake-up timer");
+                    let _ = crate::net::sockopt::set_receive_low_water(fd, 1);
+                    low_water = 1;
+                    ack_wakeup_waiting = false;
+                    client_socket = None;
+                }
             }
         }
         let upstream_readable = relay.wants_read(Side::Upstream);
@@ -221,7 +243,7 @@ pub(super) async fn handle_changes(
                 }
             }
             _ = &mut ack_window, if ack_window_at.is_some() => relay.on_ack_window_end(),
-            _ = &mut ack_wakeup_wait, if ack_wakeup_waiting => {
+            _ = fired(ack_wakeup_timer.as_ref()), if ack_wakeup_waiting => {
                 ack_wakeup_waiting = false;
                 if low_water > 1 {
                     relay.on_ack_wakeup_wait_end();
@@ -260,4 +282,17 @@ pub(super) async fn handle_changes(
     drop(relay);
     info!(outcome = ?outcome, "subscription ended");
     outcome
+}
+
+/// When `timer` fires; never without one. A timer that cannot be read ends the wait as if it had fired: the acks
+/// are read at once rather than left waiting.
+async fn fired(timer: Option<&PreciseTimer>) {
+    match timer {
+        Some(timer) => {
+            if let Err(err) = timer.fired().await {
+                debug!(error = %err, "the ack wake-up timer failed");
+            }
+        }
+        None => std::future::pending().await,
+    }
 }
