@@ -1,5 +1,6 @@
 //! The socket a request came in on, and the one option set on it that no safe crate sets: `SO_RCVLOWAT`, the
-//! receive low-water mark. The only `unsafe` in the sidecar is the `setsockopt` call here.
+//! receive low-water mark. One of the sidecar's two `unsafe` blocks is the `setsockopt` call here (the other is in
+//! [`super::timer`]).
 //!
 //! On Linux (4.18 and later) a TCP socket whose low-water mark is N neither reports readable nor wakes its
 //! `epoll` waiter until N bytes are queued, or the peer closed, or an error is pending, or the receive window is
