@@ -425,7 +425,7 @@ fn one_thread_and_no_ack_batching_by_default() {
     assert_eq!(config.server.worker_threads, 1);
     assert_eq!(config.relay.ack_batch_window, Duration::ZERO);
     assert_eq!(config.relay.ack_wakeup_bytes, 1024);
-    assert_eq!(config.relay.ack_wakeup_wait, Duration::from_millis(1));
+    assert_eq!(config.relay.ack_wakeup_wait, Duration::from_micros(500));
 
     let config = from_toml_str(
             &format!(

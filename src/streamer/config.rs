@@ -160,7 +160,7 @@ keys::section! {
         write_stall_timeout: Duration = key("60s", keys::positive_duration),
         /// How long a subscriber's acks may wait to travel upstream together while later messages are still being
         /// consumed; zero (the default) sends each read's acks at once. An ack that leaves nothing in flight is
-        /// never held, nor are acks once the next is not expected within half of `ack_wakeup_wait` of the first.
+        /// never held, nor are acks once the next is not expected within `ack_wakeup_wait` of the first.
         ack_batch_window: Duration = key("0s", |text: String| {
             keys::at_most(text, MAX_ACK_BATCH_WINDOW).map_err(|e| format!("{e}: Zero paces replication on acks"))
         }),
@@ -175,10 +175,11 @@ keys::section! {
             }
         }),
         /// Longest a subscriber's acks wait in the kernel for the ones after them: past it the relay reads what
-        /// came, so a subscriber that stalls mid-transaction, or closes, is heard anyway. Half of it is the
-        /// budget the wake-ups and ack batching plan with: Zero 1.10 drops a subscriber whose acks keep coming
-        /// later than the others' (docs/protocol.md, "Relayed subscribers dropped as too far behind").
-        ack_wakeup_wait: Duration = key("1ms", |text: String| {
+        /// came, so a subscriber that stalls mid-transaction, or closes, is heard anyway. It is also the budget the
+        /// wake-ups and ack batching plan with. Zero 1.10 drops a subscriber whose acks keep coming later than the
+        /// others' (docs/protocol.md, "Relayed subscribers dropped as too far behind"): 500 us leaves room for the
+        /// wake-ups of a busy machine within a millisecond.
+        ack_wakeup_wait: Duration = key("500us", |text: String| {
             keys::positive_duration(text.clone()).and_then(|_| keys::at_most(text, MAX_ACK_WAKEUP_WAIT))
         }),
     }

@@ -25,7 +25,7 @@
 //! stops the reads from its upstream and TCP does the rest; nothing else is buffered beyond the frame being read.
 //! The subscriber's socket is woken only once a few of the acks sure to come are there ([`crate::streamer::wakeup`]),
 //! so a small transaction's acks are read and forwarded in one go; never later than the newest message's ack, and
-//! never more than the subscriber is seen to send within half of `relay.ack_wakeup_wait`.
+//! never more than the subscriber is seen to send within `relay.ack_wakeup_wait`, nor for longer than that.
 //!
 //! The files:
 //! - this one: the relay's context and settings, and the state machine of one relayed connection (`Relay`).

@@ -17,10 +17,11 @@
 //!   only on its delayed-ACK timer, tens of milliseconds later. While the relay writes downstream its segments carry
 //!   the acknowledgements; while Zero waits for an ack nothing goes down, and a wait for more acks than the window
 //!   lets through would last until that timer;
-//! - only as many as the subscriber is seen to send within the budget, half the caller's wait limit: the first ack
-//!   of a wait is expected to wait for the last no longer than that. The time the subscriber takes per ack is
-//!   measured from the reads ([`AckWakeups::read`]); until it is, and for a subscriber slower than the budget, the
-//!   relay is woken for each ack.
+//! - only as many as the subscriber is seen to send within the budget, the caller's wait limit: the first ack of a
+//!   wait is expected to wait for the last no longer than that, and the limit (a timer to the microsecond) cuts
+//!   short a wait that would. The time the subscriber takes per ack is measured from the reads
+//!   ([`AckWakeups::read`]); until it is, and for a subscriber slower than the budget, the relay is woken for each
+//!   ack, with no mark to set and no limit to arm: one ack comes in a segment of its own.
 //!
 //! Waiting for bytes that never come would stall the subscription, so the threshold is only raised while the
 //! subscriber has been seen to follow that protocol, and it drops back to one byte (wake for anything) as soon as
@@ -108,12 +109,12 @@ pub struct AckWakeups {
 
 impl AckWakeups {
     /// `cap`: `relay.ack_wakeup_bytes`; `wait`: `relay.ack_wakeup_wait`, after which the caller reads anyway
-    /// ([`AckWakeups::waited_too_long`]). Half of it is the budget: what the subscriber is seen to send within that
-    /// is awaited, so that an ack slower than usual still leaves before the limit.
+    /// ([`AckWakeups::waited_too_long`]). It is also the budget: what the subscriber is seen to send within it is
+    /// awaited, and an ack slower than usual is read at the limit, so that no ack waits longer whatever the pace.
     pub fn new(cap: u64, wait: Duration) -> Self {
         Self {
             cap,
-            budget: wait / 2,
+            budget: wait,
             confirmed: false,
             off: cap == 0,
             relayed: 0,
@@ -224,6 +225,11 @@ impl AckWakeups {
         let last = self
             .relayed
             .min(self.acked.saturating_add(self.acks_per_wait()));
+        if last == self.acked + 1 {
+            // One ack comes in one segment: waiting for it is waking for anything, without the mark to set and
+            // the limit to arm around each wait.
+            return Some(1);
+        }
         Some(
             ack_bytes(self.acked + 1, last)
                 .saturating_sub(partial)

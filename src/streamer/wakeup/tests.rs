@@ -32,8 +32,8 @@ fn single_messages_are_zeros_two_framings() {
     assert!(!is_single_message(br#"{ "id":1}"#));
 }
 
-/// `relay.ack_wakeup_wait` in these tests: a budget of 500 us.
-const WAIT: Duration = Duration::from_millis(1);
+/// `relay.ack_wakeup_wait` in these tests, the budget: 500 us.
+const WAIT: Duration = Duration::from_micros(500);
 
 fn us(n: u64) -> Duration {
     Duration::from_micros(n)
@@ -114,11 +114,13 @@ fn acks_awaited_follow_the_subscribers_pace() {
         let t0 = Instant::now();
         let mut w = confirmed_at(1024, t0, pace);
         relay(&mut w, 20, t0 + pace);
-        assert_eq!(
-            w.threshold(0),
-            Some(ack_bytes(2, 1 + awaited)),
-            "{pace:?}: {awaited} acks"
-        );
+        // One ack awaited is a wake-up for anything: it comes in a segment of its own.
+        let expected = if awaited == 1 {
+            1
+        } else {
+            ack_bytes(2, 1 + awaited)
+        };
+        assert_eq!(w.threshold(0), Some(expected), "{pace:?}: {awaited} acks");
     }
 }
 
@@ -129,11 +131,7 @@ fn one_ack_at_a_time_until_the_pace_is_known() {
     relay(&mut w, 5, t);
     assert_eq!(w.threshold(0), Some(1), "not confirmed");
     w.acked(1);
-    assert_eq!(
-        w.threshold(0),
-        Some(ack_bytes(2, 2)),
-        "confirmed, not measured"
-    );
+    assert_eq!(w.threshold(0), Some(1), "confirmed, not measured: one ack");
     w.read(t + us(10));
     assert_eq!(w.threshold(0), Some(ack_bytes(2, 5)));
 }
