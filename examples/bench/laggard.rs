@@ -18,6 +18,13 @@
 //! and scheduling included), plus the times a subscriber thread woke later than its ack was due. The control, two
 //! direct subscribers, shows how much of that is this machine.
 //!
+//! The stand-ins are Zero's replication-manager and view-syncers, which do not share the relay's CPU: on a machine
+//! with two CPUs or more the relays run on the last one and this process on the others (`BENCH_LAGGARD_PIN=0`
+//! lets them all share), and the threads that wait for a socket or a timer (the ack readers and the subscribers) run
+//! at real-time priority when allowed, so that a burst of the stand-in change-streamer's writes does not delay their
+//! wake-ups. Without that, on two shared cores, the stand-ins' own scheduling set the p99 of every relay, a plain one
+//! included (1.0 to 1.7 ms), and hid what the relay itself adds.
+//!
 //! Printed, per configuration: the relayed ack's arrival minus the direct one's, per message id, p50 / p99 / max,
 //! over every ack and over the acks the upstream waited for, and the same for the time on the way (from the
 //! upstream's write of the message to the ack's arrival, less the subscriber's time from the message's arrival to
@@ -26,8 +33,8 @@
 //! TCP byte relay (one more process on the path, nothing held), and once with no relay, interleaved, with each
 //! relay's CPU per message.
 //!
-//! The receive timestamps come with `recvmsg` control messages, which no safe crate of ours reads: hence the
-//! `unsafe` here, in the bench only.
+//! The receive timestamps come with `recvmsg` control messages, and CPUs and priorities are set with `libc` calls,
+//! which no safe crate of ours makes: hence the `unsafe` here, in the bench only.
 #![allow(unsafe_code)]
 
 use std::io::Write;
@@ -93,6 +100,21 @@ pub async fn run(report: &mut Report) {
     // what that alone costs.
     let plain = PlainRelay::start(upstream_addr);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let cpus = Cpus::of_this_machine();
+    if cpus.pin {
+        let stand_ins = match cpus.count {
+            2 => "0".to_string(),
+            n => format!("0-{}", n - 2),
+        };
+        println!(
+            "  relays on CPU {}, the stand-ins on CPU {stand_ins}",
+            cpus.count - 1
+        );
+    }
+    cpus.pin_stand_ins();
+    for pid in [defaults.child.id(), every_ack.child.id(), plain.child.id()] {
+        cpus.pin_relay(pid);
+    }
     let setup = |name, addr: &str, pid| Setup {
         name,
         addr: addr.parse().unwrap(),
@@ -380,6 +402,7 @@ fn change_streamer(conns: Vec<TcpStream>, plan: &[Planned]) -> Outcome {
 /// Reads one connection's acks (masked text frames, `{"ack":N}`) until all `count` have come, each with the time
 /// the kernel received it.
 fn read_acks(conn: TcpStream, side: usize, count: usize, acked: &Acked) -> Vec<Nanos> {
+    real_time();
     let mut times = vec![0; count + 1];
     let mut reader = Stamped::new(conn);
     for (id, time) in times.iter_mut().enumerate().skip(1) {
@@ -525,6 +548,7 @@ fn subscriber(
     // Sleeps as short as asked: the default timer slack of 50 us would be most of a row's processing time.
     // SAFETY: prctl with an integer argument.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    real_time();
     let stream = TcpStream::connect(addr).unwrap();
     stream.set_nodelay(true).unwrap();
     let url = format!(
@@ -695,4 +719,76 @@ fn spread(sorted: &[i64]) -> String {
         signed_ms(percentile(sorted, 0.99)),
         signed_ms(sorted.last().copied().unwrap_or(0))
     )
+}
+
+/// Which CPUs the relays run on and which the bench's own threads do: the last CPU for the relays, the others for
+/// the stand-ins, when there are at least two and `BENCH_LAGGARD_PIN` is not `0`.
+#[derive(Clone, Copy)]
+struct Cpus {
+    count: usize,
+    pin: bool,
+}
+
+impl Cpus {
+    fn of_this_machine() -> Cpus {
+        let count = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pin = count >= 2 && std::env::var("BENCH_LAGGARD_PIN").as_deref() != Ok("0");
+        Cpus { count, pin }
+    }
+
+    /// Pins every thread of this process to the stand-ins' CPUs; the threads it starts later inherit them.
+    fn pin_stand_ins(self) {
+        if self.pin {
+            pin_process(std::process::id(), 0..self.count - 1);
+        }
+    }
+
+    /// Pins every thread of process `pid` to the relays' CPU.
+    fn pin_relay(self, pid: u32) {
+        if self.pin {
+            pin_process(pid, self.count - 1..self.count);
+        }
+    }
+}
+
+/// Gives the calling thread (an ack reader or a subscriber: threads that sleep until their socket or their timer
+/// wakes them) real-time priority, so that its wake-ups are not queued behind the stand-in change-streamer's bursts
+/// on the same CPU, as they would not be on machines of their own. Without the privilege it stays as it is, and the
+/// run says so once.
+fn real_time() {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: a valid sched_param for the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        WARNED.call_once(|| {
+            println!("  note: the stand-ins run at normal priority ({err}); their own late wake-ups add to every row")
+        });
+    }
+}
+
+fn pin_process(pid: u32, cpus: std::ops::Range<usize>) {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's threads");
+    for task in tasks {
+        let name = task.unwrap().file_name();
+        let tid: libc::pid_t = name
+            .to_str()
+            .and_then(|t| t.parse().ok())
+            .expect("a thread id");
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes within it for indexes below CPU_SETSIZE.
+        let rc = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for cpu in cpus.clone() {
+                libc::CPU_SET(cpu, &mut set);
+            }
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        assert_eq!(
+            rc,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
