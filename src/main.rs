@@ -182,7 +182,8 @@ fn main() -> ExitCode {
 /// Raises the open-file limit to the hard limit: the usual soft limit (1024 from systemd and most shells) would
 /// refuse connections, with errors on accept rather than a clear 503, long before `server.max_connections`.
 fn raise_open_files(max_connections: usize) {
-    // One descriptor a connection, plus the upstream socket of each relayed one, the database and the listeners.
+    // One descriptor a connection, plus the upstream socket and the ack timer of each relayed one (view-syncers: a
+    // few), the database and the listeners.
     let wanted = max_connections as u64 + 256;
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) if limit < wanted => tracing::warn!(
