@@ -380,8 +380,11 @@ fn binary_config(dir: &Path, metrics_url: &str, extra: &str) -> PathBuf {
         "[server]\nlisten = \"127.0.0.1:0\"\nping_interval = \"200ms\"\npeer_timeout = \"5s\"\n\
          [litestream]\nbackup_url = \"{BACKUP_URL}\"\nproxy_listen = \"127.0.0.1:0\"\n\
          metrics_url = \"{}\"\n[change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n\
-         [discovery]\nmode = \"off\"\n[backup]\nverify = false\n[log]\nformat = \"json\"\n",
-        metrics_url
+         [discovery]\nmode = \"off\"\n[backup]\nverify = false\n[log]\nformat = \"json\"\n\
+         [cleanup]\nstate_file = \"{}\"\n",
+        metrics_url,
+        // Its own state, not the host's default path.
+        dir.join("state.json").display()
     );
     let mut merged: toml::Table = base.parse().unwrap();
     for (section, values) in extra.parse::<toml::Table>().unwrap() {

@@ -90,9 +90,12 @@ impl Sidecar {
                  [litestream]\nbackup_url = \"{}\"\nproxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n\
                  [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n[discovery]\nmode = \"off\"\n\
                  [upstream]\naddress = \"{upstream}\"\nsilence_timeout = \"120s\"\n\
-                 [relay]\nwrite_stall_timeout = \"2s\"\n[log]\nformat = \"json\"\n",
+                 [relay]\nwrite_stall_timeout = \"2s\"\n[log]\nformat = \"json\"\n\
+                 [cleanup]\nstate_file = \"{}\"\n",
                 crate::support::BACKUP_URL,
-                crate::support::NO_LITESTREAM
+                crate::support::NO_LITESTREAM,
+                // Its own state, not the host's default path.
+                dir.path().join("state.json").display()
             ),
         )
         .unwrap();

@@ -388,8 +388,11 @@ async fn adopt_puts_the_address_back_when_the_binary_gets_sigterm() {
         format!(
             "{}[server]\nlisten = \"127.0.0.1:0\"\n[litestream]\nbackup_url = \"s3://b/r\"\nproxy_listen = \"127.0.0.1:0\"\n\
              [discovery]\nmode = \"adopt\"\nadvertise_address = \"{OURS}\"\ninterval = \"100ms\"\n\
-             [upstream]\naddress = \"{UPSTREAM}\"\n[log]\nformat = \"json\"\n",
-            db.config()
+             [upstream]\naddress = \"{UPSTREAM}\"\n[log]\nformat = \"json\"\n\
+             [cleanup]\nstate_file = \"{}\"\n",
+            db.config(),
+            // Its own state, not the host's default path.
+            dir.path().join("state.json").display()
         ),
     )
     .unwrap();
