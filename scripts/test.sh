@@ -38,6 +38,11 @@ fi
 read -r -a ZERO_VERSIONS <<<"$(node tests/interop/lib/versions.mjs --list)"
 
 STARTED=$(date +%s)
+# Every sidecar a test starts keeps its state where the test says: the host's default state file (an installed
+# sidecar's) must come out of the run as it went in.
+HOST_STATE=/var/lib/litestream-sidecar/state.json
+host_state() { stat -c '%Y %s' "$HOST_STATE" 2>/dev/null || echo absent; }
+HOST_STATE_BEFORE=$(host_state)
 LOGS=${TEST_LOGS:-$PWD/target/test-logs}
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
@@ -210,4 +215,8 @@ total_passed=$((total_passed + ap)) total_failed=$((total_failed + af))
 echo "ran on PostgreSQL ${majors[*]}"
 echo "total: $total_passed passed, $total_failed failed"
 [[ $total_failed -eq 0 ]] || status=1
+if [[ $(host_state) != "$HOST_STATE_BEFORE" ]]; then
+  echo "$HOST_STATE changed during the run: a test wrote it (every sidecar a test starts must name its own cleanup.state_file), or a sidecar installed here did"
+  status=1
+fi
 exit "$status"
