@@ -483,6 +483,8 @@ impl App {
             config.cleanup.state_file.clone(),
             self.status.read(|s| s.memory) == crate::cleanup::Memory::Unreadable,
         ) {
+            // Statuses wait for the keeper's writes from the first one on (the server is not listening yet).
+            self.registry.kept_on_disk();
             let keeper = crate::cleanup::keeper::Keeper {
                 path,
                 registry: self.registry.clone(),

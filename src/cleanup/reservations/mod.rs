@@ -451,6 +451,14 @@ impl Registry {
         self.durability.changed.subscribe()
     }
 
+    /// A state file is kept: until its writer's first write, nothing is durable. Called before the server
+    /// accepts a connection; without it a status served before that first write would be called durable
+    /// ([`Written::NotKept`], the starting value, releases every waiter) and a crash then would forget its
+    /// reservation while the file written next says it knows them all.
+    pub fn kept_on_disk(&self) {
+        self.durability.written.send_replace(Written::Through(0));
+    }
+
     /// What the state file's writer made durable.
     pub fn set_written(&self, written: Written) {
         self.durability.written.send_replace(written);

@@ -374,6 +374,21 @@ mod announced_floors {
         assert!(registry.durable(Duration::from_secs(5)).await);
     }
 
+    #[tokio::test]
+    async fn with_a_state_file_kept_a_status_before_its_first_write_waits_for_it() {
+        let registry = Registry::new(Duration::ZERO);
+        registry.kept_on_disk();
+        // A reservation opened before the writer's first write (a request the moment the server listens).
+        let _lease = registry.open("t1", Instant::now());
+        let version = *registry.changes().borrow();
+        assert!(!registry.durable(Duration::from_millis(50)).await);
+        // The first write, made before the reservation: still not durable.
+        registry.set_written(Written::Through(0));
+        assert!(!registry.durable(Duration::from_millis(50)).await);
+        registry.set_written(Written::Through(version));
+        assert!(registry.durable(Duration::from_secs(5)).await);
+    }
+
     #[test]
     fn a_reset_replica_leaves_every_reservation_protecting_every_row() {
         let registry = Registry::new(Duration::ZERO);
