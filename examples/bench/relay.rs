@@ -21,6 +21,9 @@ use tokio::sync::{mpsc, Barrier};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
+use litestream_sidecar::protocol::{close, unsupported_version};
+use litestream_sidecar::streamer::relay::probe::PROBE_PATH;
+
 use crate::util::{cpu_time_of, mib, ms, percentile, rss_kib_of, Daemon, Report};
 
 /// Messages per stream, the status included.
@@ -518,7 +521,7 @@ pub async fn fake_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<TcpStream>)
                     // The sidecar's protocol probe, refused as Zero 1.9 refuses it (docs/protocol.md, "Protocol
                     // versions the upstream serves"): it is no subscriber, and the bench's subscriptions are not
                     // kept waiting on what it learns.
-                    Ok(path) if path.starts_with("/replication/v0/") => {
+                    Ok(path) if path == PROBE_PATH => {
                         let _ = stream.write_all(&refusal_of_v0()).await;
                     }
                     Ok(_) => {
@@ -568,9 +571,9 @@ async fn accept_upgrade(stream: &mut TcpStream) -> std::io::Result<String> {
 
 /// The close frame Zero 1.9 ends a `/replication/v0/changes` socket with: 1002 and its refusal's text.
 fn refusal_of_v0() -> Vec<u8> {
-    let reason = "Error: Cannot service client at protocol v0. Supported protocols: [v1 ... v6]";
+    let reason = unsupported_version(0, &(1..=6));
     let mut frame = vec![0x88, (2 + reason.len()) as u8];
-    frame.extend_from_slice(&1002u16.to_be_bytes());
+    frame.extend_from_slice(&close::PROTOCOL_ERROR.to_be_bytes());
     frame.extend_from_slice(reason.as_bytes());
     frame
 }
