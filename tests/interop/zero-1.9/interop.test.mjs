@@ -1077,7 +1077,10 @@ scenario("11. Zero 1.10's rules, from its tagged source, on a fresh stack: ready
     await eventually('the sidecar to purge rows, 1.10 to read the new oldest watermark and purge from it', () => {
       const purgedRows = sidecarEvents(fresh).some(e => e.message === 'change log purged' && field(e, 'rows') > 0);
       const risen = behind.published.find(p => p.watermark > firstPublished);
-      return purgedRows && risen && behind.purges.some(p => p.purges && p.at > risen.at);
+      // Two purges at least (asserted below), one of them from the risen watermark: on a loaded machine the model's
+      // first purge can be that one.
+      const ran = behind.purges.filter(p => p.purges);
+      return purgedRows && risen && ran.length >= 2 && ran.some(p => p.at > risen.at);
     }, {timeout: 300_000, interval: 1_000});
     await writes.stop();
     writes = null;
