@@ -452,6 +452,13 @@ async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_unt
         },
     )
     .await;
+    // The log is read from the process's stderr by a thread of its own: the line can come after the status.
+    within("the end logged", Duration::from_secs(10), || async {
+        !second
+            .logged("reservation ended by its subscription")
+            .is_empty()
+    })
+    .await;
     assert_eq!(
         second.logged("reservation ended by its subscription").len(),
         1
