@@ -410,13 +410,6 @@ fn hangup(process: &Process) {
     assert!(status.success());
 }
 
-/// Waits until the process has logged `message` `count` times.
-async fn logged(process: &Process, message: &str, count: usize) -> serde_json::Value {
-    let what = format!("{count} log lines {message:?}");
-    eventually(&what, || process.logged(message).len() >= count).await;
-    process.logged(message).pop().unwrap()
-}
-
 /// `litestream-sidecar status --json` for the daemon at `addr`, with the TLS settings of `config`.
 async fn status_json(addr: SocketAddr, config: &Path) -> serde_json::Value {
     let output = tokio::process::Command::new(BIN)
@@ -457,12 +450,11 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
 
     install(dir.path(), &b);
     hangup(&process);
-    let reloaded = logged(
-        &process,
-        "TLS certificate reloaded; new connections get it",
-        1,
-    )
-    .await;
+    let reloaded = process
+        .wait_logged("TLS certificate reloaded; new connections get it", 1)
+        .await
+        .pop()
+        .unwrap();
     assert_eq!(reloaded["level"], "INFO", "{reloaded}");
     let (mut new, presented) = wss(process.addr, "/replication/v3/snapshot?taskID=new", both).await;
     assert_eq!(presented, b.der, "a new connection got the old certificate");
@@ -487,12 +479,14 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
     // A renewal gone wrong: a key that is not the certificate's. The previous pair stays in service.
     replace(&key, &ca_a.leaf("stray").key_pem);
     hangup(&process);
-    let failed = logged(
-        &process,
-        "TLS certificate not reloaded; still serving the previous one",
-        1,
-    )
-    .await;
+    let failed = process
+        .wait_logged(
+            "TLS certificate not reloaded; still serving the previous one",
+            1,
+        )
+        .await
+        .pop()
+        .unwrap();
     assert_eq!(failed["level"], "ERROR", "{failed}");
     let error = failed["error"].as_str().unwrap();
     assert!(error.contains("server.tls_key_file"), "{error}");
@@ -503,12 +497,14 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
     // A key file that is gone is reported the same way.
     std::fs::remove_file(&key).unwrap();
     hangup(&process);
-    let failed = logged(
-        &process,
-        "TLS certificate not reloaded; still serving the previous one",
-        2,
-    )
-    .await;
+    let failed = process
+        .wait_logged(
+            "TLS certificate not reloaded; still serving the previous one",
+            2,
+        )
+        .await
+        .pop()
+        .unwrap();
     assert!(
         failed["error"].as_str().unwrap().contains("No such file"),
         "{failed}"
@@ -548,7 +544,9 @@ async fn sighup_without_tls_changes_nothing() {
     .await;
     assert_eq!(next_text(&mut ws).await, V3_STATUS);
     hangup(&process);
-    logged(&process, "reload: no TLS configured, nothing to re-read", 1).await;
+    process
+        .wait_logged("reload: no TLS configured, nothing to re-read", 1)
+        .await;
     // Still up, connection and all.
     a_ping_arrives(&mut ws).await;
     assert_eq!(http(process.addr, "GET", "/").await, (200, "OK".into()));
@@ -575,7 +573,11 @@ async fn a_wrong_upstream_ca_is_a_502_and_a_log_line() {
     let (status, body) = refused(&format!("ws://{}{path}", process.addr)).await;
     assert_eq!(status, 502);
     assert!(body.contains("TLS handshake failed"), "{body}");
-    let line = logged(&process, "subscription refused: upstream unavailable", 1).await;
+    let line = process
+        .wait_logged("subscription refused: upstream unavailable", 1)
+        .await
+        .pop()
+        .unwrap();
     let error = line["error"].as_str().unwrap();
     assert!(error.contains("TLS handshake failed"), "{line}");
     assert!(error.contains("certificate"), "{line}");

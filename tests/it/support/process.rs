@@ -256,6 +256,15 @@ impl Process {
             .collect()
     }
 
+    /// Waits until the process has logged `message` at least `count` times, and returns those events. The log is
+    /// read from stderr by a thread of its own, so a line can come after what the process served: a test that saw
+    /// the effect (a status, a metric) waits here for the line rather than reading [`Process::logged`] at once.
+    pub async fn wait_logged(&self, message: &str, count: usize) -> Vec<serde_json::Value> {
+        let what = format!("{count} log lines {message:?}");
+        super::eventually(&what, || self.logged(message).len() >= count).await;
+        self.logged(message)
+    }
+
     /// Every log line so far, for failure messages.
     pub fn log_text(&self) -> String {
         self.logs

@@ -324,12 +324,7 @@ async fn killed_during_a_purge_keeps_every_row_from_its_watermark_and_the_restar
         Some(below.len() as f64),
         "{page}"
     );
-    // The log line is read from the process's stderr by a thread of its own: it can come after the metrics.
-    within("the purge logged", Duration::from_secs(10), || async {
-        !second.logged("change log purged").is_empty()
-    })
-    .await;
-    let purged = second.logged("change log purged");
+    let purged = second.wait_logged("change log purged", 1).await;
     assert_eq!(purged.len(), 1, "{}", second.log_text());
     assert_eq!(purged[0]["before"], target.as_str());
     within("the purge on disk", Duration::from_secs(10), || async {
@@ -452,15 +447,11 @@ async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_unt
         },
     )
     .await;
-    // The log is read from the process's stderr by a thread of its own: the line can come after the status.
-    within("the end logged", Duration::from_secs(10), || async {
-        !second
-            .logged("reservation ended by its subscription")
-            .is_empty()
-    })
-    .await;
     assert_eq!(
-        second.logged("reservation ended by its subscription").len(),
+        second
+            .wait_logged("reservation ended by its subscription", 1)
+            .await
+            .len(),
         1
     );
     // The subscriber, tracked at 0c, still bounds cleanup: nothing at or above its watermark goes.
