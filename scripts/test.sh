@@ -24,8 +24,8 @@
 # they would not fit in 15 minutes. Every phase runs even when an earlier one failed.
 #
 # The last lines: a table of the phases (seconds, result), the test counts of the tests that run once, of each major
-# and of the whole run, then what failed: the tests each failed phase names, or its log's last lines. Exits non-zero when any phase failed. Everything started is stopped on the way out, also on
-# failure or interruption.
+# and of the whole run, then what failed: the tests each failed phase names, or its log's last lines. Exits non-zero
+# when any phase failed. Everything started is stopped on the way out, also on failure or interruption.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}

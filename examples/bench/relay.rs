@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, Barrier};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use litestream_sidecar::protocol::{close, unsupported_version};
+use litestream_sidecar::protocol::{close, unsupported_version, CHANGES_VERSIONS};
 use litestream_sidecar::streamer::relay::probe::PROBE_PATH;
 
 use crate::util::{cpu_time_of, mib, ms, percentile, rss_kib_of, Daemon, Report};
@@ -571,7 +571,7 @@ async fn accept_upgrade(stream: &mut TcpStream) -> std::io::Result<String> {
 
 /// The close frame Zero 1.9 ends a `/replication/v0/changes` socket with: 1002 and its refusal's text.
 fn refusal_of_v0() -> Vec<u8> {
-    let reason = unsupported_version(0, &(1..=6));
+    let reason = unsupported_version(0, &CHANGES_VERSIONS);
     let mut frame = vec![0x88, (2 + reason.len()) as u8];
     frame.extend_from_slice(&close::PROTOCOL_ERROR.to_be_bytes());
     frame.extend_from_slice(reason.as_bytes());

@@ -452,9 +452,7 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
     hangup(&process);
     let reloaded = process
         .wait_logged("TLS certificate reloaded; new connections get it", 1)
-        .await
-        .pop()
-        .unwrap();
+        .await;
     assert_eq!(reloaded["level"], "INFO", "{reloaded}");
     let (mut new, presented) = wss(process.addr, "/replication/v3/snapshot?taskID=new", both).await;
     assert_eq!(presented, b.der, "a new connection got the old certificate");
@@ -477,16 +475,10 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
     assert_eq!(tasks, ["old", "new"], "{json:#}");
 
     // A renewal gone wrong: a key that is not the certificate's. The previous pair stays in service.
+    const NOT_RELOADED: &str = "TLS certificate not reloaded; still serving the previous one";
     replace(&key, &ca_a.leaf("stray").key_pem);
     hangup(&process);
-    let failed = process
-        .wait_logged(
-            "TLS certificate not reloaded; still serving the previous one",
-            1,
-        )
-        .await
-        .pop()
-        .unwrap();
+    let failed = process.wait_logged(NOT_RELOADED, 1).await;
     assert_eq!(failed["level"], "ERROR", "{failed}");
     let error = failed["error"].as_str().unwrap();
     assert!(error.contains("server.tls_key_file"), "{error}");
@@ -497,14 +489,7 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
     // A key file that is gone is reported the same way.
     std::fs::remove_file(&key).unwrap();
     hangup(&process);
-    let failed = process
-        .wait_logged(
-            "TLS certificate not reloaded; still serving the previous one",
-            2,
-        )
-        .await
-        .pop()
-        .unwrap();
+    let failed = process.wait_logged(NOT_RELOADED, 2).await;
     assert!(
         failed["error"].as_str().unwrap().contains("No such file"),
         "{failed}"
@@ -575,9 +560,7 @@ async fn a_wrong_upstream_ca_is_a_502_and_a_log_line() {
     assert!(body.contains("TLS handshake failed"), "{body}");
     let line = process
         .wait_logged("subscription refused: upstream unavailable", 1)
-        .await
-        .pop()
-        .unwrap();
+        .await;
     let error = line["error"].as_str().unwrap();
     assert!(error.contains("TLS handshake failed"), "{line}");
     assert!(error.contains("certificate"), "{line}");

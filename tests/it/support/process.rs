@@ -256,13 +256,14 @@ impl Process {
             .collect()
     }
 
-    /// Waits until the process has logged `message` at least `count` times, and returns those events. The log is
-    /// read from stderr by a thread of its own, so a line can come after what the process served: a test that saw
-    /// the effect (a status, a metric) waits here for the line rather than reading [`Process::logged`] at once.
-    pub async fn wait_logged(&self, message: &str, count: usize) -> Vec<serde_json::Value> {
+    /// Waits until the process has logged `message` at least `count` times, and returns the latest such event. The
+    /// log is read from stderr by a thread of its own, so a line can come after what the process served: a test
+    /// that saw the effect (a status, a metric) waits here for the line rather than reading [`Process::logged`] at
+    /// once.
+    pub async fn wait_logged(&self, message: &str, count: usize) -> serde_json::Value {
         let what = format!("{count} log lines {message:?}");
         super::eventually(&what, || self.logged(message).len() >= count).await;
-        self.logged(message)
+        self.logged(message).pop().expect("waited for it")
     }
 
     /// Every log line so far, for failure messages.
