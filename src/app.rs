@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, info_span, warn, Instrument};
+use tracing::{info, info_span, warn, Instrument};
 
 use crate::cleanup::reservations::Registry;
 use crate::cleanup::subscribers::Subscribers;
@@ -49,76 +49,19 @@ fn status_line(missing: &[&str], status: &crate::cleanup::status::Status) -> Str
     }
 }
 
-/// What the previous run left in the state file, as the start needs it.
-struct Start {
-    saved: Option<crate::cleanup::state::Saved>,
-    memory: crate::cleanup::Memory,
-    /// Why the file cannot be used, when it cannot.
-    problem: Option<String>,
-    /// No file says which restores were in flight: this start is when that became so.
-    restores_unknown: bool,
-}
-
-/// Reads the state the previous run left in `path` (`None`: the operator keeps none). A file that cannot be read is
-/// no reason not to start, but nothing is guessed around it: cleanup holds until the operator has looked.
-fn restore_state(path: Option<&std::path::Path>) -> Start {
-    let Some(path) = path else {
-        info!(
-            "cleanup.state_file = \"none\": open reservations and the learned cleanup delay will not survive a \
-             restart; each start holds cleanup for cleanup.hold_without_state"
-        );
-        return Start {
-            saved: None,
-            memory: crate::cleanup::Memory::OptedOut,
-            problem: None,
-            restores_unknown: true,
-        };
-    };
-    match crate::cleanup::state::load(path) {
-        Ok(Some(saved)) => {
-            info!(
-                path = %path.display(),
-                cleanup_delay = ?saved.cleanup_delay,
-                last_purge = saved.last_purge.as_ref().map_or("", |b| b.watermark.as_str()),
-                highest_backup = saved.highest_backup.as_deref().unwrap_or(""),
-                replica_version = saved.replica_version.as_deref().unwrap_or(""),
-                reservations = saved.reservations.len(),
-                "state restored"
-            );
-            Start {
-                restores_unknown: !saved.knows_reservations,
-                saved: Some(saved),
-                memory: crate::cleanup::Memory::Kept,
-                problem: None,
-            }
-        }
-        Ok(None) => {
-            warn!(
-                path = %path.display(),
-                "no state file (a first start, or the file was lost): a restore begun before this start may be in \
-                 flight unseen, so cleanup holds for cleanup.hold_without_state"
-            );
-            Start {
-                saved: None,
-                memory: crate::cleanup::Memory::Kept,
-                problem: None,
-                restores_unknown: true,
-            }
-        }
-        Err(err) => {
-            let problem = format!(
-                "{err}; which restores were in flight is unknown. Once no view-syncer is restoring, move the file \
-                 aside and restart (cleanup then holds for cleanup.hold_without_state)"
-            );
-            error!(error = %problem, "state file unusable: cleanup holds; the sidecar serves on");
-            Start {
-                saved: None,
-                memory: crate::cleanup::Memory::Unreadable,
-                problem: Some(problem),
-                restores_unknown: true,
-            }
-        }
-    }
+/// Who this process is in the slot table: the host's name, the process and when it started.
+fn holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into());
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    crate::cleanup::slots::holder_name(&host, std::process::id(), started)
 }
 
 /// The sidecar's components, built from a validated config. Tests keep clones of the handles (such as
@@ -131,8 +74,8 @@ pub struct App {
     discovery: crate::cleanup::discovery::StateHandle,
     instruments: crate::ops::metrics::Instruments,
     started: tokio::time::Instant,
-    /// What the previous run left in the state file.
-    resumed: crate::cleanup::monitor::Resumed,
+    /// Who this sidecar is in the slot table.
+    holder: String,
     /// Where the backup destination's `AWS_*` settings come from; `None`: the process environment.
     backup_env: Option<Vec<(String, String)>>,
     /// The TLS files the config names, once read ([`App::reloader`]); [`App::run`] reads them if nobody did.
@@ -144,57 +87,20 @@ pub struct App {
 }
 
 impl App {
-    /// Reads the state file, if any: a cleanup delay learned before a restart still protects restores that began
-    /// before it.
+    /// The components; what the shard remembers (slots, the learned cleanup delay, the last purge) is read from
+    /// the change DB once [`App::run`] has connected.
     pub fn new(config: Config) -> Self {
         let instruments = crate::ops::metrics::Instruments::default();
-        let start = restore_state(config.cleanup.state_file.as_deref());
-        let saved = start.saved.unwrap_or_default();
         let registry = Registry::with_durations(
-            config.cleanup.initial_delay.max(saved.cleanup_delay),
+            config.cleanup.initial_delay,
             instruments.reservation_seconds.clone(),
         );
         let status = crate::cleanup::status::StatusHandle::default();
+        // Until the keeper has read the shard's memory, nothing is known of the restores in flight.
         status.update(|s| {
-            s.memory = start.memory;
-            s.state_problem = start.problem;
+            s.memory = crate::cleanup::Memory::Loading;
         });
-        if !saved.reservations.is_empty() {
-            for kept in &saved.reservations {
-                info!(
-                    task_id = %kept.task_id,
-                    floor = kept.floor.as_deref().unwrap_or(""),
-                    opened_at = %humantime::format_rfc3339_seconds(kept.opened_at),
-                    "reservation kept from before the restart: honoured until its task subscribes or \
-                     cleanup.restore_limit passes"
-                );
-            }
-            registry.keep(
-                saved.reservations.clone(),
-                tokio::time::Instant::now(),
-                std::time::SystemTime::now(),
-            );
-        }
         let subscribers = Subscribers::default();
-        if !saved.subscribers.is_empty() {
-            info!(
-                subscribers = saved.subscribers.len(),
-                "subscribers of the previous run kept: each is waited for as if it had just left"
-            );
-            subscribers.keep(saved.subscribers.clone(), tokio::time::Instant::now());
-        }
-        let resumed = crate::cleanup::monitor::Resumed {
-            last_purge: saved.last_purge.clone(),
-            highest_backup: saved.highest_backup.clone(),
-            replica_version: saved.replica_version.clone(),
-            // A first start, a lost file, an old one, or none kept: which restores were in flight is unknown from
-            // now, or still from an earlier start whose hold a restart interrupted.
-            restores_unknown_since: if start.restores_unknown {
-                Some(std::time::SystemTime::now())
-            } else {
-                saved.restores_unknown_since
-            },
-        };
         // A status waits for a listing that finds something to restore.
         if config.backup.verify {
             registry.set_restorable(false);
@@ -206,7 +112,7 @@ impl App {
                 &config.upstream.protocols,
             ),
             log_unwritten_after: None,
-            resumed,
+            holder: holder(),
             instruments,
             config,
             registry,
@@ -252,6 +158,11 @@ impl App {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Who this sidecar is in the slot table.
+    pub fn holder(&self) -> &str {
+        &self.holder
     }
 
     /// The relayed subscribers and their acknowledged watermarks.
@@ -433,6 +344,7 @@ impl App {
         tracker: &TaskTracker,
     ) {
         let config = &self.config;
+        let (resumed, resumed_from) = tokio::sync::watch::channel(None);
         let monitor = crate::cleanup::monitor::Monitor::new(
             crate::cleanup::monitor::MonitorConfig {
                 cleanup: &config.cleanup,
@@ -448,7 +360,7 @@ impl App {
             self.started,
             self.discovery.clone(),
         )
-        .resuming(self.resumed.clone());
+        .resuming_from(resumed_from);
         let monitor = match self.backup_env.clone() {
             Some(env) => monitor.with_backup_env(&config.backup, env),
             None => monitor,
@@ -478,22 +390,20 @@ impl App {
                 .run(shutdown.clone())
                 .instrument(info_span!("drills")),
         );
-        // An unusable file is left as it is for the operator: writing over it would erase what it may still say.
-        if let (Some(path), false) = (
-            config.cleanup.state_file.clone(),
-            self.status.read(|s| s.memory) == crate::cleanup::Memory::Unreadable,
-        ) {
-            // Statuses wait for the keeper's writes from the first one on (the server is not listening yet).
-            self.registry.kept_on_disk();
-            let keeper = crate::cleanup::keeper::Keeper {
-                path,
-                registry: self.registry.clone(),
-                subscribers: self.subscribers.clone(),
-                reconnect_grace: config.cleanup.reconnect_grace,
-                status: self.status.clone(),
-            };
-            tracker.spawn(keeper.run(shutdown.clone()).instrument(info_span!("state")));
-        }
+        let keeper = crate::cleanup::keeper::Keeper {
+            db: change_db.clone(),
+            holder: self.holder.clone(),
+            registry: self.registry.clone(),
+            subscribers: self.subscribers.clone(),
+            reconnect_grace: config.cleanup.reconnect_grace,
+            restore_limit: config.cleanup.restore_limit,
+            status: self.status.clone(),
+            import_from: config.cleanup.state_file.clone(),
+            resumed,
+        };
+        // Statuses wait for the keeper's writes from the first one on (the server is not listening yet).
+        self.registry.kept_on_disk();
+        tracker.spawn(keeper.run(shutdown.clone()).instrument(info_span!("slots")));
         let discovery = crate::cleanup::discovery::Discovery {
             mode: config.discovery.mode,
             ours: config.discovery.advertise_address.clone(),
@@ -553,8 +463,7 @@ impl App {
                 peer_timeout: config.server.peer_timeout,
                 shutdown: shutdown.clone(),
             },
-            readiness: Readiness::new(config.discovery.mode, self.discovery.clone())
-                .with_status(self.status.clone()),
+            readiness: Readiness::new(config.discovery.mode, self.discovery.clone()),
             relay: RelayContext {
                 settings: Arc::new(crate::streamer::relay::Settings {
                     upstream: config.upstream.clone(),

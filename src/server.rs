@@ -40,9 +40,6 @@ use crate::protocol::{self, Route};
 use crate::streamer::relay::{self, RelayContext};
 use crate::streamer::snapshot::{self, SnapshotContext};
 
-/// Why a standby is not ready and refuses WebSocket work.
-const STANDBY: &str = "standby: another sidecar holds the shard's purger lock";
-
 /// Back-off after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -250,8 +247,6 @@ pub struct Readiness {
     listening: AtomicBool,
     discovery_mode: crate::cleanup::discovery::DiscoveryMode,
     discovery: crate::cleanup::discovery::StateHandle,
-    /// Where the monitor says whether another sidecar holds the shard's purger lock.
-    status: Option<crate::cleanup::status::StatusHandle>,
 }
 
 impl Readiness {
@@ -263,22 +258,7 @@ impl Readiness {
             listening: AtomicBool::new(false),
             discovery_mode,
             discovery,
-            status: None,
         }
-    }
-
-    /// Also not ready while standby: another sidecar of the shard holds the purger lock, and reservations or
-    /// subscriptions served here would be invisible to the one that purges.
-    pub fn with_status(mut self, status: crate::cleanup::status::StatusHandle) -> Self {
-        self.status = Some(status);
-        self
-    }
-
-    /// Standby: another sidecar holds the shard's purger lock.
-    pub fn is_standby(&self) -> bool {
-        self.status
-            .as_ref()
-            .is_some_and(|status| status.read(|s| s.standby == Some(true)))
     }
 
     pub fn set_listening(&self, value: bool) {
@@ -305,9 +285,6 @@ impl Readiness {
                     missing.push("ownerAddress does not name this sidecar")
                 }
             }
-        }
-        if self.is_standby() {
-            missing.push(STANDBY);
         }
         missing
     }
@@ -393,11 +370,6 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, ctx: &Context) -> Respo
             if !fastwebsockets::upgrade::is_upgrade_request(&req) =>
         {
             plain(StatusCode::BAD_REQUEST, NOT_AN_UPGRADE)
-        }
-        // A standby's reservations and subscribers would be invisible to the sidecar that purges: refused, so that
-        // view-syncers retry and reach that one (Zero retries a refused reservation every 5 s).
-        Route::Snapshot(_) | Route::Changes(_) if ctx.readiness.is_standby() => {
-            plain(StatusCode::SERVICE_UNAVAILABLE, format!("{STANDBY}\n"))
         }
         Route::Snapshot(version) => {
             snapshot::serve(req, &version, peer, &ctx.snapshot, &ctx.tracker).await

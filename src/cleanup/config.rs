@@ -59,6 +59,15 @@ impl RestoreLimit {
         }
     }
 
+    /// The limit for a backup of `db_bytes`, or `None` while `"auto"` has no size to go by: a restore of a replica
+    /// of unknown size may take any time, so nothing that waits for one may count it over.
+    pub fn known_for(self, db_bytes: Option<u64>) -> Option<Duration> {
+        match (self, db_bytes) {
+            (RestoreLimit::Auto, None) => None,
+            (limit, size) => Some(limit.for_size(size)),
+        }
+    }
+
     /// `"auto"` or a duration.
     fn parse(text: String) -> Result<RestoreLimit, String> {
         match text.trim() {

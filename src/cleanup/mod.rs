@@ -34,6 +34,7 @@ pub mod drills;
 pub mod keeper;
 pub mod monitor;
 pub mod reservations;
+pub mod slots;
 pub mod state;
 pub mod status;
 pub mod subscribers;
@@ -394,14 +395,15 @@ pub struct Guards {
 /// Whether the state file keeps what this run knows (open reservations, the learned delay) for the next one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Memory {
-    /// Written and current.
+    /// The slots and the shard's memory in the change DB are current.
     #[default]
     Kept,
-    /// `cleanup.state_file = "none"`: the operator chose to keep nothing.
-    OptedOut,
-    /// The last write failed: a restart now would forget the restores in flight.
+    /// Not read from the change DB yet (the sidecar is starting).
+    Loading,
+    /// The last write of the slots failed: their rows may lag what this sidecar knows.
     Unwritable,
-    /// The file the previous run left cannot be read: what it knew is unknown, and nothing is guessed.
+    /// The sidecar's schema cannot be used, or the slots cannot be read: what the shard knows is unknown, and
+    /// nothing is guessed.
     Unreadable,
 }
 
@@ -728,8 +730,8 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
         return Err(HoldReason::StartingUp);
     }
     match guards.memory {
-        Memory::Kept | Memory::OptedOut => {}
-        Memory::Unreadable => return Err(HoldReason::StateUnreadable),
+        Memory::Kept => {}
+        Memory::Unreadable | Memory::Loading => return Err(HoldReason::StateUnreadable),
         Memory::Unwritable => return Err(HoldReason::StateUnwritable),
     }
     if guards

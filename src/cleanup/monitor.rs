@@ -36,6 +36,9 @@ use crate::net::client::HttpClient;
 const WARN_EVERY: Duration = Duration::from_secs(300);
 /// Reading the change log's size never delays a check by more than this.
 const SIZE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a hold sized by the replica lasts while its size is unknown: until it is known (a year stands in for
+/// "not yet", and every check computes it afresh).
+const UNKNOWN_SIZE_HOLD: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// How far a running purge may still go, asked before each of its batches. Reservations are read first, then
 /// subscribers, as [`Monitor::run`] gathers them: a relay registers its subscriber before it ends the reservation
@@ -119,7 +122,10 @@ pub struct Monitor {
     advertise_address: String,
     /// The replication-manager's own `ownerAddress`, which purges check in mode `owner`.
     upstream_address: String,
-    /// What the previous run left in the state file.
+    /// Where the shard's memory comes from once the keeper has read it from the change DB; `None`: it is
+    /// [`Monitor::resumed`] already.
+    resumed_from: Option<tokio::sync::watch::Receiver<Option<Resumed>>>,
+    /// What the shard remembers (the last purge, the highest backup, the replica version).
     resumed: Resumed,
     restore_limit: crate::cleanup::config::RestoreLimit,
     hold_without_state: crate::cleanup::config::RestoreLimit,
@@ -268,6 +274,7 @@ impl Monitor {
             advertise_address: config.discovery.advertise_address.clone(),
             upstream_address: config.upstream_address.to_string(),
             resumed: Resumed::default(),
+            resumed_from: None,
             restore_limit: config.cleanup.restore_limit,
             hold_without_state: config.cleanup.hold_without_state,
             anchor: (Instant::now(), SystemTime::now()),
@@ -312,9 +319,25 @@ impl Monitor {
         self
     }
 
+    /// Starts checking only once `resumed` has the shard's memory (the keeper reads it from the change DB): a
+    /// check before it would decide without the last purge, the highest backup or the replica version.
+    pub fn resuming_from(mut self, resumed: tokio::sync::watch::Receiver<Option<Resumed>>) -> Self {
+        self.resumed_from = Some(resumed);
+        self
+    }
+
     /// Checks every `check_interval` until `shutdown`: observe, decide, act. A purge in progress finishes its
     /// current batch first.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        if let Some(mut from) = self.resumed_from.take() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                read = from.wait_for(Option::is_some) => match read {
+                    Ok(resumed) => self.resumed = resumed.clone().unwrap_or_default(),
+                    Err(_) => return,
+                },
+            }
+        }
         let resumed = self.resumed.clone();
         let mut backlog = Backlog::resumed(
             resumed.last_purge.as_ref().map(|b| b.watermark.as_str()),
@@ -363,8 +386,8 @@ impl Monitor {
                     self.take_proofs(&mut backlog, &mut position, &replica);
                 }
             }
-            self.expire_kept(now, position.db_bytes);
             self.claim_purger().await;
+            self.read_slots(&position, &replica).await;
             let destination = self.verify(&backlog, &mut said, now).await;
             let observed = self.gather(now, &replica);
             let guards = self.guards(now, &position, &replica);
@@ -408,16 +431,29 @@ impl Monitor {
 
     /// The guards of a check at `now` (see [`cleanup::Guards`]).
     fn guards(&self, now: Instant, position: &Position, replica: &Replica) -> cleanup::Guards {
-        let (standby, memory, restores_unknown_since, refused) = self.status.read(|s| {
-            (
-                s.standby,
-                s.memory,
-                s.restores_unknown_since,
-                !s.unservable.is_empty(),
-            )
-        });
+        let (standby, memory, restores_unknown_since, refused, slots_unread) =
+            self.status.read(|s| {
+                (
+                    s.standby,
+                    s.memory,
+                    s.restores_unknown_since,
+                    !s.unservable.is_empty(),
+                    s.slots_problem.is_some(),
+                )
+            });
+        // Slots that cannot be read are memory that cannot be read: nothing says which restores are in flight.
+        let memory = if slots_unread && memory == cleanup::Memory::Kept {
+            cleanup::Memory::Unreadable
+        } else {
+            memory
+        };
         let (anchor, anchor_wall) = self.anchor;
-        let hold_without_state = self.hold_without_state.for_size(position.db_bytes);
+        // While the replica's size is unknown, "auto" has no end to give the hold: a restore of a replica of
+        // unknown size may still be running.
+        let hold_without_state = self
+            .hold_without_state
+            .known_for(position.db_bytes)
+            .unwrap_or(UNKNOWN_SIZE_HOLD);
         cleanup::Guards {
             unservable: refused,
             standby: standby == Some(true),
@@ -568,23 +604,64 @@ impl Monitor {
         self.status.update(|s| s.standby = Some(standby));
     }
 
-    /// Ends the reservations kept from the previous run that have been open longer than any real restore takes.
-    fn expire_kept(&self, now: Instant, db_bytes: Option<u64>) {
-        let limit = self.restore_limit.for_size(db_bytes);
-        let expired = self.registry.expire_kept(now, limit);
-        for (task_id, age) in &expired {
-            warn!(
-                %task_id,
-                age = ?age,
-                restore_limit = ?limit,
-                "reservation kept from before the restart ended: its task has not subscribed within \
-                 cleanup.restore_limit"
-            );
+    /// Reads every slot of the shard into the status, and which one bounds purges now; the purger also forgets the
+    /// rows that bound nothing any more. A failed read holds cleanup (see [`Monitor::guards`]) until one succeeds.
+    async fn read_slots(&self, position: &Position, replica: &Replica) {
+        let limit_now = self.restore_limit.known_for(position.db_bytes);
+        let read = tokio::time::timeout(SIZE_TIMEOUT, self.change_db.slots(limit_now)).await;
+        let slots = match read {
+            Ok(Ok(slots)) => slots,
+            Ok(Err(err)) => {
+                let problem = err.to_string();
+                if self
+                    .status
+                    .read(|s| s.slots_problem.as_deref() != Some(problem.as_str()))
+                {
+                    warn!(error = %problem, "slots not read: cleanup holds until they are");
+                }
+                self.status.update(|s| s.slots_problem = Some(problem));
+                return;
+            }
+            Err(_) => {
+                self.status.update(|s| {
+                    s.slots_problem = Some(format!(
+                        "the change DB did not answer within {SIZE_TIMEOUT:?}"
+                    ))
+                });
+                return;
+            }
+        };
+        let bounding = crate::cleanup::slots::bounding(
+            &slots,
+            replica.version.as_deref(),
+            self.mode == cleanup::ReservationMode::Pause,
+        );
+        if let Some(crate::cleanup::slots::SlotLimit::Malformed { slot, problem }) = &bounding {
+            if self.status.read(|s| s.bounding_slot != bounding) {
+                error!(%slot, %problem, "a slot is not well formed: cleanup holds until it is mended or expires");
+            }
         }
-        if !expired.is_empty() {
-            let count = expired.len() as u64;
-            self.status.update(|s| s.kept_expired += count);
+        if self.status.read(|s| s.slots_problem.is_some()) {
+            info!("slots read again");
         }
+        let purger = self.status.read(|s| s.standby == Some(false));
+        if purger && slots.iter().any(|s| !s.live) {
+            match tokio::time::timeout(SIZE_TIMEOUT, self.change_db.forget_dead_slots(limit_now))
+                .await
+            {
+                Ok(Ok(n)) if n > 0 => debug!(
+                    forgotten = n,
+                    "slots past their grace or restore limit forgotten"
+                ),
+                Ok(Err(err)) => debug!(error = %err, "dead slots not forgotten"),
+                _ => {}
+            }
+        }
+        self.status.update(|s| {
+            s.slots = slots;
+            s.bounding_slot = bounding;
+            s.slots_problem = None;
+        });
     }
 
     /// Reads the change DB's `replicaVersion`; a change is a resync, which makes every claim, the highest watermark,
@@ -1038,12 +1115,50 @@ impl Monitor {
             (_, None) => Ownership::NotRegistered,
             (_, Some(since)) => Ownership::RegisteredSince(since),
         };
+        let mut reservations = self.registry.for_policy();
+        let mut subscribers = self.subscribers.for_policy(now, self.reconnect_grace);
+        // Every live slot of the shard too: another sidecar's reservations and subscribers, and this one's
+        // reservations whose sockets closed. A floor of another replica, or of none known, protects every row here;
+        // the purge batch names such a row.
+        let (slots, holder) = self.status.read(|s| (s.slots.clone(), s.holder.clone()));
+        for slot in slots.iter().filter(|s| s.live) {
+            let floor = match (slot.effective_floor(), replica.version.as_deref()) {
+                (Some(floor), Some(version)) if slot.problem(Some(version)).is_none() => {
+                    Some(floor.to_owned())
+                }
+                _ => None,
+            };
+            match slot.kind {
+                crate::cleanup::slots::SlotKind::Reservation => {
+                    reservations.push(HeldReservation {
+                        task_id: slot.key.clone(),
+                        floor,
+                    })
+                }
+                crate::cleanup::slots::SlotKind::Subscriber if slot.holder != holder => {
+                    // A subscriber is always at some watermark; one that cannot be trusted holds at the replica
+                    // version, below every row.
+                    let replica_version = slot.replica_version.clone().unwrap_or_default();
+                    subscribers.push(Subscriber {
+                        id: slot
+                            .subscriber_id
+                            .clone()
+                            .unwrap_or_else(|| slot.key.clone()),
+                        acked: floor.unwrap_or_else(|| replica_version.clone()),
+                        replica_version,
+                        departed: (!slot.connected).then_some(now),
+                        awaits_upstream: false,
+                    })
+                }
+                crate::cleanup::slots::SlotKind::Subscriber => {}
+            }
+        }
         Gathered {
             ownership,
             owner: discovery.owner,
             cleanup_delay: self.registry.cleanup_delay(),
-            reservations: self.registry.for_policy(),
-            subscribers: self.subscribers.for_policy(now, self.reconnect_grace),
+            reservations,
+            subscribers,
             reset_at: replica.reset_at,
             replica_version: replica.version.clone(),
         }
@@ -1115,6 +1230,10 @@ impl Monitor {
                 PurgeTarget {
                     before: &before,
                     replica_version: observed.replica_version.as_deref(),
+                    slots: Some(crate::cleanup::change_db::SlotCheck {
+                        pause: self.mode == cleanup::ReservationMode::Pause,
+                        restore_limit_now: self.restore_limit.known_for(position.db_bytes),
+                    }),
                 },
                 expected,
                 self.batch_rows,
@@ -1181,6 +1300,23 @@ impl Monitor {
                 });
                 self.publish_backups(backlog);
             }
+            Some(crate::cleanup::change_db::PurgeStop::Slot { slot, floor }) => warn!(
+                before = %before,
+                %bound,
+                rows = outcome.rows,
+                %slot,
+                floor = floor.as_deref().unwrap_or("every row"),
+                "change log purge stopped at a slot below its bound (another sidecar's, or a socket since closed); \
+                 the next check continues"
+            ),
+            Some(crate::cleanup::change_db::PurgeStop::SlotMalformed { slot, problem }) => error!(
+                before = %before,
+                rows = outcome.rows,
+                %slot,
+                %problem,
+                "change log purge stopped: a slot is not well formed; nothing more is purged until it is mended or \
+                 expires"
+            ),
             Some(stop) => info!(
                 before = %before,
                 %bound,

@@ -76,6 +76,14 @@ pub struct Status {
     pub db_bytes: Option<u64>,
     /// Why the sidecar cannot serve this deployment, while it cannot: cleanup holds and v4+ snapshot statuses wait.
     pub unservable: Refusals,
+    /// Every slot of the shard at the last check that read them, whichever sidecar holds it.
+    pub slots: Vec<crate::cleanup::slots::Slot>,
+    /// The live slot that bounds purges now, as of that read.
+    pub bounding_slot: Option<crate::cleanup::slots::SlotLimit>,
+    /// Why the slots could not be read at the last check, while they could not (cleanup holds meanwhile).
+    pub slots_problem: Option<String>,
+    /// Which sidecar this is in the slot table.
+    pub holder: String,
 }
 
 /// A hold reason in force, and since when.

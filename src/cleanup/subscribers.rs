@@ -223,6 +223,30 @@ impl Subscribers {
             .collect()
     }
 
+    /// Every subscriber the policy still tracks, as its slot says it, by its number in this run (unique here, where
+    /// Zero's ids are not).
+    pub fn for_slots(&self, now: Instant, grace: Duration) -> Vec<(u64, SubscriberView)> {
+        let inner = self.lock();
+        let waiting = inner.upstream_lost;
+        inner
+            .entries
+            .iter()
+            .filter(|(_, e)| e.is_tracked(waiting, now, grace))
+            .map(|(n, e)| {
+                (
+                    *n,
+                    SubscriberView {
+                        info: e.info.clone(),
+                        acked: e.acked.clone(),
+                        connected: e.connected,
+                        departed: e.departed,
+                        unacked_since: e.unacked_since,
+                    },
+                )
+            })
+            .collect()
+    }
+
     /// Every subscriber the policy still tracks (see [`Subscribers::for_policy`]), connected ones first, each
     /// group oldest first. Reads only: departures past the grace are forgotten by the policy's next check.
     pub fn view(&self, now: Instant, grace: Duration) -> Vec<SubscriberView> {

@@ -164,13 +164,13 @@ fn each_guard_holds_with_its_own_reason_and_the_quiet_case_purges() {
         }),
         Decision::Hold(StateUnwritable)
     );
-    // Opting out of the state file is the operator's call: no hold for it.
+    // Before the shard's memory is read from the change DB, nothing is known of the restores in flight.
     assert_eq!(
         with(Guards {
-            memory: Memory::OptedOut,
+            memory: Memory::Loading,
             ..held
         }),
-        purge("0c")
+        Decision::Hold(StateUnreadable)
     );
     assert_eq!(
         with(Guards {

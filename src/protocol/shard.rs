@@ -20,6 +20,12 @@ impl ZeroConfig {
         format!("{}_{}/cdc", self.app_id, self.shard_num)
     }
 
+    /// The sidecar's own schema in the change DB, e.g. `zero_0/sidecar`, unquoted: its slots and the shard's memory
+    /// (docs/operations.md, "Slots").
+    pub fn sidecar_schema(&self) -> String {
+        format!("{}_{}/sidecar", self.app_id, self.shard_num)
+    }
+
     /// The shard's schema in the upstream database, e.g. `zero_0`, unquoted: Zero keeps its `replicas` table there.
     pub fn upstream_schema(&self) -> String {
         format!("{}_{}", self.app_id, self.shard_num)

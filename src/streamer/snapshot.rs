@@ -172,15 +172,16 @@ async fn status_frame(
     lease: &mut Lease,
 ) -> Result<String, Withheld> {
     let status = build_status(ctx, version, lease).await?;
-    // The view-syncer restores once it has the status: the reservation must survive a restart from then on.
+    // The view-syncer restores once it has the status: from then on its reservation must bound every purge of
+    // every sidecar of the shard, so its row must have committed. Without the change DB no status goes out: the
+    // handler tries again, and the view-syncer waits or retries.
     if !ctx.registry.durable(DURABLE_WAIT).await {
-        warn!("snapshot status sent before its reservation reached the state file");
+        return Err(Withheld::ChangeDb);
     }
     Ok(status)
 }
 
-/// How long a status waits for its reservation to reach the state file; a slower disk is logged, not waited for
-/// (cleanup holds while the file cannot be written).
+/// How long a status waits for its reservation's row to commit before the handler tries again.
 const DURABLE_WAIT: Duration = Duration::from_secs(5);
 
 async fn build_status(

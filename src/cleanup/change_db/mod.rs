@@ -31,6 +31,7 @@
 //! one connection up) and `tls.rs` (the connector the connection string's `sslmode` asks for).
 
 pub mod config;
+mod slots;
 mod sql;
 mod supervisor;
 pub(crate) mod tls;
@@ -46,9 +47,14 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::cleanup::slots::{SlotLimit, SlotName};
 use crate::cleanup::Ceiling;
 use crate::net::address::same_address;
 use crate::protocol::shard::ZeroConfig;
+pub use slots::{
+    slot_lock_key, ReservationWrite, ShardMemory, SlotWrites, SlotWritten, SubscriberRow,
+    SCHEMA_VERSION,
+};
 use sql::{byte_order_probe, Sql, WatermarkSql};
 use supervisor::{Link, Logged};
 use tls::ChangeDbTls;
@@ -289,6 +295,25 @@ pub enum PurgeStop {
     /// its bound, which belongs to the old log, says nothing of the new one (whose rows may sit below it). The
     /// batch that saw it deleted nothing.
     ReplicaChanged { found: Option<String> },
+    /// A live slot (of any sidecar of the shard) is below the purge's bound: the batches deleted only below its floor
+    /// (`None`: nothing, it protects every row). Read inside each batch, under the slot lock.
+    Slot {
+        slot: SlotName,
+        floor: Option<String>,
+    },
+    /// A live slot is not well formed (a floor that is not a watermark, one of another replica): nothing is deleted
+    /// until it is mended or expires.
+    SlotMalformed { slot: SlotName, problem: String },
+}
+
+impl PurgeStop {
+    /// A stop worth a line of its own in the log: a slot that another sidecar, or this one's previous run, holds.
+    pub fn is_slot(&self) -> bool {
+        matches!(
+            self,
+            PurgeStop::Slot { .. } | PurgeStop::SlotMalformed { .. }
+        )
+    }
 }
 
 /// The result of [`ChangeDb::claim_purger`].
@@ -327,6 +352,17 @@ fn fnv1a_32(bytes: &[u8]) -> u32 {
 pub struct PurgeTarget<'a> {
     pub before: &'a str,
     pub replica_version: Option<&'a str>,
+    /// Read every live slot inside each batch and delete nothing they need (`None`: slots are not checked).
+    pub slots: Option<SlotCheck>,
+}
+
+/// How a purge batch reads the slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotCheck {
+    /// `cleanup.reservations = "pause"`: any live reservation protects every row.
+    pub pause: bool,
+    /// The restore limit of reservations that opened without one (`None`: the replica's size is unknown now).
+    pub restore_limit_now: Option<Duration>,
 }
 
 /// Who must still own the change log for a purge batch to delete anything: `ownerAddress` must name `address`,
@@ -415,6 +451,8 @@ struct Inner {
     purger_lock: (i32, i32),
     /// Set by the first [`ChangeDb::claim_purger`]: from then on every purge batch requires the lock.
     purger_required: AtomicBool,
+    /// The statements on the sidecar's own schema.
+    slot_sql: slots::SlotSql,
 }
 
 impl Inner {
@@ -469,6 +507,7 @@ impl ChangeDb {
             byte_order: Mutex::new(None),
             purger_lock: purger_lock_key(zero),
             purger_required: AtomicBool::new(false),
+            slot_sql: slots::SlotSql::new(&zero.sidecar_schema()),
         });
         let tls = ChangeDbTls::for_mode(pg.get_ssl_mode());
         tokio::spawn(supervisor::supervise(
@@ -789,6 +828,7 @@ impl ChangeDb {
             PurgeTarget {
                 before,
                 replica_version: None,
+                slots: None,
             },
             expected,
             batch_rows,
@@ -819,6 +859,7 @@ impl ChangeDb {
         let PurgeTarget {
             before,
             replica_version,
+            slots,
         } = target;
         let expected_address = expected.map(Into::into);
         let batch_rows = batch_rows.max(1);
@@ -849,6 +890,7 @@ impl ChangeDb {
                     &target,
                     expected_address,
                     replica_version,
+                    slots,
                     batch_rows,
                 )
                 .await;
@@ -864,7 +906,10 @@ impl ChangeDb {
                 other => other,
             })?;
             match batch {
-                Batch::Deleted { rows, took } => {
+                Batch::Deleted { rows, took, slot } => {
+                    if slot.is_some() {
+                        reserved = slot;
+                    }
                     outcome.rows += rows;
                     outcome.batches += 1;
                     outcome.slowest_batch = outcome.slowest_batch.max(took);
@@ -891,6 +936,7 @@ impl ChangeDb {
         target: &str,
         expected: Option<Expected<'_>>,
         replica_version: Option<&str>,
+        slots: Option<SlotCheck>,
         batch_rows: i64,
     ) -> Result<Batch, DbError> {
         let mut client = self.client().await?;
@@ -900,6 +946,14 @@ impl ChangeDb {
             .transaction()
             .await
             .map_err(|e| self.query_error("beginning a purge batch", e))?;
+        // First of all: a slot committed before this point is in what the batch reads below, and one written from
+        // now on commits after the batch.
+        if slots.is_some() {
+            let (class, key) = self.slot_lock_key();
+            tx.query_one(self.inner.slot_sql.lock_exclusive, &[&class, &key])
+                .await
+                .map_err(|e| self.query_error("taking the slot lock", e))?;
+        }
 
         if let Some(stop) = self
             .batch_stop(&tx, sql, bound, expected, replica_version)
@@ -908,6 +962,41 @@ impl ChangeDb {
             let _ = tx.rollback().await;
             return Ok(Batch::Stopped(stop));
         }
+
+        let mut target = target.to_owned();
+        let mut slot_stop = None;
+        if let Some(check) = slots {
+            let log_replica: Option<String> = tx
+                .query_opt(&self.inner.sql.replica_version, &[])
+                .await
+                .map_err(|e| self.query_error("reading replicaVersion", e))?
+                .map(|row| row.get(0));
+            let read = slots::read_slots(&tx, &self.inner.slot_sql, check.restore_limit_now)
+                .await
+                .map_err(|e| {
+                    self.slot_error(format!("reading {}.slots", self.inner.slot_sql.quoted), e)
+                })?;
+            match crate::cleanup::slots::limit(&read, &target, log_replica.as_deref(), check.pause)
+            {
+                SlotLimit::Clear => {}
+                SlotLimit::Below { floor, slot } => {
+                    target = floor.clone();
+                    slot_stop = Some(PurgeStop::Slot {
+                        slot,
+                        floor: Some(floor),
+                    });
+                }
+                SlotLimit::Everything { slot } => {
+                    let _ = tx.rollback().await;
+                    return Ok(Batch::Stopped(PurgeStop::Slot { slot, floor: None }));
+                }
+                SlotLimit::Malformed { slot, problem } => {
+                    let _ = tx.rollback().await;
+                    return Ok(Batch::Stopped(PurgeStop::SlotMalformed { slot, problem }));
+                }
+            }
+        }
+        let target = target.as_str();
 
         let deleted = async {
             tx.query_opt(&sql.lock_head, &[]).await?;
@@ -928,6 +1017,7 @@ impl ChangeDb {
         Ok(Batch::Deleted {
             rows,
             took: started.elapsed(),
+            slot: slot_stop,
         })
     }
 
@@ -1112,7 +1202,12 @@ async fn read_ownership(
 
 /// What one purge batch did.
 enum Batch {
-    Deleted { rows: u64, took: Duration },
+    /// `slot`: a slot's floor lowered the batch's target.
+    Deleted {
+        rows: u64,
+        took: Duration,
+        slot: Option<PurgeStop>,
+    },
     Stopped(PurgeStop),
 }
 

@@ -6,7 +6,7 @@
 
 /// Quotes an SQL identifier. Schema names cannot be bind parameters, and Zero's contains a slash; the only input
 /// is validated config (`app_id` matches `^[a-z0-9_]+$`), and embedded quotes are doubled regardless.
-fn quote_ident(name: &str) -> String {
+pub(super) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 

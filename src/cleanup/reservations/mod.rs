@@ -79,6 +79,9 @@ struct Book {
     /// The deployment cannot be served ([`crate::cleanup::unservable`]): v4+ statuses, whose `minWatermark` comes
     /// from a change log nobody may be reading, wait. Set by the monitor alongside its status.
     unservable: bool,
+    /// Tasks whose `initial=true` subscription the upstream accepted, and when each was requested, not yet written
+    /// to the slot table: that write ends their reservation rows, whichever sidecar opened them.
+    subscribed: Vec<(String, Instant)>,
 }
 
 struct Held {
@@ -139,6 +142,7 @@ impl Registry {
                 newest_backup: None,
                 restorable: true,
                 unservable: false,
+                subscribed: Vec::new(),
             })),
         }
     }
@@ -188,7 +192,7 @@ impl Registry {
     /// Where the registry stands now: a subscription takes one when it is requested, so that it ends only the
     /// reservations that were already open then.
     pub fn ticket(&self) -> Ticket {
-        Ticket(self.lock().next_id)
+        Ticket(self.lock().next_id, Instant::now())
     }
 
     /// Ends `task_id`'s reservation because its subscription arrived; a restore that took longer than the current
@@ -204,7 +208,11 @@ impl Registry {
         now: Instant,
     ) -> Option<Duration> {
         let mut inner = self.lock();
-        if inner.open.get(task_id)?.id > requested.0 {
+        // Its row in the slot table ends too, whoever opened it (another sidecar, or this one before a restart).
+        inner.subscribed.push((task_id.to_string(), requested.1));
+        if inner.open.get(task_id).is_none_or(|e| e.id > requested.0) {
+            drop(inner);
+            self.changed();
             return None;
         }
         let entry = inner.open.remove(task_id)?;
@@ -480,6 +488,64 @@ impl Registry {
         tokio::time::timeout(limit, reached).await.unwrap_or(false)
     }
 
+    /// The subscriptions not yet written to the slot table, with how long before `now` each was requested.
+    pub fn take_subscribed(&self, now: Instant) -> Vec<(String, Duration)> {
+        std::mem::take(&mut self.lock().subscribed)
+            .into_iter()
+            .map(|(task, at)| (task, now.saturating_duration_since(at)))
+            .collect()
+    }
+
+    /// Puts back subscriptions whose write failed (taken by [`Registry::take_subscribed`] at `now`).
+    pub fn put_back_subscribed(&self, subscribed: Vec<(String, Duration)>, now: Instant) {
+        let mut inner = self.lock();
+        for (task, ago) in subscribed {
+            inner
+                .subscribed
+                .push((task, now.checked_sub(ago).unwrap_or(now)));
+        }
+    }
+
+    /// Every open reservation as its slot says it: task, lease (unique in this run), floor, protocol.
+    pub fn for_slots(&self) -> Vec<(String, u64, Option<String>, u64)> {
+        let inner = self.lock();
+        let mut list: Vec<_> = inner
+            .open
+            .iter()
+            .map(|(task, e)| (task.clone(), e.id, e.floor.clone(), e.protocol))
+            .collect();
+        list.sort();
+        list
+    }
+
+    /// A restore that took `held` (its reservation, opened by any sidecar, ended by its subscription) raises the
+    /// cleanup delay to it.
+    pub fn learned(&self, held: Duration) {
+        let mut inner = self.lock();
+        if held > inner.cleanup_delay {
+            inner.cleanup_delay = held;
+        }
+    }
+
+    /// The reservation `task_id` opened as `lease` no longer has a row: its task subscribed through another sidecar,
+    /// which ended it there. Ended here too, as by a subscription; `true` if it was still open.
+    pub fn ended_elsewhere(&self, task_id: &str, lease: u64) -> bool {
+        let mut inner = self.lock();
+        if inner.open.get(task_id).is_none_or(|e| e.id != lease) {
+            return false;
+        }
+        let Some(entry) = inner.open.remove(task_id) else {
+            return false;
+        };
+        drop(inner);
+        self.changed();
+        self.record_duration(entry.started, Instant::now());
+        if let Some(end) = entry.end {
+            let _ = end.send(EndReason::Subscribed);
+        }
+        true
+    }
+
     /// `max(30 s, initial delay, longest reservation ended by a subscription)`.
     pub fn cleanup_delay(&self) -> Duration {
         self.lock().cleanup_delay
@@ -488,7 +554,7 @@ impl Registry {
 
 /// A point in the registry's history, taken by [`Registry::ticket`]: reservations opened after it are newer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Ticket(u64);
+pub struct Ticket(u64, Instant);
 
 /// A held reservation. Dropping it removes the reservation unless something else already ended or replaced it,
 /// so no exit path of a handler (error, panic, cancellation) can leave one behind.

@@ -598,7 +598,7 @@ fn cleanup(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Cleanup
         .into(),
         state: match status.memory {
             crate::cleanup::Memory::Kept => "kept",
-            crate::cleanup::Memory::OptedOut => "none",
+            crate::cleanup::Memory::Loading => "loading",
             crate::cleanup::Memory::Unwritable => "unwritable",
             crate::cleanup::Memory::Unreadable => "unreadable",
         }

@@ -135,6 +135,7 @@ async fn a_purge_decided_before_a_resync_deletes_nothing_of_the_new_log() {
         PurgeTarget {
             before: "0d",
             replica_version: Some("00-the-old-replica"),
+            slots: None,
         },
         Some(SIDECAR),
         1,
@@ -162,6 +163,7 @@ async fn a_purge_decided_before_a_resync_deletes_nothing_of_the_new_log() {
         PurgeTarget {
             before: "0d",
             replica_version: Some(current.as_str()),
+            slots: None,
         },
         Some(SIDECAR),
         3,
@@ -1081,6 +1083,7 @@ async fn purge_under(
         PurgeTarget {
             before,
             replica_version: None,
+            slots: None,
         },
         Some(SIDECAR),
         3,
