@@ -49,6 +49,8 @@ mod relay;
 mod reservations;
 /// No secret in any log line, page, `--check-config` output or config error.
 mod secrets;
+/// Slots in the change DB: several sidecars' reservations and subscribers bound every purge batch.
+mod slots;
 /// `GET /status`: what holds cleanup, subscribers and their lag, with the change DB alive or dead.
 mod status;
 /// TLS on both hops: wss for clients, TLS to the upstream, certificate reloads on SIGHUP.

@@ -342,8 +342,8 @@ impl TestSchema {
         let _ = self
             .client
             .batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-                self.schema
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE; DROP SCHEMA IF EXISTS \"{}_0/sidecar\" CASCADE",
+                self.schema, self.app_id
             ))
             .await;
     }
