@@ -114,6 +114,75 @@ fn or_dash(value: Option<&str>) -> &str {
 const MAX_COLUMN: usize = 64;
 
 /// Left-aligned columns two spaces apart, like `litestream snapshots`.
+/// The shard's slots, whichever sidecar holds them, and the one that bounds purges now.
+fn slots_section(out: &mut String, report: &Report) {
+    let live = report.slots.iter().filter(|s| s.live).count();
+    out.push_str(&format!(
+        "\nSLOTS ({live} live of {}, in the change DB; this sidecar is {})\n",
+        report.slots.len(),
+        or_dash(report.holder.as_deref())
+    ));
+    if let Some(problem) = &report.slots_problem {
+        out.push_str(&format!("NOT READ: {problem} (cleanup holds)\n"));
+    }
+    if report.slots.is_empty() {
+        out.push_str("none\n");
+        return;
+    }
+    let rows: Vec<Vec<String>> = report
+        .slots
+        .iter()
+        .map(|s| {
+            let holder = if s.this {
+                format!("{} (this)", s.holder)
+            } else {
+                s.holder.clone()
+            };
+            let state = match (s.live, s.connected) {
+                (false, _) => "expired",
+                (true, true) => "connected",
+                (true, false) => "closed, kept",
+            };
+            vec![
+                s.kind.clone(),
+                s.key.clone(),
+                s.floor.clone().unwrap_or_else(|| "every row".into()),
+                holder,
+                duration(s.age_seconds),
+                format!("{} ago", duration(s.heartbeat_seconds)),
+                state.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "KIND",
+            "KEY",
+            "FLOOR",
+            "HOLDER",
+            "AGE",
+            "HEARTBEAT",
+            "STATE",
+        ],
+        &rows,
+    );
+    match &report.slot_bound {
+        Some(bound) => out.push_str(&format!(
+            "bounding purges: {} {} held by {}, {}\n",
+            bound.kind,
+            bound.key,
+            bound.holder,
+            match (&bound.problem, &bound.floor) {
+                (Some(problem), _) => format!("NOT WELL FORMED: {problem}; nothing is purged"),
+                (None, Some(floor)) => format!("at {floor}"),
+                (None, None) => "protecting every row".into(),
+            }
+        )),
+        None => out.push_str("bounding purges: none\n"),
+    }
+}
+
 fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
@@ -302,6 +371,7 @@ pub fn render(report: &Report) -> String {
             &rows,
         );
     }
+    slots_section(&mut out, report);
     match &report.newest_commit {
         Some(commit) => out.push_str(&format!(
             "newest commit relayed: {} ({} ago)\n",

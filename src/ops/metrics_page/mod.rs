@@ -85,8 +85,13 @@ pub struct Snapshot {
     pub purger: Option<bool>,
     /// Whether the state file keeps what this run knows (`cleanup.state_file = "none"` counts as not).
     pub state_kept: bool,
-    /// Open reservations kept from before the last restart.
+    /// Live reservation slots of the shard with no socket open (closed, or kept across a restart): honoured until
+    /// their task subscribes or their restore limit passes.
     pub reservations_kept: u64,
+    /// Live slots of the shard (every sidecar's) by kind: how many, and the oldest one's age in seconds.
+    pub slots: Vec<(crate::cleanup::slots::SlotKind, u64, f64)>,
+    /// A live slot is not well formed: cleanup purges nothing while it stands.
+    pub slot_malformed: bool,
     /// Whether litestream's backed-up position is known (not after a restart, a sample-less or failed page).
     pub backup_position_known: bool,
     /// The first gauge after a start was below the last purge.
@@ -242,12 +247,29 @@ impl MetricsSources {
             max_connections: self.admission.max_connections() as u64,
             purger: status.standby.map(|standby| !standby),
             state_kept: status.memory == crate::cleanup::Memory::Kept,
-            reservations_kept: self
-                .registry
-                .open_reservations()
+            reservations_kept: status
+                .slots
                 .iter()
-                .filter(|r| r.kept)
+                .filter(|s| {
+                    s.live && !s.connected && s.kind == crate::cleanup::slots::SlotKind::Reservation
+                })
                 .count() as u64,
+            slots: [
+                crate::cleanup::slots::SlotKind::Reservation,
+                crate::cleanup::slots::SlotKind::Subscriber,
+            ]
+            .into_iter()
+            .map(|kind| {
+                let live = status.slots.iter().filter(|s| s.live && s.kind == kind);
+                let count = live.clone().count() as u64;
+                let oldest = live.map(|s| s.age.as_secs_f64()).fold(0.0, f64::max);
+                (kind, count, oldest)
+            })
+            .collect(),
+            slot_malformed: matches!(
+                status.bounding_slot,
+                Some(crate::cleanup::slots::SlotLimit::Malformed { .. })
+            ),
             backup_position_known: status.backup_unknown.is_none(),
             backup_below_last_purge: status.backup_below_purge.is_some(),
             drills: DrillFigures::of(&status.drills),
@@ -464,14 +486,40 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
     }
     registry.register(
         "state_kept",
-        "1 while the state file keeps open reservations and the rest across a restart; 0 when it cannot be \
-         written or read (cleanup holds) or cleanup.state_file is \"none\"",
+        "1 while this sidecar's slots and the shard's memory in the change DB are current; 0 while they cannot be \
+         written or read, or before they were first read (cleanup holds)",
         gauge(if snapshot.state_kept { 1.0 } else { 0.0 }),
     );
     registry.register(
         "reservations_kept",
-        "Open snapshot reservations kept from before the sidecar's last restart",
+        "Live reservation slots of the shard with no socket open: honoured until their task subscribes or their \
+         restore limit passes",
         gauge(snapshot.reservations_kept as f64),
+    );
+    let slots = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
+    let oldest = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
+    for (kind, count, age) in &snapshot.slots {
+        let label = KindLabel {
+            kind: kind.as_str(),
+        };
+        slots.get_or_create(&label).set(*count as f64);
+        oldest.get_or_create(&label).set(*age);
+    }
+    registry.register(
+        "slots",
+        "Live slots of the shard in the change DB, whichever sidecar holds them: what bounds every purge",
+        slots,
+    );
+    registry.register(
+        "slot_oldest_seconds",
+        "Age of the shard's oldest live slot of each kind, whichever sidecar holds it",
+        oldest,
+    );
+    registry.register(
+        "slot_malformed",
+        "1 while a live slot is not well formed (a floor that is not a watermark, or of another replica): nothing \
+         is purged until it is mended or expires",
+        gauge(if snapshot.slot_malformed { 1.0 } else { 0.0 }),
     );
     registry.register(
         "backup_position_known",

@@ -75,6 +75,8 @@ fn rendered_values_parse_back() {
         purger: Some(false),
         state_kept: true,
         reservations_kept: 1,
+        slots: Vec::new(),
+        slot_malformed: false,
         backup_position_known: false,
         backup_below_last_purge: true,
         drills: DrillFigures::default(),
@@ -594,4 +596,30 @@ fn every_unservable_reason_has_a_series_and_only_those_in_force_are_1() {
             "litestream_sidecar_unservable{reason=\"log_not_written\"} 1",
         ],
     );
+}
+
+#[test]
+fn live_slots_are_counted_by_kind_with_the_oldest_age() {
+    use crate::cleanup::slots::SlotKind;
+    let page = render(
+        &Instruments::default(),
+        &Snapshot {
+            slots: vec![
+                (SlotKind::Reservation, 3, 7200.0),
+                (SlotKind::Subscriber, 0, 0.0),
+            ],
+            slot_malformed: true,
+            reservations_kept: 2,
+            ..Snapshot::default()
+        },
+    );
+    for line in [
+        "litestream_sidecar_slots{kind=\"reservation\"} 3.0",
+        "litestream_sidecar_slots{kind=\"subscriber\"} 0.0",
+        "litestream_sidecar_slot_oldest_seconds{kind=\"reservation\"} 7200.0",
+        "litestream_sidecar_slot_malformed 1.0",
+        "litestream_sidecar_reservations_kept 2.0",
+    ] {
+        assert!(page.contains(line), "{line} in\n{page}");
+    }
 }

@@ -58,6 +58,56 @@ pub struct Report {
     /// file (then only `before` is known).
     pub last_purge: Option<LastPurgeEntry>,
     pub change_log: Option<ChangeLog>,
+    /// Every slot of the shard in the change DB, whichever sidecar holds it, as of the last check (reservations
+    /// first, then subscribers, each by key): what bounds every purge of every sidecar.
+    pub slots: Vec<SlotEntry>,
+    /// The live slot that bounds purges now (`null`: none does).
+    pub slot_bound: Option<SlotBoundEntry>,
+    /// Who this sidecar is in the slot table (`host/pid/start`).
+    pub holder: Option<String>,
+    /// Why the slots could not be read at the last check, while they could not (cleanup holds).
+    pub slots_problem: Option<String>,
+}
+
+/// One row of the slot table, as `pg_replication_slots` shows a replication slot.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SlotEntry {
+    /// `reservation` or `subscriber`.
+    pub kind: String,
+    /// The reservation's task, or the subscriber's key (`holder#n`).
+    pub key: String,
+    pub task_id: Option<String>,
+    /// Zero's subscriber id.
+    pub subscriber_id: Option<String>,
+    /// Rows above it are needed; `null`: every row is.
+    pub floor: Option<String>,
+    pub replica_version: Option<String>,
+    /// The sidecar that holds (or last held) its socket; `this` is true when that is this one.
+    pub holder: String,
+    pub this: bool,
+    /// Its socket was open at the holder's last write.
+    pub connected: bool,
+    /// Still bounds purges (see docs/operations.md, "Slots").
+    pub live: bool,
+    pub age_seconds: f64,
+    /// Since its holder last vouched for it.
+    pub heartbeat_seconds: f64,
+    /// Reservations: how long its restore may take; `null` while the replica's size is unknown.
+    pub restore_limit_seconds: Option<f64>,
+}
+
+/// The slot that bounds purges now.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SlotBoundEntry {
+    pub kind: String,
+    pub key: String,
+    pub holder: String,
+    /// `null`: it protects every row.
+    pub floor: Option<String>,
+    /// Set when the row is not well formed: nothing is purged while it stands.
+    pub problem: Option<String>,
 }
 
 /// One reason the deployment cannot be served ([`crate::cleanup::unservable`]).
@@ -341,6 +391,46 @@ fn age(at: SystemTime, wall_now: SystemTime) -> f64 {
 }
 
 /// The `/status` document for `inputs` at `now` (`wall_now` on the wall clock).
+/// The slot table and the slot that bounds purges, from the monitor's last read.
+fn slots(status: &Status) -> (Vec<SlotEntry>, Option<SlotBoundEntry>) {
+    use crate::cleanup::slots::SlotLimit;
+    let entries = status
+        .slots
+        .iter()
+        .map(|slot| SlotEntry {
+            kind: slot.kind.as_str().into(),
+            key: slot.key.clone(),
+            task_id: slot.task_id.clone(),
+            subscriber_id: slot.subscriber_id.clone(),
+            floor: slot.floor.clone(),
+            replica_version: slot.replica_version.clone(),
+            holder: slot.holder.clone(),
+            this: slot.holder == status.holder,
+            connected: slot.connected,
+            live: slot.live,
+            age_seconds: seconds(slot.age),
+            heartbeat_seconds: seconds(slot.since_heartbeat),
+            restore_limit_seconds: slot.restore_limit.map(seconds),
+        })
+        .collect();
+    let bound = status.bounding_slot.as_ref().and_then(|limit| {
+        let (slot, floor, problem) = match limit {
+            SlotLimit::Clear => return None,
+            SlotLimit::Below { floor, slot } => (slot, Some(floor.clone()), None),
+            SlotLimit::Everything { slot } => (slot, None, None),
+            SlotLimit::Malformed { slot, problem } => (slot, None, Some(problem.clone())),
+        };
+        Some(SlotBoundEntry {
+            kind: slot.kind.as_str().into(),
+            key: slot.key.clone(),
+            holder: slot.holder.clone(),
+            floor,
+            problem,
+        })
+    });
+    (entries, bound)
+}
+
 pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Report {
     let status = &inputs.status;
     let since = |at: Instant| seconds(now.saturating_duration_since(at));
@@ -422,6 +512,7 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
         age_seconds: status.change_log.as_ref().map(|r| age(r.read_at, wall_now)),
         error: status.change_log_error.clone(),
     };
+    let (slot_entries, slot_bound) = slots(status);
     Report {
         version: env!("CARGO_PKG_VERSION").into(),
         generated_at: rfc3339(wall_now),
@@ -462,6 +553,10 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
         cleanup: Some(cleanup(inputs, now, wall_now)),
         last_purge,
         change_log: Some(change_log),
+        slots: slot_entries,
+        slot_bound,
+        holder: (!status.holder.is_empty()).then(|| status.holder.clone()),
+        slots_problem: status.slots_problem.clone(),
     }
 }
 

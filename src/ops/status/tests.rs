@@ -385,3 +385,81 @@ fn the_upstreams_protocols_say_whether_they_are_configured_learned_or_unknown() 
         Some("upstream 127.0.0.1:4849 unreachable: refused")
     );
 }
+
+#[test]
+fn every_slot_of_the_shard_is_listed_with_the_one_that_bounds_purges() {
+    use crate::cleanup::slots::{Slot, SlotKind, SlotLimit, SlotName};
+    let now = Instant::now();
+    let wall_now = SystemTime::now();
+    let mut inputs = inputs(now, wall_now);
+    let slot = |kind, key: &str, floor: Option<&str>, holder: &str, connected| Slot {
+        kind,
+        key: key.into(),
+        task_id: None,
+        subscriber_id: None,
+        floor: floor.map(Into::into),
+        replica_version: Some("01".into()),
+        holder: holder.into(),
+        connected,
+        age: secs(4000),
+        since_heartbeat: secs(3),
+        restore_limit: None,
+        live: true,
+    };
+    inputs.status.holder = "host-a/7/1".into();
+    inputs.status.slots = vec![
+        slot(
+            SlotKind::Reservation,
+            "vs-9",
+            Some("0a"),
+            "host-b/8/2",
+            false,
+        ),
+        slot(
+            SlotKind::Subscriber,
+            "host-a/7/1#3",
+            Some("0e"),
+            "host-a/7/1",
+            true,
+        ),
+    ];
+    inputs.status.bounding_slot = Some(SlotLimit::Below {
+        floor: "0a".into(),
+        slot: SlotName {
+            kind: SlotKind::Reservation,
+            key: "vs-9".into(),
+            holder: "host-b/8/2".into(),
+        },
+    });
+    let report = build(&inputs, now, wall_now);
+    assert_eq!(report.slots.len(), 2);
+    assert_eq!(
+        (
+            report.slots[0].holder.as_str(),
+            report.slots[0].this,
+            report.slots[0].connected,
+            report.slots[0].restore_limit_seconds
+        ),
+        ("host-b/8/2", false, false, None)
+    );
+    assert!(report.slots[1].this);
+    let bound = report.slot_bound.clone().unwrap();
+    assert_eq!(
+        (bound.key.as_str(), bound.floor.as_deref(), bound.problem),
+        ("vs-9", Some("0a"), None)
+    );
+    // The document reads back as it was written.
+    let json = serde_json::to_string(&report).unwrap();
+    assert_eq!(serde_json::from_str::<Report>(&json).unwrap(), report);
+    let text = render(&report);
+    assert!(
+        text.contains("SLOTS (2 live of 2, in the change DB; this sidecar is host-a/7/1)"),
+        "{text}"
+    );
+    assert!(text.contains("host-a/7/1 (this)"), "{text}");
+    assert!(text.contains("closed, kept"), "{text}");
+    assert!(
+        text.contains("bounding purges: reservation vs-9 held by host-b/8/2, at 0a"),
+        "{text}"
+    );
+}
