@@ -150,7 +150,6 @@ impl Keeper {
     /// Starts (schema, import, memory), then writes until `shutdown`, then once more, so that a clean stop leaves
     /// every socket it closed marked closed.
     pub async fn run(self, shutdown: CancellationToken) {
-        self.registry.kept_on_disk();
         self.status.update(|s| s.holder = self.holder.clone());
         let mut backoff = Duration::from_millis(250);
         let mut said: Option<String> = None;
@@ -328,8 +327,8 @@ impl Keeper {
         for (task_id, holder, held) in outcome.ended {
             self.registry.learned(held);
             if holder != self.holder {
-                info!(%task_id, %holder, held = ?held, "reservation of another sidecar (or of this one's previous \
-                      run) ended by its subscription");
+                // Opened through another sidecar, or before this one's restart: the relay knew nothing of it.
+                info!(%task_id, %holder, held = ?held, "reservation ended by its subscription");
             }
         }
         if let Some(own) = outcome.own_reservations {

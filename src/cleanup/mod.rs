@@ -137,6 +137,22 @@ impl Backlog {
 
     /// After a successful purge below `before`: forget every backup below it. The one at `before` stays, so the
     /// policy reports "nothing new" rather than "no backup" until a newer backup arrives.
+    /// Takes in what an earlier run (or another sidecar) remembered, after this run may have seen pages already:
+    /// the higher of each watermark stands, and backups at or below the last purge are no longer tracked.
+    pub fn resume(&mut self, last_purged: Option<&str>, highest: Option<&str>) {
+        if let Some(last) = last_purged {
+            if self.last_purged.as_deref().is_none_or(|l| l < last) {
+                self.backups.retain(|b| b.watermark.as_str() >= last);
+                self.last_purged = Some(last.to_owned());
+            }
+        }
+        if let Some(high) = highest {
+            if self.highest.as_deref().is_none_or(|h| h < high) {
+                self.highest = Some(high.to_owned());
+            }
+        }
+    }
+
     pub fn purged(&mut self, before: &str) {
         self.backups.retain(|b| b.watermark.as_str() >= before);
         self.last_purged = Some(before.to_string());

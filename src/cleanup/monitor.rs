@@ -329,34 +329,17 @@ impl Monitor {
     /// Checks every `check_interval` until `shutdown`: observe, decide, act. A purge in progress finishes its
     /// current batch first.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        if let Some(mut from) = self.resumed_from.take() {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                read = from.wait_for(Option::is_some) => match read {
-                    Ok(resumed) => self.resumed = resumed.clone().unwrap_or_default(),
-                    Err(_) => return,
-                },
-            }
-        }
-        let resumed = self.resumed.clone();
-        let mut backlog = Backlog::resumed(
-            resumed.last_purge.as_ref().map(|b| b.watermark.as_str()),
-            resumed.highest_backup.as_deref(),
-        );
-        self.status.update(|s| {
-            s.purged_through = resumed.last_purge.clone();
-            s.highest_backup = resumed.highest_backup.clone();
-            s.replica_version = resumed.replica_version.clone();
-            s.restores_unknown_since = resumed.restores_unknown_since;
-        });
-        let mut replica = Replica {
-            version: resumed.replica_version.clone(),
-            reset_at: None,
-        };
+        let mut backlog = Backlog::default();
+        let mut replica = Replica::default();
         let mut position = Position {
             first: true,
             ..Position::default()
         };
+        let mut waiting = self.resumed_from.take();
+        if waiting.is_none() {
+            let resumed = self.resumed.clone();
+            self.resume(resumed, &mut backlog, &mut replica, &mut position);
+        }
         let mut said = Said::default();
         let mut log_watch = LogWatch::default();
         if self.destination.is_some() {
@@ -365,6 +348,13 @@ impl Monitor {
         let mut every = crate::shared::Every::new(self.check_interval);
         while every.tick(&shutdown).await {
             let now = Instant::now();
+            // Checks run from the start (statuses need litestream's position), but decide nothing before the
+            // shard's memory is read: the status says `loading` until then.
+            let read = waiting.as_ref().and_then(|from| from.borrow().clone());
+            if let Some(resumed) = read {
+                waiting = None;
+                self.resume(resumed, &mut backlog, &mut replica, &mut position);
+            }
             self.read_replica(&mut replica, &mut backlog, &mut said, now)
                 .await;
             self.read_replica_backups(&mut said, now).await;
@@ -427,6 +417,49 @@ impl Monitor {
             self.read_size().await;
             self.status.update(|s| s.checks += 1);
         }
+    }
+
+    /// Takes in the shard's memory. Read after this run's own first checks, it may be about another replica than
+    /// the change log now holds (a resync while no sidecar ran): its watermarks are then left out, and the reset
+    /// holds cleanup as a resync seen live does.
+    fn resume(
+        &self,
+        resumed: Resumed,
+        backlog: &mut Backlog,
+        replica: &mut Replica,
+        position: &mut Position,
+    ) {
+        // The next page is compared with the remembered last purge as a first page after a start is.
+        position.first = true;
+        match (&replica.version, &resumed.replica_version) {
+            (Some(now), Some(then)) if now != then => {
+                warn!(
+                    remembered = %then,
+                    current = %now,
+                    "the shard's memory is of another replica: a resync happened while no sidecar ran; cleanup \
+                     holds until a backup of this one has aged"
+                );
+                replica.reset_at = Some(SystemTime::now());
+            }
+            _ => {
+                backlog.resume(
+                    resumed.last_purge.as_ref().map(|b| b.watermark.as_str()),
+                    resumed.highest_backup.as_deref(),
+                );
+                if replica.version.is_none() {
+                    replica.version = resumed.replica_version.clone();
+                }
+                self.status.update(|s| {
+                    s.purged_through = resumed.last_purge.clone();
+                    s.highest_backup = backlog.highest().map(str::to_owned);
+                    if s.replica_version.is_none() {
+                        s.replica_version = resumed.replica_version.clone();
+                    }
+                });
+            }
+        }
+        self.status
+            .update(|s| s.restores_unknown_since = resumed.restores_unknown_since);
     }
 
     /// The guards of a check at `now` (see [`cleanup::Guards`]).

@@ -85,8 +85,8 @@ pub struct Snapshot {
     pub purger: Option<bool>,
     /// Whether the state file keeps what this run knows (`cleanup.state_file = "none"` counts as not).
     pub state_kept: bool,
-    /// Live reservation slots of the shard with no socket open (closed, or kept across a restart): honoured until
-    /// their task subscribes or their restore limit passes.
+    /// Live reservation slots of the shard with no socket open on this sidecar (closed, kept across a restart, or
+    /// another sidecar's): honoured until their task subscribes or their restore limit passes.
     pub reservations_kept: u64,
     /// Live slots of the shard (every sidecar's) by kind: how many, and the oldest one's age in seconds.
     pub slots: Vec<(crate::cleanup::slots::SlotKind, u64, f64)>,
@@ -251,7 +251,9 @@ impl MetricsSources {
                 .slots
                 .iter()
                 .filter(|s| {
-                    s.live && !s.connected && s.kind == crate::cleanup::slots::SlotKind::Reservation
+                    s.live
+                        && s.kind == crate::cleanup::slots::SlotKind::Reservation
+                        && !(s.connected && s.holder == status.holder)
                 })
                 .count() as u64,
             slots: [
@@ -492,8 +494,8 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
     );
     registry.register(
         "reservations_kept",
-        "Live reservation slots of the shard with no socket open: honoured until their task subscribes or their \
-         restore limit passes",
+        "Live reservation slots of the shard with no socket open on this sidecar (closed, kept across a restart, \
+         or another sidecar's): honoured until their task subscribes or their restore limit passes",
         gauge(snapshot.reservations_kept as f64),
     );
     let slots = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();

@@ -284,7 +284,7 @@ async fn a_subscriber_still_at_the_replica_version_holds_cleanup() {
         Duration::from_secs(60),
     )
     .await;
-    let _fresh = sidecar.subscribers.connect(subscriber("fresh", "01"));
+    let _fresh = sidecar.subscribers.connect(subscriber("fresh", "1rs"));
     let _other = sidecar.subscribers.connect(subscriber("other", "0e"));
     assert_eq!(
         decisions(&sidecar, 2).await,

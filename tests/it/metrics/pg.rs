@@ -58,7 +58,7 @@ async fn backups_purges_holds_and_registration() {
         id: "vs".into(),
         task_id: None,
         mode: Mode::Serving,
-        replica_version: "01".into(),
+        replica_version: "1rs".into(),
         watermark: "0c".into(),
     });
     eventually_async("purged", || async { db.watermarks().await == ["0b", "0c"] }).await;

@@ -59,7 +59,7 @@ pub fn config(extra: &str) -> Config {
     let base = format!(
         "[litestream]\nbackup_url = \"{BACKUP_URL}\"\nproxy_listen = \"127.0.0.1:0\"\n\
          metrics_url = \"{NO_LITESTREAM}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
-         [change_db]\nurl = \"postgres://nobody@127.0.0.1:9/none\"\n[discovery]\nmode = \"off\"\n\
+         [change_db]\nurl = \"{NO_CHANGE_DB}\"\n[discovery]\nmode = \"off\"\n\
          [backup]\nverify = false\n[cleanup]\nstate_file = \"none\"\nhold_without_state = \"0s\"\n"
     );
     let mut merged: toml::Table = base.parse().unwrap();
@@ -97,6 +97,10 @@ pub async fn start(config: Config) -> Sidecar {
     start_app(App::new(config)).await
 }
 
+/// The change DB of [`config`]: nothing listens there.
+const NO_CHANGE_DB: &str = "postgres://nobody@127.0.0.1:9/none";
+const NO_CHANGE_DB_PORTS: &[u16] = &[9];
+
 /// Starts a sidecar that behaves as if it had been up for `ago` already (the cleanup delay counts from start).
 pub async fn start_aged(config: Config, ago: Duration) -> Sidecar {
     let started = tokio::time::Instant::now()
@@ -112,6 +116,12 @@ pub async fn start_aged(config: Config, ago: Duration) -> Sidecar {
 pub const SEEDED_BACKUP: &str = "1rs";
 
 pub async fn start_app(app: App) -> Sidecar {
+    // Without a change DB no reservation's row can commit: tests of the protocol alone let statuses go out.
+    let app = if app.config().change_db.url.get_ports() == NO_CHANGE_DB_PORTS {
+        app.statuses_without_slots()
+    } else {
+        app
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let registry = app.registry().clone();
@@ -602,7 +612,7 @@ pub fn subscriber(id: &str, watermark: &str) -> SubscriberInfo {
         id: id.into(),
         task_id: None,
         mode: Mode::Serving,
-        replica_version: "01".into(),
+        replica_version: "1rs".into(),
         watermark: watermark.into(),
     }
 }
@@ -1017,7 +1027,7 @@ pub fn changes_path(
 ) -> String {
     format!(
         "/replication/v{version}/changes?taskID={task_id}&id={id}&mode=serving&watermark={watermark}\
-         &replicaVersion=01&initial={initial}"
+         &replicaVersion=1rs&initial={initial}"
     )
 }
 

@@ -46,7 +46,7 @@ impl Bench {
             id: "vs-1".into(),
             task_id: None,
             mode: Mode::Serving,
-            replica_version: "01".into(),
+            replica_version: "1rs".into(),
             watermark: "0c".into(),
         });
         let bench = Bench {

@@ -1,6 +1,7 @@
 //! The sidecar itself stopped in the middle of its work: restores in progress lose their reservations with the
 //! process, so what protects them after a restart is the cleanup delay, which must survive it.
 
+use std::process::Command;
 use std::time::Duration;
 
 use litestream_sidecar::cleanup::state;
@@ -10,6 +11,22 @@ use crate::support::pg::TestSchema;
 use crate::support::process::{metric, Process};
 use crate::support::*;
 
+/// The shard's memory as its row in the change DB has it: the learned cleanup delay (seconds) and the last purge.
+async fn shard_row(db: &TestSchema) -> Option<(f64, Option<String>)> {
+    db.client
+        .query_opt(
+            &format!(
+                "SELECT extract(epoch FROM cleanup_delay)::float8, last_purge FROM \"{}_0/sidecar\".shard",
+                db.app_id
+            ),
+            &[],
+        )
+        .await
+        .ok()
+        .flatten()
+        .map(|row| (row.get(0), row.get(1)))
+}
+
 #[tokio::test]
 async fn a_learned_cleanup_delay_survives_a_restart_and_protects_restores_begun_before_it() {
     let db = TestSchema::create(Some(5), None).await;
@@ -17,20 +34,17 @@ async fn a_learned_cleanup_delay_survives_a_restart_and_protects_restores_begun_
         db.insert_transaction(w, 2).await;
     }
     let litestream = MetricsServer::start(&progress_page(&[("0c", seconds_ago(600.0))])).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.json");
     let config = || {
         config(&format!(
             "{}[litestream]\nmetrics_url = \"{}\"\ncheck_interval = \"1s\"\n\
-             [cleanup]\nreconnect_grace = \"1s\"\nstate_file = \"{}\"\n",
+             [cleanup]\nreconnect_grace = \"1s\"\n",
             db.config(),
             litestream.url(),
-            path.display()
         ))
     };
 
     // A restore took 45 s (its subscription ended the reservation then): the cleanup delay is now 45 s, and the
-    // state file says so within a check.
+    // shard's row in the change DB says so within a check.
     let sidecar = start_aged(config(), Duration::from_secs(600)).await;
     let lease = sidecar.registry.open("vs-1", tokio::time::Instant::now());
     let started = sidecar.registry.open_reservations()[0].started;
@@ -40,11 +54,8 @@ async fn a_learned_cleanup_delay_survives_a_restart_and_protects_restores_begun_
         started + Duration::from_secs(45),
     );
     drop(lease);
-    eventually("the learned delay is on disk", || {
-        state::load(&path)
-            .ok()
-            .flatten()
-            .is_some_and(|s| s.cleanup_delay == Duration::from_secs(45))
+    eventually_async("the learned delay is in the change DB", || async {
+        shard_row(&db).await.is_some_and(|(delay, _)| delay == 45.0)
     })
     .await;
     sidecar.stop().await;
@@ -52,7 +63,10 @@ async fn a_learned_cleanup_delay_survives_a_restart_and_protects_restores_begun_
     // Restarted 40 s ago: past the configured 30 s but not the learned 45 s. A restore that began before the
     // restart may still run, so cleanup waits, with every row kept.
     let sidecar = start_aged(config(), Duration::from_secs(40)).await;
-    assert_eq!(sidecar.registry.cleanup_delay(), Duration::from_secs(45));
+    eventually("the learned delay is read back", || {
+        sidecar.registry.cleanup_delay() == Duration::from_secs(45)
+    })
+    .await;
     let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
     assert_eq!(
         decisions(&sidecar, 2).await,
@@ -68,11 +82,8 @@ async fn a_learned_cleanup_delay_survives_a_restart_and_protects_restores_begun_
         db.watermarks().await == ["0c", "0d", "0e"]
     })
     .await;
-    eventually("the last purge is on disk", || {
-        state::load(&path).ok().flatten().is_some_and(|s| {
-            s.last_purge.map(|b| b.watermark).as_deref() == Some("0c")
-                && s.cleanup_delay == Duration::from_secs(45)
-        })
+    eventually_async("the last purge is in the change DB", || async {
+        shard_row(&db).await == Some((45.0, Some("0c".into())))
     })
     .await;
     sidecar.stop().await;
@@ -84,66 +95,155 @@ async fn a_learned_cleanup_delay_survives_a_restart_and_protects_restores_begun_
     })
     .await;
     sidecar.stop().await;
-
-    // A corrupt file is no reason not to start, but nothing is guessed around it: the sidecar serves and reports,
-    // cleanup holds, and the file is left as it is for the operator.
-    std::fs::write(&path, "{ not json").unwrap();
-    let sidecar = start_aged(config(), Duration::from_secs(600)).await;
-    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
-    assert_eq!(
-        decisions(&sidecar, 2).await,
-        Decision::Hold(HoldReason::StateUnreadable)
-    );
-    let problem = sidecar.status.get().cleanup_problem().unwrap_or_default();
-    assert!(problem.contains("state.json"), "{problem}");
-    let (code, body) = http(sidecar.addr, "GET", "/status").await;
-    assert_eq!(code, 200);
-    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(status["cleanup"]["state"], "unreadable");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{ not json");
-    assert_eq!(db.watermarks().await, ["0c", "0d", "0e"]);
-    sidecar.stop().await;
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{ not json");
+    db.drop().await;
 }
 
-/// A state file that cannot be written holds cleanup (a restart would forget the restores in flight) until a
-/// write succeeds again.
+/// A state file an earlier release left is imported once: its reservations become slots the purge honours, what
+/// it remembered becomes the shard's memory, and the file is renamed so that no later start reads it again. A file
+/// that cannot be read is left as it is for the operator and imports nothing.
 #[tokio::test]
-async fn a_state_file_that_cannot_be_written_holds_cleanup_until_it_can() {
+async fn a_state_file_of_an_earlier_release_is_imported_once_and_its_reservations_honoured() {
     let db = TestSchema::create(Some(5), None).await;
     for w in ["0a", "0b", "0c", "0d", "0e"] {
         db.insert_transaction(w, 2).await;
     }
-    let litestream = MetricsServer::start(&progress_page(&[("0c", seconds_ago(600.0))])).await;
+    let litestream = MetricsServer::start(&progress_page(&[("0d", seconds_ago(600.0))])).await;
     let dir = tempfile::tempdir().unwrap();
-    // The place of the file it writes before renaming it over the state is taken: every write fails (as root,
-    // permissions would not stop it).
     let path = dir.path().join("state.json");
-    let blocked = dir.path().join("state.json.tmp");
-    std::fs::create_dir(&blocked).unwrap();
+    // As the previous release wrote it: a restore in flight pinned at 0b, begun 20 minutes ago, and a delay of
+    // 90 s learned.
+    std::fs::write(
+        &path,
+        format!(
+            r#"{{"version":2,"cleanup_delay_ms":90000,"last_purge":{{"watermark":"0a","backed_up_at_ms":1}},
+                "highest_backup":"0d","replica_version":"1rs",
+                "reservations":[{{"task_id":"vs-restoring","floor":"0b","protocol":6,"opened_at_ms":{}}}]}}"#,
+            (epoch_now() as u64 - 1200) * 1000
+        ),
+    )
+    .unwrap();
     let sidecar = start_aged(
         with_state(&db, &litestream, &path),
         Duration::from_secs(600),
     )
     .await;
     let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
-    assert_eq!(
-        decisions(&sidecar, 2).await,
-        Decision::Hold(HoldReason::StateUnwritable)
+    // Honoured: it purges below the imported reservation's floor, and no further.
+    eventually_async("purged below the imported floor", || async {
+        db.watermarks().await == ["0b", "0c", "0d", "0e"]
+    })
+    .await;
+    settles_on(&sidecar, Decision::Hold(HoldReason::ReservationFloor)).await;
+    assert_eq!(sidecar.registry.cleanup_delay(), Duration::from_secs(90));
+    let status = sidecar.status.get();
+    let slot = status
+        .slots
+        .iter()
+        .find(|s| s.key == "vs-restoring")
+        .expect("the imported reservation is a slot");
+    assert_eq!(slot.floor.as_deref(), Some("0b"));
+    assert!(slot.live && !slot.connected);
+    assert!(slot.age >= Duration::from_secs(1190), "{:?}", slot.age);
+    assert!(!path.exists());
+    let imported = dir.path().join("state.json.imported");
+    assert!(imported.exists());
+    sidecar.stop().await;
+
+    // Restarted with the renamed file beside it: nothing is imported twice, the slot is still there.
+    let sidecar = start_aged(
+        with_state(&db, &litestream, &path),
+        Duration::from_secs(600),
+    )
+    .await;
+    eventually("the slots are read", || {
+        sidecar
+            .status
+            .get()
+            .slots
+            .iter()
+            .any(|s| s.key == "vs-restoring")
+    })
+    .await;
+    assert_eq!(sidecar.status.get().slots.len(), 1);
+    sidecar.stop().await;
+
+    // A corrupt file is left as it is, and imports nothing.
+    std::fs::write(&path, "{ not json").unwrap();
+    let sidecar = start_aged(
+        with_state(&db, &litestream, &path),
+        Duration::from_secs(600),
+    )
+    .await;
+    eventually("the slots are read", || {
+        !sidecar.status.get().slots.is_empty()
+    })
+    .await;
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{ not json");
+    sidecar.stop().await;
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{ not json");
+    db.drop().await;
+}
+
+/// Slots that cannot be written hold cleanup, and statuses wait (their reservation's row would not commit), until
+/// a write succeeds again.
+#[tokio::test]
+async fn slots_that_cannot_be_written_hold_cleanup_and_statuses_until_they_can() {
+    let db = TestSchema::create(Some(5), None).await;
+    for w in ["0a", "0b", "0c", "0d", "0e"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[("0c", seconds_ago(600.0))])).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = start_aged(
+        with_state(&db, &litestream, &dir.path().join("state.json")),
+        Duration::from_secs(600),
+    )
+    .await;
+    eventually("the slots are read", || {
+        sidecar.status.get().memory == litestream_sidecar::cleanup::Memory::Kept
+    })
+    .await;
+    // Another session holds the slot table against writes (reads still pass).
+    let blocker = crate::support::pg::connect().await;
+    blocker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE \"{}_0/sidecar\".slots IN EXCLUSIVE MODE",
+            db.app_id
+        ))
+        .await
+        .unwrap();
+    let _sub = sidecar.subscribers.connect(subscriber("vs", "0e"));
+    eventually("the write fails and says so", || {
+        sidecar.status.get().memory == litestream_sidecar::cleanup::Memory::Unwritable
+    })
+    .await;
+    let decision = decisions(&sidecar, 1).await;
+    assert!(
+        matches!(
+            decision,
+            Decision::Hold(HoldReason::StateUnwritable | HoldReason::StateUnreadable)
+        ),
+        "{decision:?}"
     );
     assert_eq!(db.watermarks().await, ["0a", "0b", "0c", "0d", "0e"]);
-    // A reservation's status still goes out (after its wait for the disk).
+    // No status while its reservation cannot be written.
     let mut ws = connect(&sidecar.snapshot_url("vs-1")).await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), next_text(&mut ws))
+            .await
+            .is_err(),
+        "a status went out with its reservation unwritten"
+    );
+    // Once the table is free, the rows are written, the status goes out and cleanup resumes.
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     assert!(next_text(&mut ws).await.contains("backupURL"));
     drop(ws);
-    // Once the place is free, the next write succeeds and cleanup resumes.
-    std::fs::remove_dir(&blocked).unwrap();
     eventually_async("purged below 0c", || async {
         db.watermarks().await == ["0c", "0d", "0e"]
     })
     .await;
-    assert!(state::load(&path).unwrap().is_some());
     sidecar.stop().await;
+    db.drop().await;
 }
 
 /// Writes the config of a real sidecar process on `db` (its sessions named `db.application_name()`), purging
@@ -283,11 +383,11 @@ async fn killed_during_a_purge_keeps_every_row_from_its_watermark_and_the_restar
         below,
         all[all.len() - kept.len() - below.len()..all.len() - kept.len()]
     );
-    // The interrupted purge is not on disk as done: a restart that skipped it would leave these rows for good.
-    let saved = state::load(&state_path)
-        .unwrap()
-        .expect("the first check wrote the state");
-    assert_eq!(saved.last_purge, None);
+    // The interrupted purge is not remembered as done: a restart that skipped it would leave these rows for good.
+    let (_, last_purge) = shard_row(&db)
+        .await
+        .expect("the first start wrote the shard's memory");
+    assert_eq!(last_purge, None);
     assert!(first.logged("change log purged").is_empty());
 
     // Restarted: held for its own first cleanup delay (a restore may have begun before the kill), then it
@@ -332,12 +432,11 @@ async fn killed_during_a_purge_keeps_every_row_from_its_watermark_and_the_restar
         "{}",
         second.log_text()
     );
-    within("the purge on disk", Duration::from_secs(10), || async {
-        state::load(&state_path)
-            .ok()
-            .flatten()
-            .and_then(|s| s.last_purge)
-            .is_some_and(|b| b.watermark == target)
+    within("the purge remembered", Duration::from_secs(10), || async {
+        shard_row(&db)
+            .await
+            .and_then(|(_, last)| last)
+            .is_some_and(|last| last == target)
     })
     .await;
     drop(second);
@@ -345,11 +444,10 @@ async fn killed_during_a_purge_keeps_every_row_from_its_watermark_and_the_restar
 }
 
 /// The binary killed with SIGKILL while a view-syncer restores, with the settings a deployment has by default (the
-/// state file where systemd's `StateDirectory=` puts it): the view-syncer has its status and never opens its
-/// snapshot socket again, and its restore outlasts the restarted process's start-up wait. The reservation
-/// survives in the state file: the restarted process purges what it may, never its floor, lists the reservation as
-/// kept, and ends it when the view-syncer's subscription arrives, with every row from the view-syncer's watermark
-/// still there (no `WatermarkTooOld`).
+/// slots in the change DB): the view-syncer has its status and never opens its snapshot socket again, and its
+/// restore outlasts the restarted process's start-up wait. The reservation survives as its slot: the restarted
+/// process purges what it may, never its floor, lists the slot, and ends it when the view-syncer's subscription
+/// arrives, with every row from the view-syncer's watermark still there (no `WatermarkTooOld`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_until_its_subscription(
 ) {
@@ -365,7 +463,6 @@ async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_unt
     let mut upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let config = write_default_process_config(dir.path(), &db, &litestream, &upstream);
-    let state_path = dir.path().join("state.json");
 
     let mut first = Process::spawn(&config).await;
     let mut restore = connect(&format!(
@@ -374,12 +471,28 @@ async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_unt
     ))
     .await;
     assert!(next_text(&mut restore).await.contains("\"backupURL\""));
-    // The status went out only once its reservation was on disk, pinned at the newest backup.
-    let saved = state::load(&state_path).unwrap().expect("a state file");
-    assert_eq!(saved.reservations.len(), 1, "{saved:?}");
-    assert_eq!(saved.reservations[0].task_id, "restoring");
-    assert_eq!(saved.reservations[0].floor.as_deref(), Some("0c"));
-    assert_eq!(saved.reservations[0].protocol, 3);
+    // The status went out only once its reservation's row had committed, pinned at the newest backup.
+    let rows = db
+        .client
+        .query(
+            &format!(
+                "SELECT key, floor, protocol, connected FROM \"{}_0/sidecar\".slots WHERE kind = 'reservation'",
+                db.app_id
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (
+            rows[0].get::<_, String>(0),
+            rows[0].get::<_, Option<String>>(1),
+            rows[0].get::<_, i32>(2),
+            rows[0].get::<_, bool>(3)
+        ),
+        ("restoring".to_string(), Some("0c".to_string()), 3, true)
+    );
     // A newer backup, aged: without the reservation, rows below 0e could go.
     litestream.set_page(&progress_page(&[
         ("0b", seconds_ago(600.0)),
@@ -399,25 +512,26 @@ async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_unt
     sessions_gone(&db).await;
 
     let second = Process::spawn(&config).await;
-    assert_eq!(
-        second.logged("state restored").len(),
-        1,
-        "{}",
-        second.log_text()
-    );
-    let page = second.metrics().await;
-    assert_eq!(
-        metric(&page, "litestream_sidecar_reservations_kept"),
-        Some(1.0),
-        "{page}"
-    );
+    second
+        .wait_logged("slots and the shard's memory read from the change DB", 1)
+        .await;
+    within(
+        "the kept reservation listed",
+        Duration::from_secs(10),
+        || async {
+            metric(
+                &second.metrics().await,
+                "litestream_sidecar_reservations_kept",
+            ) == Some(1.0)
+        },
+    )
+    .await;
     let status = second.status().await;
-    assert_eq!(
-        status["reservations"][0]["task_id"], "restoring",
-        "{status}"
-    );
-    assert_eq!(status["reservations"][0]["kept"], true, "{status}");
-    assert_eq!(status["reservations"][0]["floor"], "0c", "{status}");
+    assert_eq!(status["slots"][0]["key"], "restoring", "{status}");
+    assert_eq!(status["slots"][0]["kind"], "reservation", "{status}");
+    assert_eq!(status["slots"][0]["this"], false, "{status}");
+    assert_eq!(status["slots"][0]["live"], true, "{status}");
+    assert_eq!(status["slots"][0]["floor"], "0c", "{status}");
 
     // Past its start-up wait it purges, but only below the kept reservation's floor.
     within(
@@ -435,7 +549,7 @@ async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_unt
     // Restored, the view-syncer subscribes from the backup's watermark: every row from it is there, and its
     // subscription ends the kept reservation.
     let path =
-        "/replication/v3/changes?id=vs-restoring&taskID=restoring&replicaVersion=01&watermark=0c\
+        "/replication/v3/changes?id=vs-restoring&taskID=restoring&replicaVersion=1rs&watermark=0c\
                 &initial=true&mode=serving";
     let url = format!("ws://{}{path}", second.addr);
     let (mut subscriber, mut conn) = tokio::join!(connect(&url), upstream.accept());
@@ -446,9 +560,9 @@ async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_unt
         "the kept reservation ended",
         Duration::from_secs(10),
         || async {
-            second.status().await["reservations"]
+            !second.status().await["slots"]
                 .as_array()
-                .is_some_and(Vec::is_empty)
+                .is_some_and(|slots| slots.iter().any(|s| s["kind"] == "reservation"))
         },
     )
     .await;
@@ -610,4 +724,134 @@ fn with_state(
         litestream.url(),
         path.display()
     ))
+}
+
+/// Two sidecars of one shard on one PostgreSQL, as the Zero 1.9 guide deploys them behind one address: a
+/// view-syncer reserves through the one that purges, which is then frozen (SIGSTOP) while its session holding the
+/// purger lock is ended (a failover, a network blip). The other takes the lock and purges at once, but never a row
+/// at or above the frozen sidecar's reservation, which it reads from the slot table; and the view-syncer's
+/// subscription through it ends that reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_while_the_purger_is_frozen_keeps_every_row_its_reservation_needs() {
+    let db = TestSchema::create(Some(5), None).await;
+    for w in ["0a", "0b", "0c", "0d", "0e", "0f"] {
+        db.insert_transaction(w, 2).await;
+    }
+    let litestream = MetricsServer::start(&progress_page(&[
+        ("0b", seconds_ago(600.0)),
+        ("0c", seconds_ago(600.0)),
+    ]))
+    .await;
+    let mut upstream = Upstream::start().await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let config_a = write_default_process_config(dir_a.path(), &db, &litestream, &upstream);
+    let config_b = write_default_process_config(dir_b.path(), &db, &litestream, &upstream);
+
+    let mut a = Process::spawn(&config_a).await;
+    within(
+        "A purges for the shard",
+        Duration::from_secs(20),
+        || async { a.status().await["cleanup"]["role"] == "purger" },
+    )
+    .await;
+    let b = Process::spawn(&config_b).await;
+    within("B is standby", Duration::from_secs(20), || async {
+        b.status().await["cleanup"]["role"] == "standby"
+    })
+    .await;
+    // A standby serves: it is ready, and its reservations are slots like any other.
+    within("B is ready", Duration::from_secs(10), || async {
+        http(b.addr, "GET", "/keepalive").await.0 == 200
+    })
+    .await;
+
+    let mut restore = connect(&format!(
+        "ws://{}/replication/v3/snapshot?taskID=restoring",
+        a.addr
+    ))
+    .await;
+    assert!(next_text(&mut restore).await.contains("\"backupURL\""));
+    // A newer backup, aged: without the reservation, rows below 0e could go.
+    litestream.set_page(&progress_page(&[
+        ("0b", seconds_ago(600.0)),
+        ("0c", seconds_ago(600.0)),
+        ("0e", seconds_ago(600.0)),
+    ]));
+    within(
+        "B lists A's reservation",
+        Duration::from_secs(10),
+        || async {
+            let status = b.status().await;
+            status["slots"].as_array().is_some_and(|slots| {
+                slots
+                    .iter()
+                    .any(|s| s["key"] == "restoring" && s["floor"] == "0c" && s["this"] == false)
+            })
+        },
+    )
+    .await;
+
+    // A freezes, and the session holding its purger lock ends.
+    let stopped = Command::new("kill")
+        .args(["-STOP", &a.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let ended: i64 = db
+        .client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid = ($1::int4)::oid AND objsubid = 2 AND granted",
+            &[&litestream_sidecar::cleanup::change_db::PURGER_LOCK_CLASS],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 1);
+    within("B takes over", Duration::from_secs(20), || async {
+        b.status().await["cleanup"]["role"] == "purger"
+    })
+    .await;
+    // Past its start-up wait B purges, below the frozen sidecar's floor and no further.
+    within(
+        "B purges below the floor",
+        Duration::from_secs(90),
+        || async { db.watermarks().await == ["0c", "0d", "0e", "0f"] },
+    )
+    .await;
+    let status = b.status().await;
+    assert_eq!(status["slot_bound"]["key"], "restoring", "{status}");
+    assert_eq!(status["slot_bound"]["floor"], "0c", "{status}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e", "0f"]);
+
+    // Restored, the view-syncer subscribes through B: every row from its watermark is there, and the subscription
+    // ends the reservation the frozen sidecar holds.
+    let path =
+        "/replication/v3/changes?id=vs-restoring&taskID=restoring&replicaVersion=1rs&watermark=0c\
+                &initial=true&mode=serving";
+    let url = format!("ws://{}{path}", b.addr);
+    let (mut subscriber, mut conn) = tokio::join!(connect(&url), upstream.accept());
+    let status = conn.send_msg(1, r#"["status",{"tag":"status"}]"#).await;
+    assert_eq!(next_text(&mut subscriber).await, status);
+    within("the reservation ended", Duration::from_secs(10), || async {
+        !b.status().await["slots"]
+            .as_array()
+            .is_some_and(|slots| slots.iter().any(|s| s["kind"] == "reservation"))
+    })
+    .await;
+    let ended = b
+        .wait_logged("reservation ended by its subscription", 1)
+        .await;
+    assert_eq!(ended["task_id"], "restoring", "{ended}");
+    // Its subscriber's slot (at 0c) bounds the purge from now on.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(db.watermarks().await, ["0c", "0d", "0e", "0f"]);
+    let _ = Command::new("kill")
+        .args(["-CONT", &a.child.id().to_string()])
+        .status();
+    a.kill();
+    drop(restore);
+    drop(b);
+    db.drop().await;
 }
