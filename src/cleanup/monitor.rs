@@ -1163,10 +1163,19 @@ impl Monitor {
             };
             match slot.kind {
                 crate::cleanup::slots::SlotKind::Reservation => {
-                    reservations.push(HeldReservation {
-                        task_id: slot.key.clone(),
-                        floor,
-                    })
+                    // This sidecar's own open one is listed once, at the lower of its two floors.
+                    match reservations.iter_mut().find(|r| r.task_id == slot.key) {
+                        Some(own) => {
+                            own.floor = match (own.floor.take(), floor) {
+                                (Some(a), Some(b)) => Some(a.min(b)),
+                                _ => None,
+                            }
+                        }
+                        None => reservations.push(HeldReservation {
+                            task_id: slot.key.clone(),
+                            floor,
+                        }),
+                    }
                 }
                 crate::cleanup::slots::SlotKind::Subscriber if slot.holder != holder => {
                     // A subscriber is always at some watermark; one that cannot be trusted holds at the replica
@@ -1248,6 +1257,7 @@ impl Monitor {
             }),
         };
         let mut outcome = PurgeOutcome::default();
+        let holder = self.status.read(|s| s.holder.clone());
         // Litestream can restart or go back while a long purge runs: its gauge is read again before every batch,
         // and anything but a steady gauge stops the purge (the next check decides afresh).
         let gauge = GaugeWatch {
@@ -1264,8 +1274,11 @@ impl Monitor {
                     before: &before,
                     replica_version: observed.replica_version.as_deref(),
                     slots: Some(crate::cleanup::change_db::SlotCheck {
-                        pause: self.mode == cleanup::ReservationMode::Pause,
-                        restore_limit_now: self.restore_limit.known_for(position.db_bytes),
+                        rule: crate::cleanup::change_db::SlotRule {
+                            pause: self.mode == cleanup::ReservationMode::Pause,
+                            restore_limit_now: self.restore_limit.known_for(position.db_bytes),
+                        },
+                        own: Some(&holder),
                     }),
                 },
                 expected,

@@ -353,16 +353,26 @@ pub struct PurgeTarget<'a> {
     pub before: &'a str,
     pub replica_version: Option<&'a str>,
     /// Read every live slot inside each batch and delete nothing they need (`None`: slots are not checked).
-    pub slots: Option<SlotCheck>,
+    pub slots: Option<SlotCheck<'a>>,
 }
 
 /// How a purge batch reads the slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotCheck {
+pub struct SlotRule {
     /// `cleanup.reservations = "pause"`: any live reservation protects every row.
     pub pause: bool,
     /// The restore limit of reservations that opened without one (`None`: the replica's size is unknown now).
     pub restore_limit_now: Option<Duration>,
+}
+
+/// Which slots a purge batch reads, and whose subscribers it leaves to the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotCheck<'a> {
+    pub rule: SlotRule,
+    /// The purging sidecar's own name in the slot table: its subscribers' rows are copies, written at each
+    /// heartbeat, of what it tracks itself and asks before every batch (the purge's ceiling), which is fresher.
+    /// Its reservations' rows are read as any other's: a reservation whose socket closed is only there.
+    pub own: Option<&'a str>,
 }
 
 /// Who must still own the change log for a purge batch to delete anything: `ownerAddress` must name `address`,
@@ -936,7 +946,7 @@ impl ChangeDb {
         target: &str,
         expected: Option<Expected<'_>>,
         replica_version: Option<&str>,
-        slots: Option<SlotCheck>,
+        slots: Option<SlotCheck<'_>>,
         batch_rows: i64,
     ) -> Result<Batch, DbError> {
         let mut client = self.client().await?;
@@ -971,13 +981,23 @@ impl ChangeDb {
                 .await
                 .map_err(|e| self.query_error("reading replicaVersion", e))?
                 .map(|row| row.get(0));
-            let read = slots::read_slots(&tx, &self.inner.slot_sql, check.restore_limit_now)
-                .await
-                .map_err(|e| {
-                    self.slot_error(format!("reading {}.slots", self.inner.slot_sql.quoted), e)
-                })?;
-            match crate::cleanup::slots::limit(&read, &target, log_replica.as_deref(), check.pause)
-            {
+            let mut read =
+                slots::read_slots(&tx, &self.inner.slot_sql, check.rule.restore_limit_now)
+                    .await
+                    .map_err(|e| {
+                        self.slot_error(format!("reading {}.slots", self.inner.slot_sql.quoted), e)
+                    })?;
+            if let Some(own) = check.own {
+                read.retain(|s| {
+                    !(s.kind == crate::cleanup::slots::SlotKind::Subscriber && s.holder == own)
+                });
+            }
+            match crate::cleanup::slots::limit(
+                &read,
+                &target,
+                log_replica.as_deref(),
+                check.rule.pause,
+            ) {
                 SlotLimit::Clear => {}
                 SlotLimit::Below { floor, slot } => {
                     target = floor.clone();

@@ -669,11 +669,13 @@ scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catc
     const subscribedAt = Date.parse(subscribed.timestamp);
     const before = statuses.samples.filter(s => Date.parse(s.value.generated_at) + 1000 <= subscribedAt);
     assert.ok(before.length > 10, `the restarted sidecar answered GET /status during the restore (${before.length})`);
-    const missing = before.filter(s => !s.value.reservations.some(r => r.task_id === cfg.taskID));
-    assert.deepEqual(missing.map(s => `${s.value.generated_at}: ${JSON.stringify(s.value.reservations)}`), [],
-      `GET /status lists ${cfg.taskID} from the restart until its subscription`);
+    // Its slot, in the change DB: the socket died with the killed process, the reservation did not.
+    const reserved = status => (status.slots ?? []).some(r => r.kind === 'reservation' && r.key === cfg.taskID && r.live);
+    const missing = before.filter(s => !reserved(s.value));
+    assert.deepEqual(missing.map(s => `${s.value.generated_at}: ${JSON.stringify(s.value.slots)}`), [],
+      `GET /status lists ${cfg.taskID}'s slot from the restart until its subscription`);
     await eventually(`GET /status to drop ${cfg.taskID}`, async () =>
-      !(await t.sidecarStatus()).reservations.some(r => r.task_id === cfg.taskID), {timeout: 10_000});
+      !reserved(await t.sidecarStatus()), {timeout: 10_000});
 
     // Cleanup had every chance: the backup the restarted sidecar found first was already newer than the restore's;
     // before the restore ended it had aged past the cleanup delay, the sidecar's waits were over and the other

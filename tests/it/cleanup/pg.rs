@@ -178,8 +178,24 @@ async fn an_open_reservation_pins_its_floor_or_pauses_everything() {
         if mode == "pause" {
             assert_eq!(decision, Decision::Hold(HoldReason::ReservationsOpen));
         }
-        // The reservation ends: cleanup proceeds to the newest aged backup.
+        // Its socket closes: the row stays, as a view-syncer restores without its socket.
         drop(reservation);
+        eventually("the socket's reservation gone", || {
+            sidecar.registry.is_empty()
+        })
+        .await;
+        decisions(&sidecar, 2).await;
+        assert_eq!(
+            db.watermarks().await,
+            expected,
+            "{mode}: the closed reservation still holds"
+        );
+        // Its task subscribes: the row ends, and cleanup proceeds to the newest aged backup.
+        sidecar.registry.end_by_subscription(
+            "vs-2",
+            sidecar.registry.ticket(),
+            tokio::time::Instant::now(),
+        );
         eventually_async("purge below 0d", || async {
             db.watermarks().await == ["0d", "0e"]
         })
@@ -356,9 +372,11 @@ async fn purges_the_role_may_not_run_are_reported_and_resume_once_granted() {
     };
     db.client
         .batch_execute(&format!(
-            "CREATE ROLE \"{role}\" LOGIN; GRANT USAGE ON SCHEMA \"{}\" TO \"{role}\"; {};",
+            "CREATE ROLE \"{role}\" LOGIN; GRANT USAGE ON SCHEMA \"{}\" TO \"{role}\"; {}; \
+             CREATE SCHEMA \"{}_0/sidecar\" AUTHORIZATION \"{role}\";",
             db.schema,
-            grant("SELECT")
+            grant("SELECT"),
+            db.app_id
         ))
         .await
         .unwrap();
@@ -631,9 +649,11 @@ async fn a_second_sidecar_for_the_shard_is_standby_until_the_first_lets_go() {
         decisions(&second, 2).await,
         Decision::Hold(HoldReason::Standby)
     );
-    let (code, body) = http(second.addr, "GET", "/keepalive").await;
-    assert_eq!(code, 503, "{body}");
-    assert!(body.contains("standby"), "{body}");
+    // A standby serves: ready, and its reservations are slots the purger honours.
+    eventually_async("the second is ready", || async {
+        http(second.addr, "GET", "/keepalive").await.0 == 200
+    })
+    .await;
     let (code, body) = http(second.addr, "GET", "/status").await;
     assert_eq!(code, 200);
     let status: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -641,8 +661,21 @@ async fn a_second_sidecar_for_the_shard_is_standby_until_the_first_lets_go() {
     assert_eq!(status["cleanup"]["hold_reason"], "standby");
     let page = scrape(&second).await;
     assert_eq!(value(&page, "litestream_sidecar_purger", None), Some(0.0));
-    let (code, body) = refused(&second.snapshot_url("vs-9")).await;
-    assert_eq!(code, 503, "{body}");
+    eventually("the second sees 0d", || {
+        second.registry.newest_backup().as_deref() == Some("0d")
+    })
+    .await;
+    let mut ws = connect(&second.snapshot_url("vs-9")).await;
+    assert!(next_text(&mut ws).await.contains("backupURL"));
+    eventually("the first lists the second's reservation", || {
+        first
+            .status
+            .get()
+            .slots
+            .iter()
+            .any(|s| s.key == "vs-9" && s.floor.as_deref() == Some("0d") && s.live)
+    })
+    .await;
     // The first goes on purging for the shard.
     eventually_async("the first purges below 0d", || async {
         db.watermarks().await == ["0d", "0e"]

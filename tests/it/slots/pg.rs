@@ -3,8 +3,8 @@ use std::time::Duration;
 use crate::support::lexi;
 use crate::support::pg::TestSchema;
 use litestream_sidecar::cleanup::change_db::{
-    ChangeDb, PurgeOutcome, PurgeStop, PurgeTarget, ReservationWrite, SlotCheck, SlotWrites,
-    SubscriberRow, SCHEMA_VERSION,
+    ChangeDb, PurgeOutcome, PurgeStop, PurgeTarget, ReservationWrite, SlotCheck, SlotRule,
+    SlotWrites, SubscriberRow, SCHEMA_VERSION,
 };
 use litestream_sidecar::cleanup::slots::SlotKind;
 use tokio_util::sync::CancellationToken;
@@ -59,8 +59,11 @@ async fn purge(db: &ChangeDb, before: &str, limit_now: Option<Duration>) -> Purg
             before,
             replica_version: Some(&replica()),
             slots: Some(SlotCheck {
-                pause: false,
-                restore_limit_now: limit_now,
+                rule: SlotRule {
+                    pause: false,
+                    restore_limit_now: limit_now,
+                },
+                own: None,
             }),
         },
         None::<&str>,

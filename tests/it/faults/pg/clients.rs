@@ -209,10 +209,11 @@ fn rows_from(watermarks: &[&str]) -> Vec<(String, i64)> {
     expected_rows(watermarks, 4)
 }
 
-/// Reservations whose clients vanish: two dropped under the WebSocket (a FIN, a reset) are released at once — while
-/// a client that answers pings and was opened after them still holds — and cleanup moves up to the next floor;
-/// then that client stops answering (SIGSTOP), and its floor keeps holding cleanup until the peer timeout drops
-/// it, while a reservation opened meanwhile is served.
+/// Reservations whose clients vanish: two dropped under the WebSocket (a FIN, a reset) are released by their
+/// sockets at once, but their slots keep their floors (a view-syncer restores without its snapshot socket) until
+/// their tasks subscribe, and only then cleanup moves up to the next floor; then a client stops answering
+/// (SIGSTOP), the peer timeout drops its socket, and its slot still holds until its task subscribes, while a
+/// reservation opened meanwhile is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_of_vanished_clients_hold_rows_until_the_socket_or_the_peer_timeout_says_they_are_gone(
 ) {
@@ -272,15 +273,30 @@ async fn reservations_of_vanished_clients_hold_rows_until_the_socket_or_the_peer
     );
     assert_eq!(db.rows().await, rows_from(&all[1..]));
 
-    // (a) Dropped under the WebSocket: released as soon as the socket ends, long before any peer timeout (both
-    // answered every ping, and "stopped", opened after them, is still held).
+    // (a) Dropped under the WebSocket: their sockets are released as soon as they end, long before any peer
+    // timeout (both answered every ping, and "stopped", opened after them, is still held); their slots are not.
     drop(fin);
     assert!(reset.is_running());
     reset.reset();
-    eventually("the dropped reservations released", || {
+    eventually("the dropped sockets released", || {
         open_tasks(&sidecar) == floors(&[("stopped", "0d")])
     })
     .await;
+    decisions(&sidecar, 2).await;
+    assert_eq!(sidecar.status.get().last_purged(), Some("0b"));
+    assert_eq!(
+        db.rows().await,
+        rows_from(&all[1..]),
+        "purged below a closed reservation's floor"
+    );
+    // Their restores done, their tasks subscribe: their slots end.
+    for task in ["fin", "reset"] {
+        sidecar.registry.end_by_subscription(
+            task,
+            sidecar.registry.ticket(),
+            tokio::time::Instant::now(),
+        );
+    }
     eventually_async("purged up to the floor left", || async {
         sidecar.status.get().last_purged() == Some("0d")
     })
@@ -323,6 +339,18 @@ async fn reservations_of_vanished_clients_hold_rows_until_the_socket_or_the_peer
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(open_tasks(&sidecar), floors(&[("other", "0e")]));
+    // Its slot still holds its floor until its task subscribes.
+    decisions(&sidecar, 2).await;
+    assert_eq!(
+        db.rows().await,
+        rows_from(&all[3..]),
+        "purged below a dropped reservation's floor"
+    );
+    sidecar.registry.end_by_subscription(
+        "stopped",
+        sidecar.registry.ticket(),
+        tokio::time::Instant::now(),
+    );
     eventually_async("purged past the silent client's floor", || async {
         sidecar.status.get().last_purged() == Some("0e")
     })

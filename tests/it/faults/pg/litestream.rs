@@ -118,9 +118,15 @@ impl Bench {
     }
 
     /// The page is healthy again with the backup at 0d: cleanup purges below it without a restart.
-    async fn recovers(self, reservation: Client) {
+    async fn recovers(self, task: &str, reservation: Client) {
         drop(reservation);
         eventually("reservation closed", || self.sidecar.registry.is_empty()).await;
+        // Its slot keeps its floor after the socket until its view-syncer, restored, subscribes.
+        self.sidecar.registry.end_by_subscription(
+            task,
+            self.sidecar.registry.ticket(),
+            tokio::time::Instant::now(),
+        );
         self.litestream.set_status(200);
         self.litestream.set_page(&progress_page(&[("0d", aged())]));
         self.rows_become(&["0d", "0e"]).await;
@@ -163,7 +169,7 @@ async fn an_error_status_is_not_read_even_with_a_page_behind_it() {
         http(bench.sidecar.proxy_addr, "GET", "/metrics").await.0,
         502
     );
-    bench.recovers(reservation).await;
+    bench.recovers("t-500", reservation).await;
 }
 
 #[tokio::test]
@@ -186,7 +192,7 @@ async fn a_litestream_that_never_answers_times_out_every_check() {
     }));
     bench.holds_through_the_fault().await;
     assert!(scrape_errors(&bench) >= errors + 3);
-    bench.recovers(reservation).await;
+    bench.recovers("t-hang", reservation).await;
 }
 
 #[tokio::test]
@@ -206,7 +212,7 @@ async fn garbage_instead_of_a_metrics_page_is_refused() {
     }
     assert!(scrape_errors(&bench) >= errors + 9);
     let reservation = bench.reservation_is_served("t-garbage").await;
-    bench.recovers(reservation).await;
+    bench.recovers("t-garbage", reservation).await;
 }
 
 #[tokio::test]
@@ -239,7 +245,7 @@ async fn a_hundred_mib_page_is_refused_without_being_read_whole() {
     }
     assert!(scrape_errors(&bench) >= errors + 6);
     let reservation = bench.reservation_is_served("t-huge").await;
-    bench.recovers(reservation).await;
+    bench.recovers("t-huge", reservation).await;
 }
 
 #[tokio::test]
@@ -378,6 +384,14 @@ async fn a_gauge_gone_backwards_holds_cleanup_and_pins_reservations_no_higher_un
     settles_on(&bench.sidecar, Decision::Hold(HoldReason::ReservationFloor)).await;
     drop((before, during));
     eventually("reservations closed", || bench.sidecar.registry.is_empty()).await;
+    // Their slots outlive their sockets; their view-syncers, restored, subscribe.
+    for task in ["before", "during"] {
+        bench.sidecar.registry.end_by_subscription(
+            task,
+            bench.sidecar.registry.ticket(),
+            tokio::time::Instant::now(),
+        );
+    }
     // The newest row always stays (docs/protocol.md, "Purging the newest transaction").
     bench.rows_become(&["0e"]).await;
     let Bench {
