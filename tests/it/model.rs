@@ -18,6 +18,9 @@
 use crate::support::lexi;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// Several sidecars sharing one change DB's slot table, against a real PostgreSQL.
+mod pg;
+
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use tokio::time::Instant;
