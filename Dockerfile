@@ -3,7 +3,7 @@
 #
 #   docker build -t litestream-sidecar .
 #   docker run --rm --read-only -v $PWD/sidecar.toml:/etc/litestream-sidecar/sidecar.toml:ro \
-#     -v litestream-sidecar-state:/var/lib/litestream-sidecar litestream-sidecar
+#     litestream-sidecar
 #
 # Every config key can also come from the environment (LITESTREAM_SIDECAR__SECTION__KEY), which is how the
 # Kubernetes example in deploy/kubernetes/ passes the pod's own address and the change DB password.
@@ -22,10 +22,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/litestream-sidecar /usr/local/bin/litestream-sidecar
 COPY sidecar.toml /etc/litestream-sidecar/sidecar.toml
-# The state file (open reservations, subscribers' acks, the learned cleanup delay) must outlive the container: mount
-# a volume here, or a restart forgets the restores in flight and holds cleanup for cleanup.hold_without_state.
+# No volume: what a restart must not forget is kept in the change DB. A state file of an earlier release, mounted
+# here, is imported once and renamed.
 RUN mkdir -p /var/lib/litestream-sidecar && chown 65532:65532 /var/lib/litestream-sidecar
-VOLUME /var/lib/litestream-sidecar
 USER 65532:65532
 # 4851: view-syncers (snapshot, changes); 4850: the metrics proxy Zero's BackupMonitor reads.
 EXPOSE 4851 4850

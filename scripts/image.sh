@@ -69,7 +69,6 @@ tar --numeric-owner -C "$rootfs" -cf "$layer" .
 # way, at /etc/litestream-sidecar/sidecar.toml or where LITESTREAM_SIDECAR_CONFIG says.
 imported=$(podman import --quiet \
   --change "USER $ID:$ID" \
-  --change 'VOLUME /var/lib/litestream-sidecar' \
   --change 'EXPOSE 4851' --change 'EXPOSE 4850' \
   --change 'ENTRYPOINT ["/usr/local/bin/litestream-sidecar"]' \
   "$layer" "$IMAGE-base")

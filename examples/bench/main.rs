@@ -10,6 +10,7 @@ mod metrics;
 mod purge;
 mod relay;
 mod reservations;
+mod slots;
 mod util;
 
 fn main() {
@@ -53,6 +54,9 @@ fn main() {
         }
         if wanted("purge") {
             purge::run(&mut report).await;
+        }
+        if wanted("slots") {
+            slots::run(&mut report).await;
         }
     });
     report.print();

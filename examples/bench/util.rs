@@ -106,6 +106,21 @@ impl Daemon {
                 "RUST_LOG",
                 std::env::var("BENCH_RUST_LOG").unwrap_or("warn,litestream_sidecar=info".into()),
             )
+            // Statuses go out once their reservation's slot has committed: each daemon its own shard of the
+            // bench's throwaway server (`make bench` starts it), so that no two share slots.
+            .envs(
+                std::env::var("SIDECAR_TEST_DATABASE_URL")
+                    .ok()
+                    .map(|url| ("LITESTREAM_SIDECAR__CHANGE_DB__URL".to_string(), url)),
+            )
+            .env(
+                "LITESTREAM_SIDECAR__ZERO__APP_ID",
+                format!(
+                    "bench_{}_{}",
+                    std::process::id(),
+                    addr.replace(['.', ':'], "_")
+                ),
+            )
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
