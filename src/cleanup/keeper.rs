@@ -61,10 +61,12 @@ struct WrittenReservation {
 /// The changes that bring the rows `written` to the open reservations `open` (task, lease, floor, protocol),
 /// written for replica `replica_version`. Pure, so that the rules are tested without a database: a new lease opens
 /// (replacing any row of the task), a moved floor is updated, a reservation no longer open is closed (its row
-/// stays until its task subscribes or its limit passes).
+/// stays until its task subscribes or its limit passes), unless `unsent` says its socket closed before its status
+/// went out: then its row goes.
 fn reservation_writes(
     written: &HashMap<String, WrittenReservation>,
     open: &[(String, u64, Option<String>, u64)],
+    unsent: &[(String, u64)],
     replica_version: Option<&str>,
     restore_limit: Option<Duration>,
 ) -> Vec<ReservationWrite> {
@@ -99,9 +101,12 @@ fn reservation_writes(
             .iter()
             .any(|(t, lease, _, _)| t == task && *lease == w.lease)
         {
-            writes.push(ReservationWrite::Close {
-                task_id: task.clone(),
-                lease: w.lease as i64,
+            let task_id = task.clone();
+            let lease = w.lease as i64;
+            writes.push(if unsent.iter().any(|(t, l)| t == task && *l == w.lease) {
+                ReservationWrite::Forget { task_id, lease }
+            } else {
+                ReservationWrite::Close { task_id, lease }
             });
         }
     }
@@ -134,7 +139,8 @@ fn apply(written: &mut HashMap<String, WrittenReservation>, writes: &[Reservatio
                     },
                 );
             }
-            ReservationWrite::Close { task_id, lease } => {
+            ReservationWrite::Close { task_id, lease }
+            | ReservationWrite::Forget { task_id, lease } => {
                 if written
                     .get(task_id)
                     .is_some_and(|w| w.lease == *lease as u64)
@@ -280,10 +286,20 @@ impl Keeper {
                     .any(|(a, b)| a.key != b.key || a.connected != b.connected)
         });
         let subscribed = self.registry.take_subscribed(now);
+        // Taken before the open ones are read: a reservation that closes between the two reads is closed, as any
+        // whose status went out (more protection, never less).
+        let unsent: Vec<(String, u64)> = self
+            .registry
+            .take_released()
+            .into_iter()
+            .filter(|(_, _, sent)| !sent)
+            .map(|(task, lease, _)| (task, lease))
+            .collect();
         let writes = SlotWrites {
             reservations: reservation_writes(
                 written,
                 &self.registry.for_slots(),
+                &unsent,
                 replica_version.as_deref(),
                 self.restore_limit.known_for(db_bytes),
             ),
@@ -324,10 +340,11 @@ impl Keeper {
     /// Takes in what a write found: restores that ended (their length teaches the cleanup delay), and this
     /// sidecar's reservations whose rows another sidecar ended.
     fn settle(&self, outcome: SlotWritten, written: &mut HashMap<String, WrittenReservation>) {
-        for (task_id, holder, held) in outcome.ended {
+        for (task_id, holder, held, connected) in outcome.ended {
             self.registry.learned(held);
-            if holder != self.holder {
-                // Opened through another sidecar, or before this one's restart: the relay knew nothing of it.
+            // The relay logs the end of a reservation whose socket it holds; this one's socket is elsewhere or
+            // closed (another sidecar's, this one's before a restart, or one whose view-syncer closed it).
+            if holder != self.holder || !connected {
                 info!(%task_id, %holder, held = ?held, "reservation ended by its subscription");
             }
         }
@@ -547,17 +564,19 @@ mod tests {
     #[test]
     fn reservations_open_move_and_close_as_their_rows() {
         let mut written = HashMap::new();
-        let first = reservation_writes(&written, &[open("a", 1, Some("0a"))], Some("01"), None);
+        let first =
+            reservation_writes(&written, &[open("a", 1, Some("0a"))], &[], Some("01"), None);
         assert!(
             matches!(&first[..], [ReservationWrite::Open { task_id, lease: 1, restore_limit: None, .. }] if task_id == "a")
         );
         apply(&mut written, &first);
         // Nothing changed: nothing to write.
         assert!(
-            reservation_writes(&written, &[open("a", 1, Some("0a"))], Some("01"), None).is_empty()
+            reservation_writes(&written, &[open("a", 1, Some("0a"))], &[], Some("01"), None)
+                .is_empty()
         );
         // The floor moved.
-        let moved = reservation_writes(&written, &[open("a", 1, None)], Some("01"), None);
+        let moved = reservation_writes(&written, &[open("a", 1, None)], &[], Some("01"), None);
         assert_eq!(
             moved,
             [ReservationWrite::Floor {
@@ -568,10 +587,11 @@ mod tests {
             }]
         );
         apply(&mut written, &moved);
-        // Replaced by a retry of its task: a new lease opens, the old one is not closed (its row is the new one's).
+        // Replaced by a retry of its task: a new lease opens; the old lease's close matches no row (it is the new one's).
         let replaced = reservation_writes(
             &written,
             &[open("a", 2, Some("0b"))],
+            &[],
             Some("01"),
             Some(Duration::from_secs(3600)),
         );
@@ -588,7 +608,15 @@ mod tests {
             "the close of the old lease leaves the new one"
         );
         // Its socket closed.
-        let closed = reservation_writes(&written, &[], Some("01"), None);
+        // One whose status never went out is forgotten; one whose status did is closed.
+        assert_eq!(
+            reservation_writes(&written, &[], &[("a".into(), 2)], Some("01"), None),
+            [ReservationWrite::Forget {
+                task_id: "a".into(),
+                lease: 2
+            }]
+        );
+        let closed = reservation_writes(&written, &[], &[], Some("01"), None);
         assert_eq!(
             closed,
             [ReservationWrite::Close {
@@ -603,10 +631,10 @@ mod tests {
     #[test]
     fn a_floor_written_before_the_replica_was_known_is_written_again_with_it() {
         let mut written = HashMap::new();
-        let first = reservation_writes(&written, &[open("a", 1, Some("0a"))], None, None);
+        let first = reservation_writes(&written, &[open("a", 1, Some("0a"))], &[], None, None);
         apply(&mut written, &first);
         assert!(matches!(
-            &reservation_writes(&written, &[open("a", 1, Some("0a"))], Some("01"), None)[..],
+            &reservation_writes(&written, &[open("a", 1, Some("0a"))], &[], Some("01"), None)[..],
             [ReservationWrite::Floor { replica_version: Some(v), .. }] if v == "01"
         ));
     }

@@ -313,6 +313,7 @@ where
         Ok(status) => {
             outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
             status_sent = true;
+            lease.status_sent();
             log_pinned(&lease);
         }
         Err(why) => {
@@ -345,6 +346,7 @@ where
                     Ok(status) => {
                         outbox.push(true, OpCode::Text, BytesMut::from(status.as_bytes()));
                         status_sent = true;
+                        lease.status_sent();
                         log_pinned(&lease);
                     }
                     Err(why) => {

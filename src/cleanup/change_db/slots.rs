@@ -83,6 +83,7 @@ pub(super) struct SlotSql {
     open_reservation: String,
     set_floor: String,
     close_reservation: String,
+    forget_reservation: String,
     end_reservation: String,
     upsert_subscribers: String,
     forget_subscribers: String,
@@ -110,7 +111,10 @@ impl SlotSql {
             record_migration: format!(
                 "INSERT INTO {s}.migrations (version, description) VALUES ($1, $2)"
             ),
-            lock_shared: "SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)",
+            // A slot write that waits for a lock (someone holds the table) gives up after a second, rather than
+            // the session's lock_timeout: the connection is the sidecar's only one, and its checks queue behind.
+            lock_shared: "SELECT set_config('lock_timeout', '1s', true), \
+                          pg_advisory_xact_lock_shared($1::int4, $2::int4)",
             lock_exclusive: "SELECT pg_advisory_xact_lock($1::int4, $2::int4)",
             open_reservation: format!(
                 "INSERT INTO {slots} (kind, key, task_id, floor, replica_version, holder, lease, protocol, connected, \
@@ -130,11 +134,14 @@ impl SlotSql {
                 "UPDATE {slots} SET connected = false, heartbeat = now()
                   WHERE kind = 'reservation' AND key = $1 AND holder = $2 AND lease = $3"
             ),
+            forget_reservation: format!(
+                "DELETE FROM {slots} WHERE kind = 'reservation' AND key = $1 AND holder = $2 AND lease = $3"
+            ),
             // Only a reservation opened before the subscription was requested: one opened since is a new restore.
             end_reservation: format!(
                 "DELETE FROM {slots}
                   WHERE kind = 'reservation' AND key = $1 AND opened_at <= now() - make_interval(secs => $2::float8)
-                  RETURNING holder, extract(epoch FROM now() - opened_at)::float8"
+                  RETURNING holder, extract(epoch FROM now() - opened_at)::float8, connected"
             ),
             upsert_subscribers: format!(
                 "INSERT INTO {slots} (kind, key, task_id, subscriber_id, floor, replica_version, holder, connected,
@@ -245,6 +252,8 @@ pub enum ReservationWrite {
     },
     /// Its socket closed: the row stays until its task subscribes or its restore limit passes.
     Close { task_id: String, lease: i64 },
+    /// Its socket closed before its status went out: nobody restores from it, and its row goes.
+    Forget { task_id: String, lease: i64 },
 }
 
 /// One of this sidecar's subscribers as its slot says it.
@@ -283,8 +292,9 @@ impl SlotWrites {
 /// What a write transaction found.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SlotWritten {
-    /// Reservations ended by a subscription: task, the sidecar that held it, how long it was open.
-    pub ended: Vec<(String, String, Duration)>,
+    /// Reservations ended by a subscription: task, the sidecar that held it, how long it was open, and whether
+    /// its socket was still open at its holder's last write.
+    pub ended: Vec<(String, String, Duration, bool)>,
     /// With a heartbeat: this sidecar's reservation rows that still exist (task, lease).
     pub own_reservations: Option<Vec<(String, i64)>>,
 }
@@ -514,6 +524,7 @@ impl ChangeDb {
                     task_id.clone(),
                     row.get(0),
                     duration(row.get(1)).unwrap_or_default(),
+                    row.get(2),
                 ));
             }
         }
@@ -559,6 +570,10 @@ impl ChangeDb {
                 }
                 ReservationWrite::Close { task_id, lease } => {
                     tx.execute(&sql.close_reservation, &[task_id, &holder, lease])
+                        .await
+                }
+                ReservationWrite::Forget { task_id, lease } => {
+                    tx.execute(&sql.forget_reservation, &[task_id, &holder, lease])
                         .await
                 }
             };

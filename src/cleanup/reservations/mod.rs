@@ -82,6 +82,9 @@ struct Book {
     /// Tasks whose `initial=true` subscription the upstream accepted, and when each was requested, not yet written
     /// to the slot table: that write ends their reservation rows, whichever sidecar opened them.
     subscribed: Vec<(String, Instant)>,
+    /// Reservations whose sockets closed, by task and lease, and whether their status had gone out: the slot table
+    /// keeps the row of one whose view-syncer may be restoring, and forgets one nobody was told to restore from.
+    released: Vec<(String, u64, bool)>,
 }
 
 struct Held {
@@ -93,6 +96,8 @@ struct Held {
     floor: Option<String>,
     /// `None` for a kept reservation: there is no socket to close.
     end: Option<oneshot::Sender<EndReason>>,
+    /// Its status went out: its view-syncer may be restoring from here on.
+    sent: bool,
 }
 
 /// What the state file must keep of the registry: bumped at every change of it, and the version the last write
@@ -143,6 +148,7 @@ impl Registry {
                 restorable: true,
                 unservable: false,
                 subscribed: Vec::new(),
+                released: Vec::new(),
             })),
         }
     }
@@ -171,6 +177,7 @@ impl Registry {
             protocol,
             floor,
             end: Some(end),
+            sent: false,
         };
         let previous = inner.open.insert(task_id.to_string(), entry);
         drop(inner);
@@ -210,6 +217,7 @@ impl Registry {
         let mut inner = self.lock();
         // Its row in the slot table ends too, whoever opened it (another sidecar, or this one before a restart).
         inner.subscribed.push((task_id.to_string(), requested.1));
+        cap(&mut inner.subscribed);
         if inner.open.get(task_id).is_none_or(|e| e.id > requested.0) {
             drop(inner);
             self.changed();
@@ -234,6 +242,8 @@ impl Registry {
         let mut inner = self.lock();
         if inner.open.get(task_id).is_some_and(|entry| entry.id == id) {
             if let Some(entry) = inner.open.remove(task_id) {
+                inner.released.push((task_id.to_string(), id, entry.sent));
+                cap(&mut inner.released);
                 drop(inner);
                 self.changed();
                 debug!(
@@ -338,6 +348,17 @@ impl Registry {
         }
     }
 
+    fn mark_sent(&self, task_id: &str, id: u64) {
+        if let Some(entry) = self.lock().open.get_mut(task_id).filter(|e| e.id == id) {
+            entry.sent = true;
+        }
+    }
+
+    /// The reservations whose sockets closed since the last call: task, lease, and whether their status went out.
+    pub fn take_released(&self) -> Vec<(String, u64, bool)> {
+        std::mem::take(&mut self.lock().released)
+    }
+
     fn floor(&self, task_id: &str, id: u64) -> Option<String> {
         let inner = self.lock();
         inner
@@ -401,6 +422,7 @@ impl Registry {
                 protocol: k.protocol,
                 floor: k.floor,
                 end: None,
+                sent: true,
             };
             inner.open.entry(k.task_id).or_insert(entry);
         }
@@ -552,6 +574,17 @@ impl Registry {
     }
 }
 
+/// At most this many closed reservations and subscriptions wait for the slot table's writer (while the change DB is
+/// down): past it the oldest are dropped, and their rows stay as they were, which protects more, never less.
+const PENDING_WRITES: usize = 10_000;
+
+fn cap<T>(pending: &mut Vec<T>) {
+    if pending.len() > PENDING_WRITES {
+        let excess = pending.len() - PENDING_WRITES;
+        pending.drain(..excess);
+    }
+}
+
 /// A point in the registry's history, taken by [`Registry::ticket`]: reservations opened after it are newer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Ticket(u64, Instant);
@@ -576,6 +609,11 @@ impl Lease {
     /// before every batch, so a floor lowered here holds from the next batch on.
     pub fn set_floor(&mut self, floor: Option<String>) {
         self.registry.set_floor(&self.task_id, self.id, floor);
+    }
+
+    /// Its status went out: from here on its view-syncer may restore, and its slot outlives its socket.
+    pub fn status_sent(&self) {
+        self.registry.mark_sent(&self.task_id, self.id);
     }
 
     /// Resolves when the registry ends this reservation (replaced or subscribed).

@@ -161,7 +161,16 @@ async fn restore_proofs_without_any_gauge_bound_the_purge_and_the_statuses() {
     assert_eq!(sidecar.registry.newest_backup(), Some(wm(3)));
     assert_eq!(floor(&sidecar, "vs-early").await, wm(1));
     drop(early);
-    eventually("the reservation ended", || sidecar.registry.is_empty()).await;
+    eventually("the reservation's socket closed", || {
+        sidecar.registry.is_empty()
+    })
+    .await;
+    // Its slot holds until its view-syncer, restored, subscribes.
+    sidecar.registry.end_by_subscription(
+        "vs-early",
+        sidecar.registry.ticket(),
+        tokio::time::Instant::now(),
+    );
 
     // The proof ages past the cleanup delay (30 s): the purge goes below wm(3), never further.
     within("the purge below wm(3)", Duration::from_secs(60), || async {

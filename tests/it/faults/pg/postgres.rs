@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use litestream_sidecar::cleanup::change_db::FailureClass;
+use litestream_sidecar::cleanup::{Decision, HoldReason};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -284,11 +285,11 @@ async fn a_restart_in_the_middle_of_a_batched_purge_keeps_every_row_from_its_wat
     sidecar.stop().await;
 }
 
-/// PostgreSQL stopped for a minute, then started again. Meanwhile the sidecar serves v3 reservations and its
-/// health endpoints, reports every purge as failing for want of the database (`unavailable`) and readiness as
-/// missing it, purges nothing, and holds a v4 reservation's status back (pinging it) since its `minWatermark`
-/// lives in the change DB. Once PostgreSQL is back the sidecar reconnects by itself: the v4 reservation gets its
-/// status, the next purge succeeds within what the reservations protect, and the failure report clears.
+/// PostgreSQL stopped for a minute, then started again. Meanwhile the sidecar serves its health endpoints, reports
+/// readiness as missing the database and cleanup as held (its slots cannot be read), purges nothing, and holds
+/// every reservation's status back (pinging it): a status goes out only once its reservation's row has committed,
+/// and v4's `minWatermark` lives in the change DB too. Once PostgreSQL is back the sidecar reconnects by itself:
+/// both reservations get their statuses, and the next purge succeeds within what the reservations protect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_minute_without_postgresql_serves_reservations_reports_it_and_recovers_by_itself() {
     const OUTAGE: Duration = Duration::from_secs(60);
@@ -331,14 +332,17 @@ async fn a_minute_without_postgresql_serves_reservations_reports_it_and_recovers
     // fail without the database.
     litestream.set_page(&progress_page(&[("0c", old), ("0e", old)]));
     within(
-        "purges failing as unavailable",
+        "cleanup held: the slots cannot be read",
         Duration::from_secs(30),
         || async {
-            let failures = sidecar.status.get().purge_failures;
-            failures.consecutive >= 2
-                && failures
-                    .last
-                    .is_some_and(|l| l.class == FailureClass::Unavailable)
+            let status = sidecar.status.get();
+            status.slots_problem.is_some()
+                && matches!(
+                    status.last_decision,
+                    Some(Decision::Hold(
+                        HoldReason::StateUnreadable | HoldReason::StateUnwritable
+                    ))
+                )
         },
     )
     .await;
@@ -351,27 +355,14 @@ async fn a_minute_without_postgresql_serves_reservations_reports_it_and_recovers
     assert!(body.contains("change DB unreachable"), "{body}");
     let page = metrics(&sidecar).await;
     assert_eq!(
-        metric(
-            &page,
-            "litestream_sidecar_purge_failing{class=\"unavailable\"}"
-        ),
-        Some(1.0),
-        "{page}"
-    );
-    assert!(
-        metric(&page, "litestream_sidecar_purge_consecutive_failures") >= Some(2.0),
-        "{page}"
-    );
-    assert_eq!(
         metric(&page, "litestream_sidecar_change_db_up"),
         Some(0.0),
         "{page}"
     );
 
-    // A restore from the backup needs nothing from the database: v3's status comes at once.
+    // A status goes out only once its reservation's row has committed: v3's waits as v4's does (whose
+    // minWatermark lives in the change DB too), each socket pinged meanwhile.
     let v3 = Reservation::open(&sidecar, "/replication/v3/snapshot?taskID=v3-outage").await;
-    assert_eq!(v3.status(Duration::from_secs(10)).await, V3_STATUS);
-    // v4's carries the change log's minWatermark: held back, the socket pinged meanwhile.
     let v4 = Reservation::open(&sidecar, "/replication/v4/snapshot?taskID=v4-outage").await;
     while down.elapsed() < OUTAGE {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -379,6 +370,7 @@ async fn a_minute_without_postgresql_serves_reservations_reports_it_and_recovers
         assert_eq!(status.purges, purges_before, "nothing purged while down");
         assert_eq!(status.last_purged(), Some("0c"));
         assert!(v4.seen().texts.is_empty(), "{:?}", v4.seen());
+        assert!(v3.seen().texts.is_empty(), "{:?}", v3.seen());
         assert!(!v3.seen().ended && !v4.seen().ended);
     }
     let seen = v4.seen();
@@ -387,7 +379,16 @@ async fn a_minute_without_postgresql_serves_reservations_reports_it_and_recovers
         "the held-back reservation is pinged: {seen:?}"
     );
     assert_eq!(sidecar.registry.len(), 2);
-    assert!(sidecar.status.get().purge_failures.consecutive >= 10);
+    assert!(
+        matches!(
+            sidecar.status.get().last_decision,
+            Some(Decision::Hold(
+                HoldReason::StateUnreadable | HoldReason::StateUnwritable
+            ))
+        ),
+        "{:?}",
+        sidecar.status.get().last_decision
+    );
 
     cluster.start_again().await;
     db.reconnect(&cluster.pg_config()).await;
@@ -400,6 +401,7 @@ async fn a_minute_without_postgresql_serves_reservations_reports_it_and_recovers
     // 0e if the first purge after the outage came first (the reservation protected 0e, the newest backup, until
     // then).
     let min = min_watermark(&v4.status(Duration::from_secs(60)).await);
+    assert_eq!(v3.status(Duration::from_secs(30)).await, V3_STATUS);
     assert!(min == "0c" || min == "0e", "{min}");
     // Protected from its minWatermark while it is open, whatever the purges do meanwhile: every transaction after
     // it whole, and of the one at it what was there when it was read (batches delete in key order, so a purge
@@ -422,9 +424,14 @@ async fn a_minute_without_postgresql_serves_reservations_reports_it_and_recovers
         assert_eq!(db.rows().await, announced);
     }
 
-    // Once it ends, cleanup goes on to the newest aged backup; the v3 reservation (pinned at 0e, the backup it
-    // restores) and the subscriber keep the rest.
+    // Once it ends (its socket closes, and its view-syncer, restored, subscribes), cleanup goes on to the newest
+    // aged backup; the v3 reservation (pinned at 0e, the backup it restores) and the subscriber keep the rest.
     drop(v4);
+    sidecar.registry.end_by_subscription(
+        "v4-outage",
+        sidecar.registry.ticket(),
+        tokio::time::Instant::now(),
+    );
     within("the purge below 0e", Duration::from_secs(30), || async {
         db.rows().await == expected_rows(&all[4..], 4)
     })

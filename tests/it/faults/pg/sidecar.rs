@@ -107,7 +107,11 @@ async fn a_state_file_of_an_earlier_release_is_imported_once_and_its_reservation
     for w in ["0a", "0b", "0c", "0d", "0e"] {
         db.insert_transaction(w, 2).await;
     }
-    let litestream = MetricsServer::start(&progress_page(&[("0d", seconds_ago(600.0))])).await;
+    let litestream = MetricsServer::start(&progress_page(&[
+        ("0b", seconds_ago(600.0)),
+        ("0d", seconds_ago(600.0)),
+    ]))
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.json");
     // As the previous release wrote it: a restore in flight pinned at 0b, begun 20 minutes ago, and a delay of
@@ -164,7 +168,14 @@ async fn a_state_file_of_an_earlier_release_is_imported_once_and_its_reservation
             .any(|s| s.key == "vs-restoring")
     })
     .await;
-    assert_eq!(sidecar.status.get().slots.len(), 1);
+    let reservations = sidecar
+        .status
+        .get()
+        .slots
+        .iter()
+        .filter(|s| s.kind == litestream_sidecar::cleanup::slots::SlotKind::Reservation)
+        .count();
+    assert_eq!(reservations, 1);
     sidecar.stop().await;
 
     // A corrupt file is left as it is, and imports nothing.
@@ -192,7 +203,8 @@ async fn slots_that_cannot_be_written_hold_cleanup_and_statuses_until_they_can()
     for w in ["0a", "0b", "0c", "0d", "0e"] {
         db.insert_transaction(w, 2).await;
     }
-    let litestream = MetricsServer::start(&progress_page(&[("0c", seconds_ago(600.0))])).await;
+    // Nothing below the only backup to purge yet.
+    let litestream = MetricsServer::start(&progress_page(&[("0a", seconds_ago(600.0))])).await;
     let dir = tempfile::tempdir().unwrap();
     let sidecar = start_aged(
         with_state(&db, &litestream, &dir.path().join("state.json")),
@@ -217,7 +229,12 @@ async fn slots_that_cannot_be_written_hold_cleanup_and_statuses_until_they_can()
         sidecar.status.get().memory == litestream_sidecar::cleanup::Memory::Unwritable
     })
     .await;
-    let decision = decisions(&sidecar, 1).await;
+    // A backup to purge below: cleanup holds while the slots cannot be written.
+    litestream.set_page(&progress_page(&[
+        ("0a", seconds_ago(600.0)),
+        ("0c", seconds_ago(600.0)),
+    ]));
+    let decision = decisions(&sidecar, 2).await;
     assert!(
         matches!(
             decision,
@@ -237,11 +254,11 @@ async fn slots_that_cannot_be_written_hold_cleanup_and_statuses_until_they_can()
     // Once the table is free, the rows are written, the status goes out and cleanup resumes.
     blocker.batch_execute("ROLLBACK").await.unwrap();
     assert!(next_text(&mut ws).await.contains("backupURL"));
-    drop(ws);
     eventually_async("purged below 0c", || async {
         db.watermarks().await == ["0c", "0d", "0e"]
     })
     .await;
+    drop(ws);
     sidecar.stop().await;
     db.drop().await;
 }
@@ -791,7 +808,9 @@ async fn a_takeover_while_the_purger_is_frozen_keeps_every_row_its_reservation_n
     )
     .await;
 
-    // A freezes, and the session holding its purger lock ends.
+    // A freezes, and the session holding its purger lock (this shard's: other tests' sidecars share the server)
+    // ends.
+    let (class, key) = litestream_sidecar::cleanup::change_db::purger_lock_key(&db.zero());
     let stopped = Command::new("kill")
         .args(["-STOP", &a.child.id().to_string()])
         .status()
@@ -801,8 +820,8 @@ async fn a_takeover_while_the_purger_is_frozen_keeps_every_row_its_reservation_n
         .client
         .query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid = ($1::int4)::oid AND objsubid = 2 AND granted",
-            &[&litestream_sidecar::cleanup::change_db::PURGER_LOCK_CLASS],
+             AND classid = ($1::int4)::oid AND objid = ($2::int4)::oid AND objsubid = 2 AND granted",
+            &[&class, &key],
         )
         .await
         .unwrap()
