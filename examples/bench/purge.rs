@@ -91,29 +91,7 @@ async fn run_on(report: &mut Report, major: &str, url: &str) -> Figures {
     };
     let schema = format!("\"{}\"", zero.cdc_schema());
     let log = format!("{schema}.\"changeLog\"");
-    client
-        .batch_execute(&format!(
-            r#"
-            CREATE SCHEMA {schema};
-            CREATE TABLE {log} (
-              watermark TEXT, pos INT8, change JSON NOT NULL, precommit TEXT, PRIMARY KEY (watermark, pos)
-            );
-            CREATE TABLE {schema}."replicationState" (
-              "lastWatermark" TEXT NOT NULL, "owner" TEXT, "ownerAddress" TEXT,
-              "lock" INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1)
-            );
-            CREATE TABLE {schema}."replicationConfig" (
-              "replicaVersion" TEXT NOT NULL, "publications" TEXT[] NOT NULL, "resetRequired" BOOL,
-              "lock" INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1)
-            );
-            INSERT INTO {schema}."replicationConfig" ("replicaVersion", "publications")
-              VALUES ('8000000000', ARRAY['_zero_public_0']);
-            INSERT INTO {schema}."replicationState" ("lastWatermark", "owner", "ownerAddress")
-              VALUES ('8000000000', 'rm-task-1', '{ADDRESS}');
-            "#
-        ))
-        .await
-        .expect("create the change DB schema");
+    crate::util::create_zero_tables(&client, &zero, "8000000000", Some(ADDRESS)).await;
 
     // Server-side generation: LexiVersion-shaped commit watermarks, begin / insert / commit rows whose inserts
     // carry a ~300-byte row as Zero's change source writes them.

@@ -43,37 +43,34 @@ pub async fn run(report: &mut Report) {
 
 /// Zero's change DB tables for `zero`'s shard, with `transactions` transactions of ten rows each.
 async fn change_db(client: &tokio_postgres::Client, zero: &ZeroConfig, transactions: i64) {
-    let schema = format!("\"{}\"", zero.cdc_schema());
+    crate::util::create_zero_tables(client, zero, REPLICA, None).await;
+    let log = format!("\"{}\".\"changeLog\"", zero.cdc_schema());
     client
         .batch_execute(&format!(
             r#"
-            CREATE SCHEMA {schema};
-            CREATE TABLE {schema}."changeLog" (
-              watermark TEXT, pos INT8, change JSON NOT NULL, precommit TEXT, PRIMARY KEY (watermark, pos)
-            );
-            CREATE TABLE {schema}."replicationState" (
-              "lastWatermark" TEXT NOT NULL, "owner" TEXT, "ownerAddress" TEXT,
-              "lock" INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1)
-            );
-            CREATE TABLE {schema}."replicationConfig" (
-              "replicaVersion" TEXT NOT NULL, "publications" TEXT[] NOT NULL, "resetRequired" BOOL,
-              "lock" INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1)
-            );
-            INSERT INTO {schema}."replicationConfig" ("replicaVersion", "publications")
-              VALUES ('{REPLICA}', ARRAY['_zero_public_0']);
-            INSERT INTO {schema}."replicationState" ("lastWatermark", "owner", "ownerAddress")
-              VALUES ('{REPLICA}', 'rm-task-1', NULL);
-            INSERT INTO {schema}."changeLog" (watermark, pos, change, precommit)
+            INSERT INTO {log} (watermark, pos, change, precommit)
             SELECT watermark(g / 10), g % 10,
                    json_build_object('tag', 'insert', 'new', json_build_object('id', md5(g::text))),
                    CASE g % 10 WHEN 9 THEN watermark(g / 10) END
               FROM generate_series(0, {rows}) AS g;
-            VACUUM ANALYZE {schema}."changeLog";
+            VACUUM ANALYZE {log};
             "#,
             rows = transactions * 10 - 1,
         ))
         .await
-        .expect("create the change DB");
+        .expect("fill the change log");
+}
+
+/// Drops the shard's two schemas, Zero's and the sidecar's.
+async fn drop_schemas(client: &tokio_postgres::Client, zero: &ZeroConfig) {
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA \"{}\" CASCADE; DROP SCHEMA \"{}\" CASCADE",
+            zero.cdc_schema(),
+            zero.sidecar_schema()
+        ))
+        .await
+        .expect("drop the bench schemas");
 }
 
 /// The watermark of transaction `n`: LexiVersions of ten digits, as the change log above has them.
@@ -260,14 +257,7 @@ async fn statements(report: &mut Report, url: &str) {
     let _ = acking.await;
     drop(leases);
     let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
-    client
-        .batch_execute(&format!(
-            "DROP SCHEMA \"{}\" CASCADE; DROP SCHEMA \"{}\" CASCADE",
-            zero.cdc_schema(),
-            zero.sidecar_schema()
-        ))
-        .await
-        .expect("drop the bench schemas");
+    drop_schemas(&client, &zero).await;
 }
 
 async fn batches(report: &mut Report, url: &str) {
@@ -380,12 +370,5 @@ async fn batches(report: &mut Report, url: &str) {
         Some(ratio <= 1.10),
     );
     shutdown.cancel();
-    client
-        .batch_execute(&format!(
-            "DROP SCHEMA \"{}\" CASCADE; DROP SCHEMA \"{}\" CASCADE",
-            zero.cdc_schema(),
-            zero.sidecar_schema()
-        ))
-        .await
-        .expect("drop the bench schemas");
+    drop_schemas(&client, &zero).await;
 }

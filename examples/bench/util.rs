@@ -295,3 +295,38 @@ pub async fn wait_for_status(addr: &str) {
         );
     }
 }
+
+/// Zero's change DB tables for `zero`'s shard, empty but for their one row each: the replica version and the owner
+/// (`owner_address`, or none).
+pub async fn create_zero_tables(
+    client: &tokio_postgres::Client,
+    zero: &litestream_sidecar::protocol::shard::ZeroConfig,
+    replica_version: &str,
+    owner_address: Option<&str>,
+) {
+    let schema = format!("\"{}\"", zero.cdc_schema());
+    let owner = owner_address.map_or("NULL".to_string(), |a| format!("'{a}'"));
+    client
+        .batch_execute(&format!(
+            r#"
+            CREATE SCHEMA {schema};
+            CREATE TABLE {schema}."changeLog" (
+              watermark TEXT, pos INT8, change JSON NOT NULL, precommit TEXT, PRIMARY KEY (watermark, pos)
+            );
+            CREATE TABLE {schema}."replicationState" (
+              "lastWatermark" TEXT NOT NULL, "owner" TEXT, "ownerAddress" TEXT,
+              "lock" INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1)
+            );
+            CREATE TABLE {schema}."replicationConfig" (
+              "replicaVersion" TEXT NOT NULL, "publications" TEXT[] NOT NULL, "resetRequired" BOOL,
+              "lock" INTEGER PRIMARY KEY DEFAULT 1 CHECK (lock=1)
+            );
+            INSERT INTO {schema}."replicationConfig" ("replicaVersion", "publications")
+              VALUES ('{replica_version}', ARRAY['_zero_public_0']);
+            INSERT INTO {schema}."replicationState" ("lastWatermark", "owner", "ownerAddress")
+              VALUES ('{replica_version}', 'rm-task-1', {owner});
+            "#
+        ))
+        .await
+        .expect("create the change DB schema");
+}

@@ -16,8 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::support::lexi;
 use crate::support::pg::TestSchema;
 use litestream_sidecar::cleanup::change_db::{
-    ChangeDb, PurgeOutcome, PurgeTarget, ReservationWrite, SlotCheck, SlotRule, SlotWrites,
-    SubscriberRow,
+    ChangeDb, ReservationWrite, SlotWrites, SubscriberRow,
 };
 
 const SIDECARS: usize = 3;
@@ -299,30 +298,14 @@ impl World {
                 // Any aged backup up to the newest: the slots alone must keep what anyone needs.
                 let candidates: Vec<&String> = self.log.iter().filter(|w| **w <= backup).collect();
                 let before = candidates[pick % candidates.len()].clone();
-                let mut outcome = PurgeOutcome::default();
-                self.sidecars[sidecar]
-                    .db
-                    .purge_within(
-                        PurgeTarget {
-                            before: &before,
-                            replica_version: Some(REPLICA),
-                            slots: Some(SlotCheck {
-                                rule: SlotRule {
-                                    pause: false,
-                                    restore_limit_now: size_known
-                                        .then_some(Duration::from_secs(3600)),
-                                },
-                                own: None,
-                            }),
-                        },
-                        None::<&str>,
-                        2,
-                        &CancellationToken::new(),
-                        || std::future::ready(litestream_sidecar::cleanup::Ceiling::None),
-                        &mut outcome,
-                    )
-                    .await
-                    .unwrap();
+                crate::support::pg::purge_with_slots(
+                    &self.sidecars[sidecar].db,
+                    &before,
+                    REPLICA,
+                    2,
+                    size_known.then_some(Duration::from_secs(3600)),
+                )
+                .await;
                 self.check(&before).await?;
             }
         }

@@ -3,8 +3,7 @@ use std::time::Duration;
 use crate::support::lexi;
 use crate::support::pg::TestSchema;
 use litestream_sidecar::cleanup::change_db::{
-    ChangeDb, PurgeOutcome, PurgeStop, PurgeTarget, ReservationWrite, SlotCheck, SlotRule,
-    SlotWrites, SubscriberRow, SCHEMA_VERSION,
+    ChangeDb, PurgeOutcome, PurgeStop, ReservationWrite, SlotWrites, SubscriberRow, SCHEMA_VERSION,
 };
 use litestream_sidecar::cleanup::slots::SlotKind;
 use tokio_util::sync::CancellationToken;
@@ -53,28 +52,7 @@ async fn reserve(db: &ChangeDb, holder: &str, writes: Vec<ReservationWrite>) {
 
 /// A purge below `before` with the slots checked in every batch, two rows a batch.
 async fn purge(db: &ChangeDb, before: &str, limit_now: Option<Duration>) -> PurgeOutcome {
-    let mut outcome = PurgeOutcome::default();
-    db.purge_within(
-        PurgeTarget {
-            before,
-            replica_version: Some(&replica()),
-            slots: Some(SlotCheck {
-                rule: SlotRule {
-                    pause: false,
-                    restore_limit_now: limit_now,
-                },
-                own: None,
-            }),
-        },
-        None::<&str>,
-        2,
-        &CancellationToken::new(),
-        || std::future::ready(litestream_sidecar::cleanup::Ceiling::None),
-        &mut outcome,
-    )
-    .await
-    .unwrap();
-    outcome
+    crate::support::pg::purge_with_slots(db, before, &replica(), 2, limit_now).await
 }
 
 async fn watermarks_left(schema: &TestSchema) -> Vec<String> {

@@ -366,3 +366,38 @@ pub fn expected_rows(watermarks: &[&str], per_tx: i64) -> Vec<(String, i64)> {
         .flat_map(|w| (0..per_tx).map(move |pos| (w.to_string(), pos)))
         .collect()
 }
+
+/// A purge of `db`'s change log below `before`, for the log of `replica`, `batch_rows` a batch, that reads every
+/// live slot of the shard in each batch as the monitor's purges do (`limit_now`: the restore limit of reservations
+/// opened without one; `None`: the replica's size is unknown). No ownership is checked.
+pub async fn purge_with_slots(
+    db: &ChangeDb,
+    before: &str,
+    replica: &str,
+    batch_rows: i64,
+    limit_now: Option<Duration>,
+) -> litestream_sidecar::cleanup::change_db::PurgeOutcome {
+    use litestream_sidecar::cleanup::change_db::{PurgeOutcome, PurgeTarget, SlotCheck, SlotRule};
+    let mut outcome = PurgeOutcome::default();
+    db.purge_within(
+        PurgeTarget {
+            before,
+            replica_version: Some(replica),
+            slots: Some(SlotCheck {
+                rule: SlotRule {
+                    pause: false,
+                    restore_limit_now: limit_now,
+                },
+                own: None,
+            }),
+        },
+        None::<&str>,
+        batch_rows,
+        &CancellationToken::new(),
+        || std::future::ready(litestream_sidecar::cleanup::Ceiling::None),
+        &mut outcome,
+    )
+    .await
+    .expect("purge");
+    outcome
+}
