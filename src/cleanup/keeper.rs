@@ -148,6 +148,8 @@ fn apply(written: &mut HashMap<String, WrittenReservation>, writes: &[Reservatio
                     written.remove(task_id);
                 }
             }
+            // Without a socket of this run: nothing of it to follow.
+            ReservationWrite::Import { .. } => {}
         }
     }
 }
@@ -475,14 +477,11 @@ impl Keeper {
         let reservations = saved
             .reservations
             .iter()
-            .map(|kept| ReservationWrite::Open {
+            .map(|kept| ReservationWrite::Import {
                 task_id: kept.task_id.clone(),
-                lease: 0,
                 floor: kept.floor.clone(),
                 replica_version: saved.replica_version.clone(),
                 protocol: i32::try_from(kept.protocol).unwrap_or(0),
-                connected: false,
-                restore_limit: None,
                 opened_ago: wall_now.duration_since(kept.opened_at).unwrap_or_default(),
             })
             .collect();
@@ -524,13 +523,15 @@ impl Keeper {
         }
         let mut renamed = path.clone().into_os_string();
         renamed.push(".imported");
-        std::fs::rename(&path, &renamed).map_err(|e| {
-            format!(
-                "imported {} but cannot rename it to {}: {e}",
-                path.display(),
-                PathBuf::from(&renamed).display()
-            )
-        })?;
+        // Imported again at the next start if it stays: the same rows, and rows already there stand.
+        if let Err(err) = std::fs::rename(&path, &renamed) {
+            warn!(
+                path = %path.display(),
+                error = %err,
+                "state file imported but not renamed: it is imported again at the next start (rows already in the \
+                 change DB stand); move it aside"
+            );
+        }
         info!(
             path = %path.display(),
             renamed = %PathBuf::from(&renamed).display(),

@@ -84,6 +84,7 @@ pub(super) struct SlotSql {
     set_floor: String,
     close_reservation: String,
     forget_reservation: String,
+    import_reservation: String,
     end_reservation: String,
     upsert_subscribers: String,
     forget_subscribers: String,
@@ -133,6 +134,13 @@ impl SlotSql {
             close_reservation: format!(
                 "UPDATE {slots} SET connected = false, heartbeat = now()
                   WHERE kind = 'reservation' AND key = $1 AND holder = $2 AND lease = $3"
+            ),
+            import_reservation: format!(
+                "INSERT INTO {slots} (kind, key, task_id, floor, replica_version, holder, lease, protocol, connected,
+                                      opened_at, heartbeat)
+                 VALUES ('reservation', $1, $1, $2, $3, $4, 0, $5, false, now() - make_interval(secs => $6::float8),
+                         now())
+                 ON CONFLICT (kind, key) DO NOTHING"
             ),
             forget_reservation: format!(
                 "DELETE FROM {slots} WHERE kind = 'reservation' AND key = $1 AND holder = $2 AND lease = $3"
@@ -254,6 +262,15 @@ pub enum ReservationWrite {
     Close { task_id: String, lease: i64 },
     /// Its socket closed before its status went out: nobody restores from it, and its row goes.
     Forget { task_id: String, lease: i64 },
+    /// A reservation an earlier release kept in its state file, opened `opened_ago`, without a socket: a row
+    /// already there for its task (a newer reservation) stands.
+    Import {
+        task_id: String,
+        floor: Option<String>,
+        replica_version: Option<String>,
+        protocol: i32,
+        opened_ago: Duration,
+    },
 }
 
 /// One of this sidecar's subscribers as its slot says it.
@@ -575,6 +592,26 @@ impl ChangeDb {
                 ReservationWrite::Forget { task_id, lease } => {
                     tx.execute(&sql.forget_reservation, &[task_id, &holder, lease])
                         .await
+                }
+                ReservationWrite::Import {
+                    task_id,
+                    floor,
+                    replica_version,
+                    protocol,
+                    opened_ago,
+                } => {
+                    tx.execute(
+                        &sql.import_reservation,
+                        &[
+                            task_id,
+                            floor,
+                            replica_version,
+                            &holder,
+                            protocol,
+                            &seconds(*opened_ago),
+                        ],
+                    )
+                    .await
                 }
             };
             result.map_err(|e| fail("writing a reservation to", e))?;
