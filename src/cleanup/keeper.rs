@@ -162,6 +162,12 @@ impl Keeper {
         let mut backoff = Duration::from_millis(250);
         let mut said: Option<String> = None;
         loop {
+            // A connection first: while there is none, the sidecar is starting (or the change DB is down, which
+            // the supervisor and the readiness check report), not failing here.
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                () = self.db.ready() => {}
+            }
             match self.start().await {
                 Ok(resumed) => {
                     let _ = self.resumed.send(Some(resumed));
@@ -183,7 +189,7 @@ impl Keeper {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(30));
+            backoff = (backoff * 2).min(Duration::from_secs(10));
         }
         let mut changes = self.registry.changes();
         let mut written: HashMap<String, WrittenReservation> = HashMap::new();

@@ -644,6 +644,11 @@ impl Monitor {
         let read = tokio::time::timeout(SIZE_TIMEOUT, self.change_db.slots(limit_now)).await;
         let slots = match read {
             Ok(Ok(slots)) => slots,
+            // No connection: the readiness check and the change DB's own metric say so, and no purge can run.
+            Ok(Err(err)) if err.class() == crate::cleanup::change_db::FailureClass::Unavailable => {
+                debug!(error = %err, "slots not read: the change DB is not connected");
+                return;
+            }
             Ok(Err(err)) => {
                 let problem = err.to_string();
                 if self

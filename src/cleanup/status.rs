@@ -230,6 +230,9 @@ impl Status {
             .state_problem
             .as_ref()
             .map(|problem| format!("cleanup held: {problem}"));
+        let slots = self.slots_problem.as_ref().map(|problem| {
+            format!("cleanup held: the slots in the change DB cannot be read ({problem})")
+        });
         let unknown = self
             .backup_unknown
             .as_ref()
@@ -258,7 +261,8 @@ impl Status {
         let problems: Vec<String> = refused
             .chain(
                 [
-                    state, below, regressed, unknown, stale, unlisted, layout, drill, failing,
+                    state, slots, below, regressed, unknown, stale, unlisted, layout, drill,
+                    failing,
                 ]
                 .into_iter()
                 .flatten(),

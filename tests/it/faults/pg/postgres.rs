@@ -285,6 +285,23 @@ async fn a_restart_in_the_middle_of_a_batched_purge_keeps_every_row_from_its_wat
     sidecar.stop().await;
 }
 
+/// Without the change DB cleanup holds, since this sidecar's slots cannot be written, or decides and its purges fail
+/// for want of a connection.
+fn nothing_purged_for_want_of_the_database(
+    status: &litestream_sidecar::cleanup::status::Status,
+) -> bool {
+    matches!(
+        status.last_decision,
+        Some(Decision::Hold(
+            HoldReason::StateUnreadable | HoldReason::StateUnwritable
+        ))
+    ) || status
+        .purge_failures
+        .last
+        .as_ref()
+        .is_some_and(|l| l.class == FailureClass::Unavailable)
+}
+
 /// PostgreSQL stopped for a minute, then started again. Meanwhile the sidecar serves its health endpoints, reports
 /// readiness as missing the database and cleanup as held (its slots cannot be read), purges nothing, and holds
 /// every reservation's status back (pinging it): a status goes out only once its reservation's row has committed,
@@ -328,22 +345,13 @@ async fn a_minute_without_postgresql_serves_reservations_reports_it_and_recovers
 
     let down = Instant::now();
     cluster.stop().await;
-    // A newer backup has aged as well: from now on every check decides to purge below 0e, and every purge must
-    // fail without the database.
+    // A newer backup has aged as well: from now on every check holds (this sidecar's slots cannot be written) or
+    // decides to purge below 0e and fails without the database.
     litestream.set_page(&progress_page(&[("0c", old), ("0e", old)]));
     within(
-        "cleanup held: the slots cannot be read",
+        "cleanup held (the slots cannot be written) or purges failing as unavailable",
         Duration::from_secs(30),
-        || async {
-            let status = sidecar.status.get();
-            status.slots_problem.is_some()
-                && matches!(
-                    status.last_decision,
-                    Some(Decision::Hold(
-                        HoldReason::StateUnreadable | HoldReason::StateUnwritable
-                    ))
-                )
-        },
+        || async { nothing_purged_for_want_of_the_database(&sidecar.status.get()) },
     )
     .await;
     assert_eq!(
@@ -380,12 +388,7 @@ async fn a_minute_without_postgresql_serves_reservations_reports_it_and_recovers
     );
     assert_eq!(sidecar.registry.len(), 2);
     assert!(
-        matches!(
-            sidecar.status.get().last_decision,
-            Some(Decision::Hold(
-                HoldReason::StateUnreadable | HoldReason::StateUnwritable
-            ))
-        ),
+        nothing_purged_for_want_of_the_database(&sidecar.status.get()),
         "{:?}",
         sidecar.status.get().last_decision
     );
