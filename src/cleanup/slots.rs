@@ -110,8 +110,9 @@ impl fmt::Display for Slot {
 
 /// When a slot stops bounding purges, all ages by the database's clock (one clock for every sidecar of a shard).
 ///
-/// - A reservation lives until its task subscribes (through any sidecar: that transaction deletes it) or its restore
-///   limit has passed since it opened. The limit is fixed when it opens from the replica's size then known; one
+/// - A reservation lives while its holder vouches for its open socket (a heartbeat at least every [`HEARTBEAT`],
+///   with room for two missed), however long its restore takes; after that until its task subscribes (through any
+///   sidecar: that transaction deletes it) or its restore limit has passed since it opened. The limit is fixed when it opens from the replica's size then known; one
 ///   opened while the size was unknown takes the limit of the size known now, and while no size is known it does
 ///   not expire at all: a restore of a large replica can take hours, and a guess of one hour once lost one.
 /// - A subscriber lives while its holder vouches for it (a heartbeat at least every [`HEARTBEAT`]) and for its

@@ -65,9 +65,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[(
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// Whether a slot still bounds purges (see [`crate::cleanup::slots::Liveness`]); `$1`: the restore limit in seconds
-/// for reservations that opened without one (`NULL`: the size is unknown, and they do not expire).
+/// for reservations that opened without one (`NULL`: the size is unknown, and they do not expire). A reservation
+/// whose socket its holder still vouches for (every heartbeat, 10 s) lives however long its restore takes.
 const LIVE: &str = "CASE WHEN kind = 'subscriber' THEN now() < heartbeat + grace \
-                    ELSE coalesce(now() < opened_at + coalesce(restore_limit, make_interval(secs => $1::float8)), \
+                    ELSE (connected AND now() < heartbeat + interval '30 seconds') \
+                    OR coalesce(now() < opened_at + coalesce(restore_limit, make_interval(secs => $1::float8)), \
                     true) END";
 
 /// Every statement on the sidecar's schema, built once from its quoted name.
@@ -757,5 +759,6 @@ mod tests {
         // The liveness rule keeps a reservation whose limit is unknown: coalesce(NULL comparison, true).
         assert!(LIVE.contains("coalesce(now() < opened_at + coalesce(restore_limit, make_interval(secs => $1::float8)), true)"));
         assert!(LIVE.contains("now() < heartbeat + grace"));
+        assert!(LIVE.contains("(connected AND now() < heartbeat + interval '30 seconds')"));
     }
 }

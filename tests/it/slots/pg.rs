@@ -243,6 +243,47 @@ async fn a_reservation_opened_while_the_size_was_unknown_expires_only_once_a_siz
 }
 
 #[tokio::test]
+async fn a_reservation_whose_socket_its_holder_vouches_for_outlives_its_restore_limit() {
+    let schema = TestSchema::create(None, None).await;
+    let w = with_log(&schema).await;
+    let (db, stop) = migrated(&schema).await;
+    // A restore two hours in under a one-hour limit, its socket still open at its holder (which has just written).
+    let mut long = open("vs-long", Some(&w[1]));
+    if let ReservationWrite::Open {
+        opened_ago,
+        restore_limit,
+        ..
+    } = &mut long
+    {
+        *opened_ago = Duration::from_secs(2 * 3600);
+        *restore_limit = Some(Duration::from_secs(3600));
+    }
+    reserve(&db, "sidecar-a", vec![long]).await;
+    purge(&db, &w[8], Some(Duration::from_secs(3600))).await;
+    assert_eq!(watermarks_left(&schema).await, w[1..].to_vec());
+    assert_eq!(
+        db.forget_dead_slots(Some(Duration::from_secs(3600)))
+            .await
+            .unwrap(),
+        0
+    );
+    // Its socket closed: the limit has passed, and it bounds nothing.
+    reserve(
+        &db,
+        "sidecar-a",
+        vec![ReservationWrite::Close {
+            task_id: "vs-long".into(),
+            lease: 1,
+        }],
+    )
+    .await;
+    purge(&db, &w[8], Some(Duration::from_secs(3600))).await;
+    assert_eq!(watermarks_left(&schema).await, w[8..].to_vec());
+    stop.cancel();
+    schema.drop().await;
+}
+
+#[tokio::test]
 async fn a_subscription_through_another_sidecar_ends_the_reservation_and_writes_its_row_in_one_go()
 {
     let schema = TestSchema::create(None, None).await;
