@@ -517,7 +517,7 @@ impl ChangeDb {
             byte_order: Mutex::new(None),
             purger_lock: purger_lock_key(zero),
             purger_required: AtomicBool::new(false),
-            slot_sql: slots::SlotSql::new(&zero.sidecar_schema()),
+            slot_sql: slots::SlotSql::new(&zero.sidecar_schema(), &zero.cdc_schema()),
         });
         let tls = ChangeDbTls::for_mode(pg.get_ssl_mode());
         tokio::spawn(supervisor::supervise(

@@ -100,8 +100,15 @@ pub(super) struct SlotSql {
 }
 
 impl SlotSql {
-    pub(super) fn new(schema: &str) -> SlotSql {
+    /// `schema` is the sidecar's, `cdc` Zero's change DB schema (both unquoted).
+    pub(super) fn new(schema: &str, cdc: &str) -> SlotSql {
         let s = quote_ident(schema);
+        // A floor is a watermark of the replica the change log holds now, if the caller had not read it yet: the
+        // floor came from litestream's gauge of that replica (a resync, once seen, lowers every floor to none).
+        let current = format!(
+            r#"(SELECT "replicaVersion" FROM {}."replicationConfig")"#,
+            quote_ident(cdc)
+        );
         let slots = format!("{s}.slots");
         let shard = format!("{s}.shard");
         SlotSql {
@@ -122,15 +129,18 @@ impl SlotSql {
             open_reservation: format!(
                 "INSERT INTO {slots} (kind, key, task_id, floor, replica_version, holder, lease, protocol, connected, \
                                       opened_at, heartbeat, restore_limit)
-                 VALUES ('reservation', $1, $1, $2, $3, $4, $5, $6, $7, now() - make_interval(secs => $8::float8),
-                         now(), make_interval(secs => $9::float8))
+                 VALUES ('reservation', $1, $1, $2, CASE WHEN $2::text IS NULL THEN $3 ELSE coalesce($3, {current}) END,
+                         $4, $5, $6, $7, now() - make_interval(secs => $8::float8), now(),
+                         make_interval(secs => $9::float8))
                  ON CONFLICT (kind, key) DO UPDATE SET floor = excluded.floor,
                      replica_version = excluded.replica_version, holder = excluded.holder, lease = excluded.lease,
                      protocol = excluded.protocol, connected = excluded.connected, opened_at = excluded.opened_at,
                      heartbeat = now(), restore_limit = excluded.restore_limit"
             ),
             set_floor: format!(
-                "UPDATE {slots} SET floor = $4, replica_version = $5, heartbeat = now()
+                "UPDATE {slots} SET floor = $4,
+                        replica_version = CASE WHEN $4::text IS NULL THEN $5 ELSE coalesce($5, {current}) END,
+                        heartbeat = now()
                   WHERE kind = 'reservation' AND key = $1 AND holder = $2 AND lease = $3"
             ),
             close_reservation: format!(
@@ -737,7 +747,7 @@ mod tests {
 
     #[test]
     fn statements_name_the_quoted_schema() {
-        let sql = SlotSql::new("zero_0/sidecar");
+        let sql = SlotSql::new("zero_0/sidecar", "zero_0/cdc");
         assert!(sql.list.contains(r#"FROM "zero_0/sidecar".slots"#));
         assert!(sql
             .forget_dead

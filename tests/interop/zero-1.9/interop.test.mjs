@@ -1057,14 +1057,32 @@ scenario("11. Zero 1.10's rules, from its tagged source, on a fresh stack: ready
       for (let i = 0; probing; i++) {
         const minBefore = await fresh.changeLogMin().catch(() => undefined);
         const pump = new Pump(await client.reserveSnapshot(`interop19-probe-${i}`), `probe ${i}`);
+        let status;
         try {
-          const [status] = await pump.waitFor('the status', ms => ms.length > 0 && ms, 180_000);
+          [status] = await pump.waitFor('the status', ms => ms.length > 0 && ms, 180_000);
           probes.push({at: Date.now(), status, minBefore, minAfter: await fresh.changeLogMin(),
             dbSize: dbSize(await fresh.litestreamPage(), fresh.rmReplica)});
         } catch (e) {
           probes.push({at: Date.now(), error: e.message});
         } finally {
           pump.cancel();
+        }
+        // Its socket closed, its slot stays until its task subscribes, as a restored view-syncer's does: the probe
+        // subscribes from the minWatermark its status announced, and leaves.
+        if (status?.[1]?.minWatermark) {
+          const task = `interop19-probe-${i}`;
+          const sub = new RawSubscriber(`ws://${fresh.sidecarAddress}/replication/v6/changes?${changesQuery({
+            taskID: task, id: `probe-${i}`, watermark: status[1].minWatermark,
+            replicaVersion: status[1].replicaVersion, initial: true})}`, `probe ${i} subscription`);
+          try {
+            await sub.opened;
+            await eventually(`probe ${i}'s reservation to end with its subscription`, () =>
+              events('reservation ended by its subscription', {task_id: task}, fresh).length === 1, {timeout: 60_000});
+          } catch (e) {
+            probes.push({at: Date.now(), error: `subscribing: ${e.message}`});
+          } finally {
+            await sub.close();
+          }
         }
         for (let slept = 0; probing && slept < PROBE_EVERY_MS; slept += 500) await sleep(500);
       }

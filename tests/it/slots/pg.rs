@@ -424,3 +424,35 @@ async fn a_holder_forgets_the_subscribers_it_no_longer_tracks() {
     stop.cancel();
     schema.drop().await;
 }
+
+#[tokio::test]
+async fn a_floor_written_before_its_writer_read_the_replica_version_is_of_the_logs_replica() {
+    let schema = TestSchema::create(None, None).await;
+    let w = with_log(&schema).await;
+    let (db, stop) = migrated(&schema).await;
+    let mut early = open("vs-early", Some(&w[3]));
+    if let ReservationWrite::Open {
+        replica_version, ..
+    } = &mut early
+    {
+        *replica_version = None;
+    }
+    reserve(&db, "sidecar-a", vec![early]).await;
+    let slots = db.slots(None).await.unwrap();
+    assert_eq!(
+        slots[0].replica_version.as_deref(),
+        Some(replica().as_str())
+    );
+    // So it bounds the purge at its floor, not at every row.
+    purge(&db, &w[8], None).await;
+    assert_eq!(watermarks_left(&schema).await, w[3..].to_vec());
+    // Without a floor there is no watermark to tag.
+    reserve(&db, "sidecar-a", vec![open("vs-none", None)]).await;
+    let slots = db.slots(None).await.unwrap();
+    assert_eq!(
+        slots.iter().find(|s| s.key == "vs-none").unwrap().floor,
+        None
+    );
+    stop.cancel();
+    schema.drop().await;
+}

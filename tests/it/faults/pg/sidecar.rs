@@ -551,12 +551,17 @@ async fn killed_during_a_restore_the_restarted_process_keeps_the_reservation_unt
     assert_eq!(status["slots"][0]["floor"], "0c", "{status}");
 
     // Past its start-up wait it purges, but only below the kept reservation's floor.
-    within(
-        "a purge below the floor",
-        Duration::from_secs(60),
-        || async { db.watermarks().await == ["0c", "0d", "0e", "0f"] },
-    )
-    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while db.watermarks().await != ["0c", "0d", "0e", "0f"] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no purge below the floor: rows {:?}, status {}, log {}",
+            db.watermarks().await,
+            second.status().await,
+            second.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     within("held at the floor", Duration::from_secs(10), || async {
         second.status().await["cleanup"]["hold_reason"] == "reservation_floor"
     })
