@@ -2,7 +2,8 @@
 # The container test (`make test-image`): builds the image (scripts/image.sh), prints its size, runs the sidecar's
 # process tests against it under podman (tests/it/faults/pg/sidecar.rs with SIDECAR_IMAGE: readiness and the
 # health check, a reservation, relayed subscriptions, purges, SIGTERM closing with 1001, kills and restarts that
-# keep the state on the volume) on a throwaway PostgreSQL, then prints the idle container's resident memory.
+# find their slots in the change DB, a takeover while the purger is frozen) on a throwaway PostgreSQL, then prints
+# the idle container's resident memory.
 # Every container and image it made is removed at the end, also on failure.
 #
 #   scripts/test-image.sh [PG major, default 15]

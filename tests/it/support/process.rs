@@ -201,6 +201,16 @@ impl Process {
         self.signal("TERM");
     }
 
+    /// `kill -STOP`: frozen, its sockets and database sessions open but silent, until [`Process::thaw`].
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// `kill -CONT` after [`Process::freeze`].
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
     fn signal(&self, signal: &str) {
         let status = match &self.container {
             None => Command::new("kill")

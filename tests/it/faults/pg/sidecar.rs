@@ -1,7 +1,6 @@
 //! The sidecar itself stopped in the middle of its work: restores in progress lose their reservations with the
 //! process, so what protects them after a restart is the cleanup delay, which must survive it.
 
-use std::process::Command;
 use std::time::Duration;
 
 use litestream_sidecar::cleanup::state;
@@ -816,11 +815,7 @@ async fn a_takeover_while_the_purger_is_frozen_keeps_every_row_its_reservation_n
     // A freezes, and the session holding its purger lock (this shard's: other tests' sidecars share the server)
     // ends.
     let (class, key) = litestream_sidecar::cleanup::change_db::purger_lock_key(&db.zero());
-    let stopped = Command::new("kill")
-        .args(["-STOP", &a.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(stopped.success());
+    a.freeze();
     let ended: i64 = db
         .client
         .query_one(
@@ -871,9 +866,7 @@ async fn a_takeover_while_the_purger_is_frozen_keeps_every_row_its_reservation_n
     // Its subscriber's slot (at 0c) bounds the purge from now on.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(db.watermarks().await, ["0c", "0d", "0e", "0f"]);
-    let _ = Command::new("kill")
-        .args(["-CONT", &a.child.id().to_string()])
-        .status();
+    a.thaw();
     a.kill();
     drop(restore);
     drop(b);
