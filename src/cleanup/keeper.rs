@@ -75,7 +75,13 @@ fn reservation_writes(
         let replica_version = replica_version.map(str::to_owned);
         match written.get(task) {
             Some(w) if w.lease == *lease => {
-                if w.floor != *floor || (floor.is_some() && w.replica_version != replica_version) {
+                // A floor written before the replica version was read was tagged with the change log's by the
+                // write itself; only another replica (a resync) is news.
+                let other_replica = matches!(
+                    (&w.replica_version, &replica_version),
+                    (Some(was), Some(now)) if was != now
+                );
+                if w.floor != *floor || (floor.is_some() && other_replica) {
                     writes.push(ReservationWrite::Floor {
                         task_id: task.clone(),
                         lease: *lease as i64,
@@ -636,13 +642,27 @@ mod tests {
     }
 
     #[test]
-    fn a_floor_written_before_the_replica_was_known_is_written_again_with_it() {
+    fn a_floor_written_before_the_replica_was_known_is_not_written_again_for_it() {
+        // The write tagged it with the change log's replica: learning the version is no news, another one is.
         let mut written = HashMap::new();
         let first = reservation_writes(&written, &[open("a", 1, Some("0a"))], &[], None, None);
         apply(&mut written, &first);
+        assert!(
+            reservation_writes(&written, &[open("a", 1, Some("0a"))], &[], Some("01"), None)
+                .is_empty()
+        );
+        let known = reservation_writes(
+            &HashMap::new(),
+            &[open("a", 1, Some("0a"))],
+            &[],
+            Some("01"),
+            None,
+        );
+        let mut written = HashMap::new();
+        apply(&mut written, &known);
         assert!(matches!(
-            &reservation_writes(&written, &[open("a", 1, Some("0a"))], &[], Some("01"), None)[..],
-            [ReservationWrite::Floor { replica_version: Some(v), .. }] if v == "01"
+            &reservation_writes(&written, &[open("a", 1, Some("0a"))], &[], Some("02"), None)[..],
+            [ReservationWrite::Floor { replica_version: Some(v), .. }] if v == "02"
         ));
     }
 }
