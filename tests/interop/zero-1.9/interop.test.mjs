@@ -680,8 +680,11 @@ scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catc
     assert.ok(before.length > 10, `the restarted sidecar answered GET /status during the restore (${before.length})`);
     // Its slot, in the change DB: the socket died with the killed process, the reservation did not.
     const reserved = status => (status.slots ?? []).some(r => r.kind === 'reservation' && r.key === cfg.taskID && r.live);
-    // From the restarted sidecar's first check on, which reads the slots.
-    const missing = before.filter(s => (s.value.cleanup?.checks ?? 0) > 0 && !reserved(s.value));
+    // From the restarted sidecar's first read of the slots on (its first check, once the change DB answers).
+    const firstRead = before.findIndex(s => (s.value.slots ?? []).length > 0);
+    assert.ok(firstRead >= 0 && before.length - firstRead > 10,
+      `the restarted sidecar read the slots early in the restore (${firstRead} of ${before.length} answers before)`);
+    const missing = before.slice(firstRead).filter(s => !reserved(s.value));
     assert.deepEqual(missing.map(s => `${s.value.generated_at}: ${JSON.stringify(s.value.slots)}`), [],
       `GET /status lists ${cfg.taskID}'s slot from the restart until its subscription`);
     await eventually(`GET /status to drop ${cfg.taskID}`, async () =>
