@@ -68,7 +68,7 @@ pub struct Slot {
     pub since_heartbeat: Duration,
     /// Reservations: how long its restore may take, fixed when it opened from the replica's size then known.
     pub restore_limit: Option<Duration>,
-    /// Whether it still bounds purges now (see [`Liveness`]).
+    /// Whether it still bounds purges now (see [`HEARTBEAT`]).
     pub live: bool,
 }
 
@@ -108,26 +108,20 @@ impl fmt::Display for Slot {
     }
 }
 
-/// When a slot stops bounding purges, all ages by the database's clock (one clock for every sidecar of a shard).
+/// How often a sidecar vouches for its slots, which decides when a slot stops bounding purges (all ages by the
+/// database's clock, one clock for every sidecar of a shard):
 ///
-/// - A reservation lives while its holder vouches for its open socket (a heartbeat at least every [`HEARTBEAT`],
-///   with room for two missed), however long its restore takes; after that until its task subscribes (through any
-///   sidecar: that transaction deletes it) or its restore limit has passed since it opened. The limit is fixed when it opens from the replica's size then known; one
-///   opened while the size was unknown takes the limit of the size known now, and while no size is known it does
-///   not expire at all: a restore of a large replica can take hours, and a guess of one hour once lost one.
-/// - A subscriber lives while its holder vouches for it (a heartbeat at least every [`HEARTBEAT`]) and for its
-///   grace after the last heartbeat: `cleanup.reconnect_grace` plus room for two missed heartbeats. A holder that
-///   stops (frozen, killed, cut off) frees no floor before that.
+/// - A reservation lives while its holder vouches for its open socket (with room for two missed heartbeats),
+///   however long its restore takes; after that until its task subscribes (through any sidecar: that transaction
+///   deletes it) or its restore limit has passed since it opened. The limit is fixed when it opens from the
+///   replica's size then known; one opened while the size was unknown takes the limit of the size known now, and
+///   while no size is known it does not expire at all: a restore of a large replica can take hours.
+/// - A subscriber lives while its holder vouches for it, and for its grace after the last heartbeat:
+///   `cleanup.reconnect_grace` plus room for two missed heartbeats. A holder that stops (frozen, killed, cut off)
+///   frees no floor before that.
 ///
-/// Its socket closing frees nothing by itself: a view-syncer restores without its snapshot socket, and a
-/// subscriber reconnects within the grace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Liveness {
-    /// The restore limit for reservations that opened without a known size: `None` while the size is unknown.
-    pub restore_limit_now: Option<Duration>,
-}
-
-/// How often a sidecar vouches for its slots.
+/// A socket closing frees nothing by itself once a reservation's status went out: a view-syncer restores without
+/// its snapshot socket, and a subscriber reconnects within the grace.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// How long a subscriber's slot outlives its holder's last heartbeat.

@@ -64,7 +64,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[(
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
-/// Whether a slot still bounds purges (see [`crate::cleanup::slots::Liveness`]); `$1`: the restore limit in seconds
+/// Whether a slot still bounds purges (see [`crate::cleanup::slots::HEARTBEAT`]); `$1`: the restore limit in seconds
 /// for reservations that opened without one (`NULL`: the size is unknown, and they do not expire). A reservation
 /// whose socket its holder still vouches for (every heartbeat, 10 s) lives however long its restore takes.
 const LIVE: &str = "CASE WHEN kind = 'subscriber' THEN now() < heartbeat + grace \
