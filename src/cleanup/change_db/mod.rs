@@ -976,28 +976,7 @@ impl ChangeDb {
         let mut target = target.to_owned();
         let mut slot_stop = None;
         if let Some(check) = slots {
-            let log_replica: Option<String> = tx
-                .query_opt(&self.inner.sql.replica_version, &[])
-                .await
-                .map_err(|e| self.query_error("reading replicaVersion", e))?
-                .map(|row| row.get(0));
-            let mut read =
-                slots::read_slots(&tx, &self.inner.slot_sql, check.rule.restore_limit_now)
-                    .await
-                    .map_err(|e| {
-                        self.slot_error(format!("reading {}.slots", self.inner.slot_sql.quoted), e)
-                    })?;
-            if let Some(own) = check.own {
-                read.retain(|s| {
-                    !(s.kind == crate::cleanup::slots::SlotKind::Subscriber && s.holder == own)
-                });
-            }
-            match crate::cleanup::slots::limit(
-                &read,
-                &target,
-                log_replica.as_deref(),
-                check.rule.pause,
-            ) {
+            match self.slot_limit(&tx, check, &target).await? {
                 SlotLimit::Clear => {}
                 SlotLimit::Below { floor, slot } => {
                     target = floor.clone();

@@ -673,6 +673,34 @@ impl ChangeDb {
         Ok(written)
     }
 
+    /// What the live slots allow a purge batch going up to `target`, read in its transaction `tx` with the log's
+    /// replica version (the slot lock already taken). The purger's own subscribers are left to its ceiling.
+    pub(super) async fn slot_limit(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        check: super::SlotCheck<'_>,
+        target: &str,
+    ) -> Result<crate::cleanup::slots::SlotLimit, DbError> {
+        let log_replica: Option<String> = tx
+            .query_opt(&self.inner.sql.replica_version, &[])
+            .await
+            .map_err(|e| self.query_error("reading replicaVersion", e))?
+            .map(|row| row.get(0));
+        let sql = &self.inner.slot_sql;
+        let mut read = read_slots(tx, sql, check.rule.restore_limit_now)
+            .await
+            .map_err(|e| self.slot_error(format!("reading {}.slots", sql.quoted), e))?;
+        if let Some(own) = check.own {
+            read.retain(|s| !(s.kind == SlotKind::Subscriber && s.holder == own));
+        }
+        Ok(crate::cleanup::slots::limit(
+            &read,
+            target,
+            log_replica.as_deref(),
+            check.rule.pause,
+        ))
+    }
+
     /// Every slot of the shard, whichever sidecar holds it, live or not; `restore_limit_now`: the limit for
     /// reservations that opened without one (`None`: the replica's size is unknown).
     pub async fn slots(&self, restore_limit_now: Option<Duration>) -> Result<Vec<Slot>, DbError> {
