@@ -7,7 +7,8 @@
 #
 # Installs the suite's npm packages (scripts/install-interop.sh: `npm ci`, skipped while node_modules matches the
 # lockfile), the real litestream 0.3.13 unless LITESTREAM_BIN names one (scripts/install-litestream.sh) and moto
-# (the S3 server of the deployments that back up to S3) unless MOTO_SERVER names one (scripts/moto.sh), builds the
+# (the S3 server of the deployments that back up to S3) unless MOTO_SERVER names one (scripts/moto.sh), haproxy
+# (in front of a pair of sidecars) unless HAPROXY_BIN names one (scripts/haproxy.sh), builds the
 # sidecar unless SIDECAR_BIN names one, and runs node's test runner (TAP: "# pass N", "# fail N") on the suite,
 # after the tests of the harness's own parts that the version's entry in tests/interop/lib/versions.mjs lists (0.20:
 # litestream's gauge exporter, about 20 s; 1.9: the model of Zero 1.10's rules, a second). What differs between
@@ -30,7 +31,9 @@ NODE=$("$ROOT/scripts/install-interop.sh" "$VERSION")
 # The litestream Zero runs (tests/interop/lib/litestream-gauge.mjs runs this one) and the S3 server.
 LITESTREAM_BIN=${LITESTREAM_BIN:-$("$ROOT/scripts/install-litestream.sh")}
 MOTO_SERVER=${MOTO_SERVER:-$("$ROOT/scripts/moto.sh")}
-export LITESTREAM_BIN MOTO_SERVER
+# What stands for a Kubernetes Service in front of a pair of sidecars.
+HAPROXY_BIN=${HAPROXY_BIN:-$("$ROOT/scripts/haproxy.sh")}
+export LITESTREAM_BIN MOTO_SERVER HAPROXY_BIN
 
 if [[ -z "${SIDECAR_BIN:-}" ]]; then
   (cd "$ROOT" && $CARGO build --locked --bin litestream-sidecar)

@@ -8,8 +8,9 @@
 # in full at the end):
 #   build       the sidecar binary (debug: what the interop suites run); the interop suites' npm packages are
 #               installed meanwhile, the real litestream binaries (scripts/install-litestream.sh) and moto
-#               (scripts/moto.sh: the backup tests and the interop suites' S3 deployments use it), and every
-#               major's PostgreSQL binaries (scripts/with-postgres.sh --install)
+#               (scripts/moto.sh: the backup tests and the interop suites' S3 deployments use it), every
+#               major's PostgreSQL binaries (scripts/with-postgres.sh --install) and haproxy (scripts/haproxy.sh:
+#               the interop suite's pair of sidecars is reached through it)
 #   build-tests the tests, examples and benchmarks (so a change cannot break `make bench` unnoticed)
 #   alerts      the alerting rules' unit tests (scripts/test-alerts.sh), once
 #   rust-unit   `cargo test --lib --bins`, once
@@ -103,8 +104,10 @@ build() {
   # An S3-compatible server (moto) on loopback, before the phases that start it side by side.
   scripts/moto.sh >"$LOGS/moto.path" &
   local moto=$!
-  # Every major's server binaries, before the phases that start clusters of them side by side.
-  scripts/with-postgres.sh --pg "$(IFS=,; echo "${majors[*]}")" --install >/dev/null &
+  # Every major's server binaries, before the phases that start clusters of them side by side; then haproxy, for the
+  # interop suites' pair of sidecars (both may come from apt, which installs one package at a time).
+  (scripts/with-postgres.sh --pg "$(IFS=,; echo "${majors[*]}")" --install >/dev/null \
+    && scripts/haproxy.sh >"$LOGS/haproxy.path") &
   local pgs=$!
   local rc=0
   $CARGO build --locked --bin litestream-sidecar || rc=$?
@@ -129,7 +132,8 @@ LITESTREAM_BIN=$(cat "$LOGS/litestream.path" 2>/dev/null || true)
 LITESTREAM_05_BIN=$(cat "$LOGS/litestream-0.5.path" 2>/dev/null || true)
 export LITESTREAM_BIN LITESTREAM_05_BIN
 MOTO_SERVER=$(cat "$LOGS/moto.path" 2>/dev/null || true)
-export MOTO_SERVER
+HAPROXY_BIN=$(cat "$LOGS/haproxy.path" 2>/dev/null || true)
+export MOTO_SERVER HAPROXY_BIN
 
 if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
   rust_lane() {

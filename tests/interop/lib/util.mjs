@@ -84,10 +84,10 @@ export function progressSamples(page) {
   return out;
 }
 
-/** Every JSON log event of the sidecar started as `sidecar` in `procs`, over all its runs. */
-export function sidecarEvents(procs) {
+/** Every JSON log event of the sidecar started as `name` in `procs`, over all its runs. */
+export function sidecarEvents(procs, name = 'sidecar') {
   const out = [];
-  for (let p = procs.procs.get('sidecar'); p; p = p.previous) out.unshift(...p.json());
+  for (let p = procs.procs.get(name); p; p = p.previous) out.unshift(...p.json());
   return out;
 }
 
@@ -99,9 +99,9 @@ export function field(event, key) {
   return undefined;
 }
 
-/** The sidecar's log events with `message` whose `fields` have the given values. */
-export function sidecarEventsWith(procs, message, fields = {}) {
-  return sidecarEvents(procs).filter(
+/** The log events of sidecar `name` with `message` whose `fields` have the given values. */
+export function sidecarEventsWith(procs, message, fields = {}, name = 'sidecar') {
+  return sidecarEvents(procs, name).filter(
     e => e.message === message && Object.entries(fields).every(([k, v]) => field(e, k) === v),
   );
 }
@@ -168,8 +168,10 @@ export class StrayLines {
     this.marked = new Set();
   }
 
+  /** Of every sidecar (every process whose name starts with "sidecar": a pair's second one too). */
   all() {
-    return this.procsList().flatMap(procs => sidecarStrayLines(procs));
+    return this.procsList().flatMap(procs =>
+      [...procs.procs.keys()].filter(n => n.startsWith('sidecar')).flatMap(n => sidecarStrayLines(procs, n)));
   }
 
   mark() {

