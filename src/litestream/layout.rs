@@ -23,7 +23,7 @@ pub struct Object {
     pub modified: SystemTime,
 }
 
-/// What the destination's newest generation (or its absence) means for a restore.
+/// What the generation a restore picks (or its absence) means for a restore.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
     /// Nothing of litestream's yet: no generation and no LTX file.
@@ -152,18 +152,39 @@ impl Layout {
                 }
             }
         }
-        // As `litestream restore` picks: the generation written last; on a tie, the higher id.
-        let newest = generations
-            .iter()
-            .max_by(|(a_id, a), (b_id, b)| a.newest.cmp(&b.newest).then(a_id.cmp(b_id)));
         // litestream 0.5 keeps 0.3's generations when it takes over a destination; its LTX files are what a
         // restore reads from then on.
-        match newest {
-            _ if ltx => Layout::Ltx,
-            Some((id, generation)) => generation.verdict(id),
+        if ltx {
+            return Layout::Ltx;
+        }
+        match restore_target(&generations) {
+            Some(id) => generations[id].verdict(id),
             None => Layout::Empty,
         }
     }
+}
+
+/// The generation `litestream restore` (0.3) picks when given none, as its `CalcRestoreTarget` does: of the
+/// generations in name order, the first with the latest update time, where a generation's update time is the
+/// newest of its snapshots and of its WAL segments whose index lies between its lowest and highest snapshot's
+/// (segments after the last snapshot's index do not count, and a generation without a snapshot has none, so a
+/// restore never picks it). When no generation has a snapshot, the one written last: the listing then reports
+/// why nothing restores.
+fn restore_target<'a>(generations: &BTreeMap<&'a str, Generation>) -> Option<&'a str> {
+    let mut target: Option<(&str, SystemTime)> = None;
+    for (&id, generation) in generations {
+        if let Some(updated) = generation.restore_updated() {
+            if target.is_none_or(|(_, best)| updated > best) {
+                target = Some((id, updated));
+            }
+        }
+    }
+    target.map(|(id, _)| id).or_else(|| {
+        generations
+            .iter()
+            .max_by(|(a_id, a), (b_id, b)| a.newest.cmp(&b.newest).then(b_id.cmp(a_id)))
+            .map(|(&id, _)| id)
+    })
 }
 
 #[derive(Default)]
@@ -175,6 +196,18 @@ struct Generation {
 }
 
 impl Generation {
+    /// The update time litestream's restore compares generations by (see [`restore_target`]).
+    fn restore_updated(&self) -> Option<SystemTime> {
+        let (&low, _) = self.snapshots.first_key_value()?;
+        let (&high, _) = self.snapshots.last_key_value()?;
+        let snapshots = self.snapshots.values().copied();
+        let wal = self
+            .wal
+            .range(low..=high)
+            .flat_map(|(_, segments)| segments.iter().map(|&(_, t)| t));
+        snapshots.chain(wal).max()
+    }
+
     fn verdict(&self, id: &str) -> Layout {
         let broken = |problem| Layout::Broken {
             generation: id.to_string(),
@@ -380,17 +413,57 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_generation_decides() {
+    fn a_generation_without_a_snapshot_is_never_restored() {
         let old = "generations/0000000000000001";
         let listing = objects(&[
             (&format!("{old}/snapshots/00000000.snapshot.lz4"), 1),
-            // Written last: a generation litestream started after losing its position, with no snapshot yet.
+            // Written last: a generation litestream started after losing its position, with no snapshot yet. A
+            // restore skips it and restores the old one, whose newest object is from before any later claim.
             (&format!("{G}/wal/00000000_00000000.wal.lz4"), 9),
         ]);
         assert!(matches!(
             Layout::read(&listing),
+            Layout::Restorable(Chain { generation, newest, .. })
+                if generation == "0000000000000001" && newest == at(1)
+        ));
+        // Alone, it restores nothing, and says why.
+        assert!(matches!(
+            Layout::read(&listing[1..]),
             Layout::Broken { generation, problem: Problem::NoSnapshot } if generation == "6876d0f712825346"
         ));
+    }
+
+    /// Two writers on one path (a second litestream, or one that restarted): `litestream restore` compares the
+    /// generations by their snapshots and the WAL up to their last snapshot's index only, and of equals takes the
+    /// first by name.
+    #[test]
+    fn two_generations_are_chosen_as_litestream_restore_chooses() {
+        let a = "generations/00000000000000aa";
+        let b = "generations/00000000000000bb";
+        // A's snapshot is the newer one; B has WAL written later, but past its only snapshot's index.
+        let listing = objects(&[
+            (&format!("{a}/snapshots/00000001.snapshot.lz4"), 5),
+            (&format!("{a}/wal/00000001_00000000.wal.lz4"), 6),
+            (&format!("{b}/snapshots/00000000.snapshot.lz4"), 2),
+            (&format!("{b}/wal/00000001_00000000.wal.lz4"), 9),
+        ]);
+        let target = |listing: &[Object]| Layout::read(listing).chain().unwrap().generation.clone();
+        assert_eq!(target(&listing), "00000000000000aa");
+        // WAL at B's snapshot's own index counts: B now wins.
+        let mut later = listing.clone();
+        later.extend(objects(&[(
+            &format!("{b}/wal/00000000_00000000.wal.lz4"),
+            8,
+        )]));
+        assert_eq!(target(&later), "00000000000000bb");
+        // A tie goes to the first by name.
+        let tie = objects(&[
+            (&format!("{b}/snapshots/00000000.snapshot.lz4"), 4),
+            (&format!("{a}/snapshots/00000000.snapshot.lz4"), 4),
+        ]);
+        assert_eq!(target(&tie), "00000000000000aa");
+        // A's chain is what a restore reaches: its newest object is A's own.
+        assert_eq!(Layout::read(&listing).chain().unwrap().newest, at(6));
     }
 
     #[test]
