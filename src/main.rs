@@ -347,7 +347,8 @@ fn drill(config_path: Option<&std::path::Path>) -> ExitCode {
     };
     let outcome = runtime.block_on(drill_cli::run(
         &config.backup,
-        &config.litestream.backup_url,
+        &config.litestream,
+        config.cleanup.requires,
         &config.change_db,
         &config.zero,
     ));

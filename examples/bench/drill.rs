@@ -435,7 +435,9 @@ async fn measure(drill: &Drill, bytes: u64) -> Measured {
         let dir = drill.dir.clone();
         std::thread::spawn(move || sample(&dir, &stop))
     };
-    let proved = drill.run(Some(bytes), Some(REPLICA_VERSION)).await;
+    let proved = drill
+        .run(Some(bytes), Some(REPLICA_VERSION), &Default::default())
+        .await;
     stop.store(true, Ordering::Relaxed);
     let samples = sampler.join().unwrap();
     let proof = proved.unwrap_or_else(|failure| panic!("the drill failed: {failure}"));

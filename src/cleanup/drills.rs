@@ -99,17 +99,26 @@ impl Drills {
 
     async fn run_one(&self) -> DrillOutcome {
         let started = SystemTime::now();
-        let (db_bytes, replica_version) = self
+        let (db_bytes, replica_version, claims) = self
             .status
-            .read(|s| (s.db_bytes, s.replica_version.clone()));
+            .read(|s| (s.db_bytes, s.replica_version.clone(), s.drill_claims()));
         self.status
             .update(|s| s.drills.running_since = Some(started));
-        info!(dir = %self.drill.dir.display(), "restore drill started");
-        let outcome = match self.drill.run(db_bytes, replica_version.as_deref()).await {
+        info!(
+            dir = %self.drill.dir.display(),
+            claimed = claims.gauge.as_ref().map_or("", |c| c.watermark.as_str()),
+            "restore drill started"
+        );
+        let outcome = match self
+            .drill
+            .run(db_bytes, replica_version.as_deref(), &claims)
+            .await
+        {
             Ok(proof) => {
                 info!(
                     proven_watermark = %proof.watermark,
                     replica_version = %proof.replica_version,
+                    generation = proof.generation.as_deref().unwrap_or(""),
                     restore_seconds = proof.restore_took.as_secs_f64(),
                     check_seconds = proof.check_took.as_secs_f64(),
                     bytes = proof.bytes,
@@ -131,18 +140,7 @@ impl Drills {
                 }
             }
         };
-        self.status.update(|s| {
-            let drills = &mut s.drills;
-            drills.running_since = None;
-            drills.runs += 1;
-            match &outcome {
-                DrillOutcome::Proved(proof) => drills.last_proof = Some(proof.clone()),
-                DrillOutcome::Failed { failure, .. } => {
-                    *drills.failures.entry(failure.kind()).or_default() += 1;
-                }
-            }
-            drills.last = Some(outcome.clone());
-        });
+        self.status.update(|s| s.drills.record(&outcome));
         outcome
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::cleanup::change_db::{
     ChangeDb, ReservationWrite, ShardMemory, SlotWrites, SlotWritten, SubscriberRow,
@@ -28,6 +28,7 @@ use crate::cleanup::state::{self, Saved};
 use crate::cleanup::status::StatusHandle;
 use crate::cleanup::subscribers::Subscribers;
 use crate::cleanup::{Backup, Memory};
+use crate::litestream::drill::Proof;
 
 /// How often the shard's memory is compared with what was written, and a failed write tried again.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -167,6 +168,8 @@ impl Keeper {
         self.status.update(|s| s.holder = self.holder.clone());
         let mut backoff = Duration::from_millis(250);
         let mut said: Option<String> = None;
+        // The latest drill proof the change DB holds as this sidecar knows it: a new one is written once.
+        let mut proof_written: Option<Proof>;
         loop {
             // A connection first: while there is none, the sidecar is starting (or the change DB is down, which
             // the supervisor and the readiness check report), not failing here.
@@ -175,8 +178,9 @@ impl Keeper {
                 () = self.db.ready() => {}
             }
             match self.start().await {
-                Ok(resumed) => {
+                Ok((resumed, kept)) => {
                     let _ = self.resumed.send(Some(resumed));
+                    proof_written = kept;
                     break;
                 }
                 Err(problem) => {
@@ -246,6 +250,20 @@ impl Keeper {
                         s.memory = Memory::Unwritable;
                         s.state_problem = Some(problem);
                     });
+                }
+            }
+            let proof = self.status.read(|s| s.drills.last_proof.clone());
+            if proof.is_some() && proof != proof_written {
+                let wrote = tokio::time::timeout(
+                    WRITE_TIMEOUT,
+                    self.db
+                        .write_proof(proof.as_ref().expect("some"), &self.holder),
+                )
+                .await;
+                match wrote {
+                    Ok(Ok(())) => proof_written = proof,
+                    Ok(Err(err)) => debug!(error = %err, "drill proof not written yet"),
+                    Err(_) => debug!("drill proof not written yet: the change DB did not answer"),
                 }
             }
             let memory = self.memory();
@@ -394,8 +412,9 @@ impl Keeper {
         }
     }
 
-    /// Migrates the schema, imports a state file if one is there, and reads the shard's memory.
-    async fn start(&self) -> Result<Resumed, String> {
+    /// Migrates the schema, imports a state file if one is there, and reads the shard's memory and the newest drill
+    /// proof kept (which the drills' status takes unless a drill of this run proved first).
+    async fn start(&self) -> Result<(Resumed, Option<Proof>), String> {
         let version = self.db.migrate().await.map_err(|e| e.to_string())?;
         let mut memory = self.db.shard_memory().await.map_err(|e| e.to_string())?;
         let imported = self.import().await?;
@@ -439,11 +458,25 @@ impl Keeper {
             replica_version = memory.replica_version.as_deref().unwrap_or(""),
             "slots and the shard's memory read from the change DB"
         );
+        let kept = self.db.latest_proof().await.map_err(|e| e.to_string())?;
+        if let Some(proof) = &kept {
+            info!(
+                proven_watermark = %proof.watermark,
+                generation = proof.generation.as_deref().unwrap_or(""),
+                replica_version = %proof.replica_version,
+                finished_at = %humantime::format_rfc3339_seconds(proof.finished),
+                "the newest restore drill proof read from the change DB"
+            );
+        }
         self.status.update(|s| {
             s.memory = Memory::Kept;
             s.state_problem = None;
+            if let Some(proof) = kept.clone().filter(|_| s.drills.last_proof.is_none()) {
+                s.drills.last_proof = Some(proof);
+                s.drills.proof_kept = true;
+            }
         });
-        Ok(Resumed {
+        let resumed = Resumed {
             last_purge: memory.last_purge.map(|(watermark, backed_up_at)| Backup {
                 watermark,
                 backed_up_at,
@@ -451,7 +484,8 @@ impl Keeper {
             highest_backup: memory.highest_backup,
             replica_version: memory.replica_version,
             restores_unknown_since: memory.restores_unknown_since,
-        })
+        };
+        Ok((resumed, kept))
     }
 
     /// Imports the state file an earlier release left, if there is one: its reservations and subscribers become

@@ -374,6 +374,10 @@ pub struct Inputs<'a> {
     pub current_backup: Option<&'a str>,
     /// What the backup destination holds: only claims it covers may be purged below.
     pub destination: DestinationCheck,
+    /// Claims first seen while a restore would have picked another generation than it picks now: the objects of
+    /// today's generation say nothing of them (litestream started a new generation, or a second writer's became
+    /// the newest), so the destination covers none of them.
+    pub other_generation: &'a [String],
     /// What the sidecar knows beyond the data above: its memory across restarts, litestream's position, the
     /// purger lock, the replica's last reset, the clock.
     pub guards: Guards,
@@ -402,6 +406,9 @@ pub struct Guards {
     /// Where litestream's backup stands is unknown: it restarted, its page lost its samples, or it could not be
     /// read. Nothing is purged until a page shows the gauge again.
     pub position_unknown: bool,
+    /// A restore drill restored less than the backup claimed (objects missing from the backup), and no drill has
+    /// restored as far since: every claim is in doubt, whatever the listing says.
+    pub restored_less: bool,
     /// The wall clock as the monotonic clock has carried it since the sidecar started: a claim is aged only when
     /// both this and [`Inputs::wall_now`] say so, so a forward step of the wall clock ages nothing. `None`: the
     /// wall clock alone.
@@ -554,6 +561,9 @@ pub enum HoldReason {
     ReservationWithoutFloor,
     /// Where litestream's backup stands is unknown (it restarted, its page lost its samples, or it cannot be read).
     BackupUnknown,
+    /// The latest restore drill restored less than the backup claimed when it started, and no drill has restored
+    /// as far since: a view-syncer restoring now would get less than the names and the gauge say.
+    RestoredLess,
     /// Litestream's gauge reports a watermark below the highest it reported before (it restarted on an older
     /// generation, say): a restore started now gets less than the old high, so no backup above the gauge proves
     /// anything until the gauge reaches the old high again.
@@ -582,7 +592,7 @@ pub enum HoldReason {
 
 impl HoldReason {
     /// Every variant, in evaluation order (for pre-registering metric label values).
-    pub const ALL: [HoldReason; 22] = [
+    pub const ALL: [HoldReason; 23] = [
         HoldReason::Unservable,
         HoldReason::NotRegistered,
         HoldReason::RecentlyRegistered,
@@ -596,6 +606,7 @@ impl HoldReason {
         HoldReason::ReservationsOpen,
         HoldReason::ReservationWithoutFloor,
         HoldReason::BackupUnknown,
+        HoldReason::RestoredLess,
         HoldReason::BackupRegressed,
         HoldReason::NoBackup,
         HoldReason::NoSubscribers,
@@ -623,6 +634,7 @@ impl HoldReason {
             HoldReason::ReservationsOpen => "reservations_open",
             HoldReason::ReservationWithoutFloor => "reservation_without_floor",
             HoldReason::BackupUnknown => "backup_unknown",
+            HoldReason::RestoredLess => "restored_less",
             HoldReason::BackupRegressed => "backup_regressed",
             HoldReason::NoBackup => "no_backup",
             HoldReason::NoSubscribers => "no_subscribers",
@@ -658,6 +670,9 @@ impl fmt::Display for HoldReason {
             HoldReason::ReservationsOpen => "reservations open",
             HoldReason::ReservationWithoutFloor => "reservation opened before any backup",
             HoldReason::BackupUnknown => "litestream's backed-up position unknown",
+            HoldReason::RestoredLess => {
+                "a restore drill restored less than the backup claims: objects are missing from it"
+            }
             HoldReason::BackupRegressed => {
                 "litestream's backup went back below a watermark it reported"
             }
@@ -700,17 +715,18 @@ impl fmt::Display for HoldReason {
 /// 11. `ReservationsOpen`: mode `pause` and a reservation is open.
 /// 12. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
 /// 13. `BackupUnknown`: litestream's position is unknown (restarted, no samples, unreadable).
-/// 14. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
+/// 14. `RestoredLess`: the latest restore drill restored less than the backup claimed, and none has since.
+/// 15. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
 ///     tracked, and it is the news an operator needs.
-/// 15. `NoBackup`: no backup is tracked.
-/// 16. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
+/// 16. `NoBackup`: no backup is tracked.
+/// 17. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
 ///     [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or uptime `< reconnect_grace`.
-/// 17. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
-/// 18. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
-/// 19. `BackupTooRecent`: none of those is old enough.
-/// 20. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
-/// 21. `ReservationFloor`: all of the covered ones are above some reservation's floor.
-/// 22. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+/// 18. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
+/// 19. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
+/// 20. `BackupTooRecent`: none of those is old enough.
+/// 21. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
+/// 22. `ReservationFloor`: all of the covered ones are above some reservation's floor.
+/// 23. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
 pub fn decide(inputs: &Inputs) -> Decision {
     match choose(inputs) {
         Ok((before, bound)) => Decision::Purge {
@@ -787,6 +803,9 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
     if guards.position_unknown {
         return Err(HoldReason::BackupUnknown);
     }
+    if guards.restored_less {
+        return Err(HoldReason::RestoredLess);
+    }
     if is_regressed(inputs.highest_backup, inputs.current_backup) {
         return Err(HoldReason::BackupRegressed);
     }
@@ -840,7 +859,10 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
     let aged_newest = aged.iter().map(|b| b.watermark.as_str()).max();
     let mut candidates: Vec<&'a str> = aged
         .iter()
-        .filter(|b| inputs.destination.covers(b.backed_up_at))
+        .filter(|b| {
+            inputs.destination.covers(b.backed_up_at)
+                && !inputs.other_generation.contains(&b.watermark)
+        })
         .map(|b| b.watermark.as_str())
         .collect();
     if candidates.is_empty() {

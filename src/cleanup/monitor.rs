@@ -6,6 +6,7 @@
 //! Failures never purge: a scrape that fails keeps what is known and tries again next interval; a purge that
 //! fails leaves the last purged watermark where it was.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -342,6 +343,8 @@ impl Monitor {
         }
         let mut said = Said::default();
         let mut log_watch = LogWatch::default();
+        // The generation a restore picked when each tracked claim was first seen (`None`: nothing was listed).
+        let mut claim_generations: BTreeMap<String, Option<String>> = BTreeMap::new();
         if self.destination.is_some() {
             self.status.update(|s| s.backup.verifying = true);
         }
@@ -379,6 +382,7 @@ impl Monitor {
             self.claim_purger().await;
             self.read_slots(&position, &replica).await;
             let destination = self.verify(&backlog, &mut said, now).await;
+            let other_generation = self.attribute_claims(&backlog, &mut claim_generations);
             let observed = self.gather(now, &replica);
             let guards = self.guards(now, &position, &replica);
             self.settle_unknown_restores(&guards, now);
@@ -398,6 +402,7 @@ impl Monitor {
                 highest_backup: backlog.highest(),
                 current_backup: backlog.current().map(|b| b.watermark.as_str()),
                 destination,
+                other_generation: &other_generation,
                 guards,
             });
             debug!(
@@ -464,7 +469,7 @@ impl Monitor {
 
     /// The guards of a check at `now` (see [`cleanup::Guards`]).
     fn guards(&self, now: Instant, position: &Position, replica: &Replica) -> cleanup::Guards {
-        let (standby, memory, restores_unknown_since, refused, slots_unread) =
+        let (standby, memory, restores_unknown_since, refused, slots_unread, restored_less) =
             self.status.read(|s| {
                 (
                     s.standby,
@@ -472,6 +477,7 @@ impl Monitor {
                     s.restores_unknown_since,
                     !s.unservable.is_empty(),
                     s.slots_problem.is_some(),
+                    s.drills.restored_less.is_some(),
                 )
             });
         // Slots that cannot be read are memory that cannot be read: nothing says which restores are in flight.
@@ -502,6 +508,7 @@ impl Monitor {
             reset_at: replica.reset_at,
             replica_unknown: replica.version.is_none(),
             position_unknown: position.unknown.is_some(),
+            restored_less,
             steady_now: anchor_wall.checked_add(now.saturating_duration_since(anchor)),
         }
     }
@@ -1079,6 +1086,39 @@ impl Monitor {
         fact
     }
 
+    /// Ties each claim the backlog tracks to the generation a restore picks when it is first seen, and returns
+    /// the claims tied to another generation than the one a restore picks now: the destination's objects cover
+    /// none of those (see [`Inputs::other_generation`]). Claims seen before anything was listed are tied to none
+    /// and left to the listing alone.
+    fn attribute_claims(
+        &self,
+        backlog: &Backlog,
+        claim_generations: &mut BTreeMap<String, Option<String>>,
+    ) -> Vec<String> {
+        let target = self.status.read(|s| {
+            s.backup
+                .listing
+                .as_ref()
+                .and_then(|listing| listing.layout.chain())
+                .map(|chain| chain.generation.clone())
+        });
+        let tracked = backlog.backups();
+        claim_generations.retain(|watermark, _| tracked.iter().any(|b| &b.watermark == watermark));
+        for backup in tracked {
+            claim_generations
+                .entry(backup.watermark.clone())
+                .or_insert_with(|| target.clone());
+        }
+        let Some(target) = target else {
+            return Vec::new();
+        };
+        claim_generations
+            .iter()
+            .filter(|(_, generation)| generation.as_ref().is_some_and(|g| *g != target))
+            .map(|(watermark, _)| watermark.clone())
+            .collect()
+    }
+
     /// `cleanup.requires = "restore"`: the latest drill's proof stands in for litestream's gauge, through the
     /// same backlog, regression watch and reservation floors. A drill that found the backup broken makes the
     /// position unknown (cleanup holds, statuses wait) until a drill proves it again; one that could not run
@@ -1091,11 +1131,18 @@ impl Monitor {
             )
         });
         if let Some(failure) = failure {
-            self.position_unknown(
-                position,
-                format!("the last restore drill failed: {failure}"),
-                true,
-            );
+            // Restoring less than was claimed has a hold of its own (and statuses wait for it), under either
+            // trust level.
+            if !matches!(
+                failure,
+                crate::litestream::drill::Failure::RestoredLess { .. }
+            ) {
+                self.position_unknown(
+                    position,
+                    format!("the last restore drill failed: {failure}"),
+                    true,
+                );
+            }
             return;
         }
         let Some(proof) = proof else {
@@ -1115,6 +1162,28 @@ impl Monitor {
                 );
             }
             return;
+        }
+        // A proof stands for its own generation only: once a restore picks another (litestream started a new one,
+        // or a second writer's is newer), what it proved is not what view-syncers get.
+        let target = self.status.read(|s| {
+            s.backup
+                .listing
+                .as_ref()
+                .and_then(|listing| listing.layout.chain())
+                .map(|chain| chain.generation.clone())
+        });
+        if let (Some(target), Some(generation)) = (&target, &proof.generation) {
+            if target != generation {
+                self.position_unknown(
+                    position,
+                    format!(
+                        "the last drill's proof is of generation {generation}, and a restore now picks \
+                         generation {target}"
+                    ),
+                    true,
+                );
+                return;
+            }
         }
         if let Some(why) = position.unknown.take() {
             info!(was = %why, "a restore drill proved the backup again");

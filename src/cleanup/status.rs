@@ -9,7 +9,7 @@ use crate::cleanup::change_db::{DbError, FailureClass};
 use crate::cleanup::unservable::Refusals;
 use crate::cleanup::{self, Backup, Decision, HoldReason};
 use crate::litestream::destination::{ErrorKind, ListError, Listing};
-use crate::litestream::drill::{Failure, Proof};
+use crate::litestream::drill::{Claim, Claims, Failure, Proof};
 use crate::litestream::layout::Layout;
 
 /// How many of the tracked backups [`Status`] keeps, newest first: enough to see the recent ones, few enough that
@@ -129,9 +129,16 @@ pub struct DrillStatus {
     pub last: Option<DrillOutcome>,
     /// The latest drill that proved the backup.
     pub last_proof: Option<Proof>,
+    /// `last_proof` is one kept in the change DB (by an earlier run, or another sidecar of the shard), not a drill
+    /// of this run.
+    pub proof_kept: bool,
     pub runs: u64,
     /// Failed drills, by [`Failure::kind`].
     pub failures: std::collections::HashMap<&'static str, u64>,
+    /// The drill that restored less than the backup claimed ([`Failure::RestoredLess`]), until one restores at
+    /// least that claim again: a drill that could not run since, or proved less, does not clear it. Cleanup and
+    /// snapshot statuses hold meanwhile, whatever `cleanup.requires` says.
+    pub restored_less: Option<Failure>,
 }
 
 /// One drill's result.
@@ -151,8 +158,34 @@ impl DrillStatus {
     pub fn backup_failure(&self) -> Option<&Failure> {
         match &self.last {
             Some(DrillOutcome::Failed { failure, .. }) if failure.is_backup() => Some(failure),
-            _ => None,
+            _ => self.restored_less.as_ref(),
         }
+    }
+
+    /// Takes a drill's outcome into the record.
+    pub fn record(&mut self, outcome: &DrillOutcome) {
+        self.running_since = None;
+        self.runs += 1;
+        match outcome {
+            DrillOutcome::Proved(proof) => {
+                let claimed = match &self.restored_less {
+                    Some(Failure::RestoredLess { claimed, .. }) => Some(claimed.as_str()),
+                    _ => None,
+                };
+                if claimed.is_none_or(|claimed| proof.watermark.as_str() >= claimed) {
+                    self.restored_less = None;
+                }
+                self.last_proof = Some(proof.clone());
+                self.proof_kept = false;
+            }
+            DrillOutcome::Failed { failure, .. } => {
+                *self.failures.entry(failure.kind()).or_default() += 1;
+                if matches!(failure, Failure::RestoredLess { .. }) {
+                    self.restored_less = Some(failure.clone());
+                }
+            }
+        }
+        self.last = Some(outcome.clone());
     }
 }
 
@@ -191,6 +224,42 @@ pub fn layout_problem(layout: &Layout) -> Option<String> {
 }
 
 impl Status {
+    /// What the backup claims now, for a drill that starts now to reach ([`Claims`]): the newest watermark of
+    /// litestream's gauge that the destination's listing covers (any, with `backup.verify` off), never above where
+    /// the gauge is now (a gauge that went back is its own hold); and the last proof, which binds a restore of its
+    /// own generation. Under `cleanup.requires = "restore"` the gauge is not read, and the proofs are the claims.
+    pub fn drill_claims(&self) -> Claims {
+        let chain = self
+            .backup
+            .listing
+            .as_ref()
+            .and_then(|listing| listing.layout.chain());
+        let gauge = (!self.drills.drives_cleanup)
+            .then(|| {
+                let (current, _) = self.newest_backup.as_ref()?;
+                self.recent_backups
+                    .iter()
+                    .map(|b| (b.watermark.as_str(), b.backed_up_at))
+                    .chain(self.newest_backup.iter().map(|(w, at)| (w.as_str(), *at)))
+                    .filter(|&(watermark, at)| {
+                        watermark <= current.as_str()
+                            && (!self.backup.verifying || chain.is_some_and(|c| c.newest >= at))
+                    })
+                    .map(|(watermark, _)| watermark)
+                    .max()
+                    .map(|watermark| Claim {
+                        watermark: watermark.to_string(),
+                        generation: chain.map(|c| c.generation.clone()),
+                    })
+            })
+            .flatten();
+        let proof = self.drills.last_proof.as_ref().map(|proof| Claim {
+            watermark: proof.watermark.clone(),
+            generation: proof.generation.clone(),
+        });
+        Claims { gauge, proof }
+    }
+
     /// The watermark the last complete purge deleted below.
     pub fn last_purged(&self) -> Option<&str> {
         self.purged_through.as_ref().map(|b| b.watermark.as_str())
@@ -249,10 +318,13 @@ impl Status {
             .as_ref()
             .and_then(|listing| layout_problem(&listing.layout));
         // Only where it stops cleanup: otherwise a failed drill is the drills' own news (/status, metrics, alerts).
+        // A restore that reached less than the backup claimed stops it under either trust level.
         let drill = self
             .drills
             .backup_failure()
-            .filter(|_| self.drills.drives_cleanup)
+            .filter(|failure| {
+                self.drills.drives_cleanup || matches!(failure, Failure::RestoredLess { .. })
+            })
             .map(|failure| {
                 format!(
                     "cleanup and snapshot statuses held: the last restore drill failed ({failure})"

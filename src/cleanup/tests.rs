@@ -74,6 +74,7 @@ struct Case {
     /// The gauge: `(highest, current)`; unset, it reports the newest backup.
     gauge: Option<(&'static str, &'static str)>,
     destination: DestinationCheck,
+    other_generation: Vec<String>,
     guards: Guards,
 }
 
@@ -92,6 +93,7 @@ fn case() -> Case {
         last_purged: None,
         gauge: None,
         destination: DestinationCheck::Unchecked,
+        other_generation: vec![],
         guards: Guards::default(),
     }
 }
@@ -118,6 +120,7 @@ impl Case {
             highest_backup: highest,
             current_backup: current,
             destination: self.destination,
+            other_generation: &self.other_generation,
             guards: self.guards,
         })
     }
@@ -192,6 +195,13 @@ fn each_guard_holds_with_its_own_reason_and_the_quiet_case_purges() {
             ..held
         }),
         Decision::Hold(BackupUnknown)
+    );
+    assert_eq!(
+        with(Guards {
+            restored_less: true,
+            ..held
+        }),
+        Decision::Hold(RestoredLess)
     );
     assert_eq!(
         with(Guards {
@@ -375,6 +385,32 @@ fn claims_made_after_the_uploads_stopped_lower_the_purge_to_an_older_covered_one
             bound: Bound::Destination
         }
     );
+}
+
+#[test]
+fn claims_of_another_generation_are_covered_by_none_of_today_s_objects() {
+    // "0c" was first seen while a restore picked another generation: today's chain, newer than both claims, says
+    // nothing of it, and the purge stays below the claim it does cover.
+    let switched = Case {
+        backups: vec![backup("0a", 600), backup("0c", 120)],
+        subscribers: vec![sub("0c")],
+        destination: listed(Some(0)),
+        other_generation: vec![wm("0c")],
+        ..case()
+    };
+    assert_eq!(
+        switched.decide(),
+        Decision::Purge {
+            before: wm("0a"),
+            bound: Bound::Destination
+        }
+    );
+    let only = Case {
+        other_generation: vec![wm("0a")],
+        destination: listed(Some(0)),
+        ..ready()
+    };
+    assert_eq!(only.decide(), Decision::Hold(BackupUnverified));
 }
 
 #[test]
@@ -1136,9 +1172,10 @@ fn hold_reasons_have_distinct_labels_in_evaluation_order() {
     assert_eq!(HoldReason::ALL[1], NotRegistered);
     assert_eq!(HoldReason::ALL[4], StartingUp);
     assert_eq!(HoldReason::ALL[12], BackupUnknown);
-    assert_eq!(HoldReason::ALL[13], BackupRegressed);
-    assert_eq!(HoldReason::ALL[19], BackupUnverified);
-    assert_eq!(HoldReason::ALL[21], SubscriberBehind);
+    assert_eq!(HoldReason::ALL[13], RestoredLess);
+    assert_eq!(HoldReason::ALL[14], BackupRegressed);
+    assert_eq!(HoldReason::ALL[20], BackupUnverified);
+    assert_eq!(HoldReason::ALL[22], SubscriberBehind);
 }
 
 // Property tests: a model of the monitor's view over random event sequences.
@@ -1359,6 +1396,7 @@ impl Model {
             highest_backup: self.backups.iter().map(|b| b.watermark.as_str()).max(),
             current_backup: self.backups.iter().map(|b| b.watermark.as_str()).max(),
             destination: self.destination,
+            other_generation: &[],
             guards: Guards::default(),
         }
     }
@@ -1587,6 +1625,7 @@ proptest! {
             highest_backup: backups.last().map(|b| b.watermark.as_str()),
             current_backup: backups.last().map(|b| b.watermark.as_str()),
             destination: DestinationCheck::Unchecked,
+            other_generation: &[],
             guards: Guards::default(),
         });
         prop_assert_eq!(d, Decision::Purge { before: newest_aged, bound: Bound::Backup });

@@ -44,12 +44,34 @@ pub struct Drill {
     pub env: Vec<(String, String)>,
 }
 
+/// What the backup claimed to reach when a drill started. A restore that starts later must reach at least that: one
+/// that reaches less read a backup with objects missing (a WAL segment gone from the middle of an index, which no
+/// listing can see), and view-syncers restoring it would start behind what cleanup and statuses went by.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claims {
+    /// litestream's gauge, at its newest watermark that the listing covered (or the gauge alone where nothing is
+    /// listed): a restore reaches it whichever generation it picks.
+    pub gauge: Option<Claim>,
+    /// The last drill's proof: a restore of the same generation reaches it again.
+    pub proof: Option<Claim>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub watermark: String,
+    /// The generation it is of (the one a restore picked, or the listing showed it would pick); `None` where the
+    /// layout has none (not listed, or litestream 0.5).
+    pub generation: Option<String>,
+}
+
 /// A drill that restored and checked the backup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proof {
     /// `stateVersion` of the restored replica: the watermark the backup is proven to reach.
     pub watermark: String,
     pub replica_version: String,
+    /// The generation litestream restored (from its own log); `None` where it names none.
+    pub generation: Option<String>,
     pub started: SystemTime,
     pub finished: SystemTime,
     pub restore_took: Duration,
@@ -75,6 +97,19 @@ pub enum Failure {
          another replica (a resync it has not caught up with?)"
     )]
     OtherReplica { restored: String, current: String },
+    #[error(
+        "the backup claims {claimed} ({by}), but a restore{} reaches only {restored}: objects are missing \
+         from the backup (a WAL segment inside an index?), and view-syncers restoring it get less than cleanup \
+         and statuses went by",
+        generation.as_deref().map(|g| format!(" of generation {g}")).unwrap_or_default()
+    )]
+    RestoredLess {
+        claimed: String,
+        restored: String,
+        generation: Option<String>,
+        /// Where the claim came from.
+        by: &'static str,
+    },
     #[error("no complete restore within {0:?} (backup.drill_timeout)")]
     Timeout(Duration),
     #[error(
@@ -97,6 +132,7 @@ impl Failure {
                 | Failure::Check { .. }
                 | Failure::NotAReplica(_)
                 | Failure::OtherReplica { .. }
+                | Failure::RestoredLess { .. }
         )
     }
 
@@ -108,18 +144,20 @@ impl Failure {
             Failure::Check { .. } => "check",
             Failure::NotAReplica(_) => "not_a_replica",
             Failure::OtherReplica { .. } => "other_replica",
+            Failure::RestoredLess { .. } => "restored_less",
             Failure::Timeout(_) => "timeout",
             Failure::Disk { .. } => "disk",
             Failure::Setup(_) => "setup",
         }
     }
 
-    pub const KINDS: [&'static str; 8] = [
+    pub const KINDS: [&'static str; 9] = [
         "restore",
         "nothing",
         "check",
         "not_a_replica",
         "other_replica",
+        "restored_less",
         "timeout",
         "disk",
         "setup",
@@ -136,11 +174,13 @@ const STDERR_KEPT: usize = 2048;
 impl Drill {
     /// Restores the newest backup and checks it. `expected_bytes`: the database's size where known (litestream's
     /// `litestream_db_size`), to refuse a drill the disk cannot hold before it starts. `replica_version`: the change
-    /// DB's, which the restored replica must carry.
+    /// DB's, which the restored replica must carry. `claims`: what the backup claimed as the drill started, which
+    /// the restore must reach.
     pub async fn run(
         &self,
         expected_bytes: Option<u64>,
         replica_version: Option<&str>,
+        claims: &Claims,
     ) -> Result<Proof, Failure> {
         let started = SystemTime::now();
         // Before anything is written: without litestream no drill can run, and no directory is made for one.
@@ -157,7 +197,7 @@ impl Drill {
         }
         let restore_started = Instant::now();
         let output = scratch.path.join("replica.db");
-        self.restore(&scratch.path, &output).await?;
+        let generation = self.restore(&scratch.path, &output).await?;
         let restore_took = restore_started.elapsed();
         let check_started = Instant::now();
         let level = self.check;
@@ -176,10 +216,12 @@ impl Drill {
                 });
             }
         }
+        restored_enough(&checked.watermark, generation.as_deref(), claims)?;
         drop(scratch);
         Ok(Proof {
             watermark: checked.watermark,
             replica_version: checked.replica_version,
+            generation,
             started,
             finished: SystemTime::now(),
             restore_took,
@@ -189,8 +231,9 @@ impl Drill {
     }
 
     /// `litestream restore -config <scratch>/litestream.yml -o <output> <scratch>/source.db`, under `nice -n 10`
-    /// and `ionice -c 2 -n 7` (best effort, lowest) where the host has them.
-    async fn restore(&self, scratch: &Path, output: &Path) -> Result<(), Failure> {
+    /// and `ionice -c 2 -n 7` (best effort, lowest) where the host has them. Returns the generation it restored,
+    /// as its log names it.
+    async fn restore(&self, scratch: &Path, output: &Path) -> Result<Option<String>, Failure> {
         let config = scratch.join("litestream.yml");
         let source = scratch.join("source.db");
         std::fs::write(&config, restore_config(&source, &self.backup_url, &self.s3))
@@ -296,7 +339,7 @@ impl Drill {
         if !output.exists() {
             return Err(Failure::Nothing { stderr });
         }
-        Ok(())
+        Ok(restored_generation(&text))
     }
 
     /// The litestream executable: a path as given, a bare name from `PATH`.
@@ -338,6 +381,50 @@ impl Drill {
             .filter(|e| std::fs::remove_dir_all(e.path()).is_ok())
             .count()
     }
+}
+
+/// Compares what a drill restored with what was claimed as it started: the gauge's claim whatever the generation,
+/// an earlier proof only when the restore is of that proof's generation (a new generation may start lower, from a
+/// litestream that lost its position, and its own claims say how far it goes).
+pub fn restored_enough(
+    restored: &str,
+    generation: Option<&str>,
+    claims: &Claims,
+) -> Result<(), Failure> {
+    let less = |claim: &Claim, by: &'static str| Failure::RestoredLess {
+        claimed: claim.watermark.clone(),
+        restored: restored.to_string(),
+        generation: generation.map(str::to_string),
+        by,
+    };
+    if let Some(claim) = claims
+        .gauge
+        .as_ref()
+        .filter(|c| restored < c.watermark.as_str())
+    {
+        return Err(less(
+            claim,
+            "litestream's gauge, covered by the destination's objects",
+        ));
+    }
+    if let Some(claim) = claims.proof.as_ref().filter(|c| {
+        restored < c.watermark.as_str()
+            && c.generation.is_some()
+            && c.generation.as_deref() == generation
+    }) {
+        return Err(less(claim, "an earlier drill of the same generation"));
+    }
+    Ok(())
+}
+
+/// The generation litestream 0.3 names in its restore log (`generation=<16 hex digits>`), the first one named.
+fn restored_generation(log: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(log);
+    text.match_indices("generation=").find_map(|(at, key)| {
+        let value = text[at + key.len()..].trim_start_matches('"');
+        let id: String = value.chars().take_while(char::is_ascii_hexdigit).collect();
+        (id.len() == 16).then_some(id)
+    })
 }
 
 /// The config a restore reads: the backup URL as view-syncers get it, and the S3 settings the sidecar lists with.
@@ -491,7 +578,14 @@ mod tests {
             need: 2
         }
         .is_backup());
-        assert_eq!(Failure::KINDS.len(), 8);
+        assert_eq!(Failure::KINDS.len(), 9);
+        assert!(Failure::RestoredLess {
+            claimed: "0b".into(),
+            restored: "0a".into(),
+            generation: None,
+            by: "x"
+        }
+        .is_backup());
     }
 
     #[test]
@@ -524,6 +618,57 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["drill-1-1", "other"]);
+    }
+
+    #[test]
+    fn a_restore_below_a_claim_is_a_broken_backup() {
+        let claim = |w: &str, g: Option<&str>| {
+            Some(Claim {
+                watermark: w.into(),
+                generation: g.map(Into::into),
+            })
+        };
+        let gauge = Claims {
+            gauge: claim("0f", Some("aa")),
+            proof: None,
+        };
+        assert!(restored_enough("0f", Some("aa"), &gauge).is_ok());
+        assert!(restored_enough("0g", Some("bb"), &gauge).is_ok());
+        let failure = restored_enough("0e", Some("bb"), &gauge).unwrap_err();
+        assert_eq!(failure.kind(), "restored_less");
+        assert!(failure.to_string().contains("claims 0f"), "{failure}");
+        assert!(
+            failure
+                .to_string()
+                .contains("generation bb reaches only 0e"),
+            "{failure}"
+        );
+        // An earlier proof binds its own generation only.
+        let proof = Claims {
+            gauge: None,
+            proof: claim("0f", Some("aa")),
+        };
+        assert!(restored_enough("0e", Some("aa"), &proof).is_err());
+        assert!(restored_enough("0e", Some("bb"), &proof).is_ok());
+        assert!(restored_enough("0e", None, &proof).is_ok());
+        assert!(restored_enough("0e", None, &Claims::default()).is_ok());
+    }
+
+    #[test]
+    fn the_restored_generation_is_read_from_litestream_s_log() {
+        let log =
+            b"time=2026-12-07T02:00:00Z level=INFO msg=\"restoring snapshot\" db=/x/source.db \
+                    replica=file generation=6876d0f712825346 index=0 path=/x/replica.db.tmp\n";
+        assert_eq!(
+            restored_generation(log).as_deref(),
+            Some("6876d0f712825346")
+        );
+        assert_eq!(
+            restored_generation(b"generation=\"00000000000000bb\"").as_deref(),
+            Some("00000000000000bb")
+        );
+        assert_eq!(restored_generation(b"generation=123 nothing"), None);
+        assert_eq!(restored_generation(b""), None);
     }
 
     #[test]

@@ -561,6 +561,20 @@ fn drills_section(out: &mut String, drills: &crate::ops::status::DrillsEntry) {
             }
         }
     }
+    if let Some(less) = &drills.restored_less {
+        out.push_str(&format!(
+            "RESTORED LESS: the backup claims {} ({}), a restore{} reaches only {}; cleanup and snapshot \
+             statuses held until a drill restores {} again\n",
+            less.claimed,
+            less.claimed_by,
+            less.generation
+                .as_deref()
+                .map(|g| format!(" of generation {g}"))
+                .unwrap_or_default(),
+            less.restored,
+            less.claimed,
+        ));
+    }
     if let Some(since) = &drills.running_since {
         out.push_str(&format!("running since {since}\n"));
     } else if let Some(next) = &drills.next_at {

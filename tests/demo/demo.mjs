@@ -9,7 +9,7 @@
 // A row is inserted upstream every second; every RESTORE_EVERY_S a new view-syncer starts with no replica, so it
 // reserves a snapshot, restores the backup and subscribes (its reservation opens, then its subscription ends it),
 // and the previous one stops. Until Ctrl-C (SIGINT) or SIGTERM; with DEMO_SECONDS=N it ends by itself after N s and
-// exits 0 only if the sidecar purged the change log meanwhile. Every process and temp dir is removed at the end,
+// exits 0 only if the sidecar purged the change log meanwhile and a restore drill proved the backup. Every process and temp dir is removed at the end,
 // also on errors.
 import {execFile} from 'node:child_process';
 import {rmSync} from 'node:fs';
@@ -35,6 +35,7 @@ const SETTINGS = {
   'cleanup.initial_delay': '"30s"',
   'cleanup.reconnect_grace': '"10s"',
   'discovery.interval': '"2s"',
+  'backup.drill_interval': '"1m"',
 };
 
 /** The interop suite's Zero 1.9 deployment with the demo's settings. */
@@ -66,7 +67,9 @@ function withSettings(toml, settings) {
   return out.join('\n');
 }
 
-const t = new DemoTopology('demo', {syncIntervalMs: UPLOAD_EVERY_MS});
+// Restore drills with the real litestream the demo installed (the interop harness's `backup.litestream`), every
+// minute instead of every hour, so that the status screen shows one proving the backup.
+const t = new DemoTopology('demo', {syncIntervalMs: UPLOAD_EVERY_MS, drillInterval: '1h'});
 t.discovery = 'owner'; // view-syncers use ZERO_CHANGE_STREAMER_URI; ownerAddress stays the replication-manager's
 t.proxyMode = 'clamp';
 t.rmTaskID = 'demo-rm';
@@ -228,7 +231,7 @@ function summaryLines() {
     `writes:        ${state.rows} rows inserted upstream (1/s)${state.writeErrors ? `, ${state.writeErrors} failed: ${state.lastWriteError}` : ''}`,
     `view-syncers:  ${vss}; restores started: ${state.restores}, a new one every ${RESTORE_EVERY_S} s`,
     `purges:        ${purge}`,
-    ...(TTY ? ['timings:       shortened for the demo: check_interval 5s, reconnect_grace 10s, a backup every ${UPLOAD_EVERY_MS / 1000} s; ' +
+    ...(TTY ? ['timings:       shortened for the demo: check_interval 5s, reconnect_grace 10s, a drill every minute, a backup every ${UPLOAD_EVERY_MS / 1000} s; ' +
       'cleanup delay 30s (as in production)'] : []),
   ];
 }
@@ -337,7 +340,16 @@ async function main() {
     } catch (e) {
       ahead = e.message;
     }
-    await finish(purged && !ahead ? 0 : 1, !purged ? 'no purge was seen' : ahead);
+    // A drill restored the backup with the real litestream and read the replica's watermark from it.
+    const proof = state.lastStatus?.drills?.last_proof ?? null;
+    const drills = state.lastStatus?.drills;
+    if (proof) {
+      process.stdout.write(`demo: a restore drill proved the backup: ${t.backupURL} restores to watermark ` +
+        `${proof.proven_watermark} (${drills.runs} drill(s), ${drills.failures} failed)\n`);
+    }
+    const why = !purged ? 'no purge was seen' : ahead ?? (!proof ? `no restore drill proved the backup: ` +
+      `${JSON.stringify(drills?.last ?? null)}` : undefined);
+    await finish(why === undefined ? 0 : 1, why);
   }
   await loop;
 }

@@ -368,8 +368,10 @@ async fn the_drill_command_proves_the_backup_or_exits_1() {
     assert_eq!(code, Some(0), "{out}");
     assert!(
         out.starts_with(&format!(
-            "drill passed: the backup restores to watermark {watermark} (replica version {REPLICA_VERSION}, \
-             compared with nothing: the change DB did not answer)"
+            "drill passed: the backup restores to watermark {watermark} from generation {} (replica version \
+             {REPLICA_VERSION}, compared with nothing: the change DB did not answer; claimed: no claim: \
+             litestream's page cannot be read",
+            rig.dest.generation()
         )),
         "{out}"
     );

@@ -472,6 +472,7 @@ impl World {
             replica_unknown: self.known_replica.is_none(),
             reset_at: self.reset_at,
             position_unknown: self.position_unknown,
+            restored_less: false,
             steady_now: Some(anchor_wall + now.saturating_duration_since(anchor)),
         }
     }
@@ -966,6 +967,7 @@ impl World {
                     current_backup: self.backlog.current().map(|b| b.watermark.as_str()),
                     // The model's backups exist where they are claimed: verification is tested on its own.
                     destination: cleanup::DestinationCheck::Unchecked,
+                    other_generation: &[],
                     guards: self.guards(now),
                 });
                 if let Decision::Purge { before, .. } = decision {

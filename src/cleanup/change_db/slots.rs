@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use super::sql::quote_ident;
 use super::{fnv1a_32, ChangeDb, DbError, PURGER_LOCK_CLASS};
 use crate::cleanup::slots::{Slot, SlotKind};
+use crate::litestream::drill::Proof;
 use crate::protocol::shard::ZeroConfig;
 
 /// The advisory lock class of the slot lock (`"ltsl"`), keyed like the purger lock by the shard.
@@ -24,10 +25,11 @@ const MIGRATE_LOCK_CLASS: i32 = i32::from_be_bytes(*b"ltsm");
 
 /// The schema's migrations, in order: each runs once, in one transaction with its record. Never edit one that has
 /// shipped; add the next.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "slots and the shard's memory",
-    r#"
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "slots and the shard's memory",
+        r#"
     CREATE TABLE {s}.slots (
         kind text NOT NULL CHECK (kind IN ('reservation', 'subscriber')),
         key text NOT NULL,
@@ -59,7 +61,25 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[(
         updated_at timestamptz NOT NULL DEFAULT now()
     );
     "#,
-)];
+    ),
+    (
+        2,
+        "restore drills' proofs, by generation",
+        r#"
+    CREATE TABLE {s}.proofs (
+        generation text PRIMARY KEY,
+        replica_version text NOT NULL,
+        watermark text NOT NULL,
+        started_at timestamptz NOT NULL,
+        finished_at timestamptz NOT NULL,
+        restore_seconds float8 NOT NULL,
+        check_seconds float8 NOT NULL,
+        bytes bigint NOT NULL,
+        holder text NOT NULL
+    );
+    "#,
+    ),
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -97,6 +117,8 @@ pub(super) struct SlotSql {
     shard_read: String,
     shard_create: String,
     shard_write: String,
+    proof_write: String,
+    proof_read: String,
 }
 
 impl SlotSql {
@@ -227,6 +249,22 @@ impl SlotSql {
                      restores_unknown_since = CASE WHEN $6::boolean THEN restores_unknown_since END,
                      replica_version = coalesce($1, replica_version),
                      updated_at = now()"#
+            ),
+            // One row per generation ('' where litestream names none): its newest proof.
+            proof_write: format!(
+                "INSERT INTO {s}.proofs (generation, replica_version, watermark, started_at, finished_at,
+                                         restore_seconds, check_seconds, bytes, holder)
+                 VALUES ($1, $2, $3, to_timestamp($4::float8), to_timestamp($5::float8), $6, $7, $8, $9)
+                 ON CONFLICT (generation) DO UPDATE SET replica_version = excluded.replica_version,
+                     watermark = excluded.watermark, started_at = excluded.started_at,
+                     finished_at = excluded.finished_at, restore_seconds = excluded.restore_seconds,
+                     check_seconds = excluded.check_seconds, bytes = excluded.bytes, holder = excluded.holder
+                  WHERE excluded.finished_at > {s}.proofs.finished_at"
+            ),
+            proof_read: format!(
+                "SELECT generation, replica_version, watermark, extract(epoch FROM started_at)::float8,
+                        extract(epoch FROM finished_at)::float8, restore_seconds, check_seconds, bytes
+                   FROM {s}.proofs ORDER BY finished_at DESC LIMIT 1"
             ),
             quoted: s,
         }
@@ -522,6 +560,59 @@ impl ChangeDb {
             .await
             .map_err(|e| self.slot_error(format!("writing {}.shard", sql.quoted), e))?;
         Ok(())
+    }
+
+    /// Keeps a restore drill's proof as its generation's newest, unless a newer one is kept already (another
+    /// sidecar's).
+    pub async fn write_proof(&self, proof: &Proof, holder: &str) -> Result<(), DbError> {
+        let client = self.client().await?;
+        let sql = &self.inner.slot_sql;
+        client
+            .execute(
+                &sql.proof_write,
+                &[
+                    &proof.generation.clone().unwrap_or_default(),
+                    &proof.replica_version,
+                    &proof.watermark,
+                    &unix_seconds(proof.started),
+                    &unix_seconds(proof.finished),
+                    &proof.restore_took.as_secs_f64(),
+                    &proof.check_took.as_secs_f64(),
+                    &i64::try_from(proof.bytes).unwrap_or(i64::MAX),
+                    &holder,
+                ],
+            )
+            .await
+            .map_err(|e| self.slot_error(format!("writing {}.proofs", sql.quoted), e))?;
+        Ok(())
+    }
+
+    /// The newest proof any sidecar of the shard kept, of whichever generation.
+    pub async fn latest_proof(&self) -> Result<Option<Proof>, DbError> {
+        let client = self.client().await?;
+        let sql = &self.inner.slot_sql;
+        let row = client
+            .query_opt(&sql.proof_read, &[])
+            .await
+            .map_err(|e| self.slot_error(format!("reading {}.proofs", sql.quoted), e))?;
+        Ok(row.map(|row| {
+            let generation: String = row.get(0);
+            let at = |i: usize| {
+                row.get::<_, Option<f64>>(i)
+                    .and_then(from_unix)
+                    .unwrap_or(UNIX_EPOCH)
+            };
+            Proof {
+                generation: (!generation.is_empty()).then_some(generation),
+                replica_version: row.get(1),
+                watermark: row.get(2),
+                started: at(3),
+                finished: at(4),
+                restore_took: Duration::from_secs_f64(row.get::<_, f64>(5).max(0.0)),
+                check_took: Duration::from_secs_f64(row.get::<_, f64>(6).max(0.0)),
+                bytes: u64::try_from(row.get::<_, i64>(7)).unwrap_or(0),
+            }
+        }))
     }
 
     /// Writes `writes` as `holder`, in one transaction under the slot lock taken shared.

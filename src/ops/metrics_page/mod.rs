@@ -166,9 +166,13 @@ impl DrillFigures {
             running: drills.running_since.is_some(),
             runs: drills.runs,
             failures: drills.failures.clone(),
-            failing: match &drills.last {
-                Some(DrillOutcome::Failed { failure, .. }) => Some(failure.kind()),
-                Some(DrillOutcome::Proved(_)) | None => None,
+            // A restore that reached less than the claim stands until a drill reaches it again, whatever the drills
+            // in between found.
+            failing: match (&drills.restored_less, &drills.last) {
+                (Some(failure), _) | (None, Some(DrillOutcome::Failed { failure, .. })) => {
+                    Some(failure.kind())
+                }
+                (None, Some(DrillOutcome::Proved(_)) | None) => None,
             },
             last_proof: drills.last_proof.as_ref().map(|proof| ProofFigures {
                 finished: epoch_seconds(proof.finished).unwrap_or(0.0),
@@ -644,12 +648,13 @@ pub fn render(instruments: &Instruments, snapshot: &Snapshot) -> String {
     registry.register(
         "drill_failures",
         "Restore drills that proved nothing, by kind: the backup's (restore, nothing, check, not_a_replica, \
-         other_replica) or the drill's own (timeout, disk, setup)",
+         other_replica, restored_less) or the drill's own (timeout, disk, setup)",
         failures,
     );
     registry.register(
         "drill_failing",
-        "1 for the kind of the latest restore drill's failure while the latest drill failed, else 0",
+        "1 for the kind of the latest restore drill's failure while the latest drill failed (restored_less: until a \
+         drill restores as far as that claim again), else 0",
         failing,
     );
     // 0 before the first, as last_purge_timestamp_seconds.

@@ -182,6 +182,21 @@ pub struct DrillsEntry {
     pub last: Option<DrillEntry>,
     /// The latest drill that proved the backup (the same as `last` when that one did).
     pub last_proof: Option<DrillEntry>,
+    /// A drill restored less than the backup claimed: cleanup and snapshot statuses hold until a drill restores
+    /// at least that claim again (`null` while none did).
+    pub restored_less: Option<RestoredLessEntry>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RestoredLessEntry {
+    /// What the backup claimed when that drill started, and where the claim came from.
+    pub claimed: String,
+    pub claimed_by: String,
+    /// The watermark the restore reached, and the generation it restored.
+    pub restored: String,
+    pub generation: Option<String>,
+    pub error: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -194,6 +209,10 @@ pub struct DrillEntry {
     /// The restored replica's `stateVersion`: the watermark a restore is proven to reach.
     pub proven_watermark: Option<String>,
     pub replica_version: Option<String>,
+    /// The generation litestream restored.
+    pub generation: Option<String>,
+    /// Read from the change DB at start (a proof of an earlier run, or of another sidecar of the shard).
+    pub kept: bool,
     pub restore_seconds: Option<f64>,
     pub check_seconds: Option<f64>,
     pub bytes: Option<u64>,
@@ -641,6 +660,7 @@ fn drills_entry(drills: &DrillStatus, wall_now: SystemTime) -> DrillsEntry {
         age_seconds: Some(age(proof.finished, wall_now)),
         proven_watermark: Some(proof.watermark.clone()),
         replica_version: Some(proof.replica_version.clone()),
+        generation: proof.generation.clone(),
         restore_seconds: Some(seconds(proof.restore_took)),
         check_seconds: Some(seconds(proof.check_took)),
         bytes: Some(proof.bytes),
@@ -669,7 +689,27 @@ fn drills_entry(drills: &DrillStatus, wall_now: SystemTime) -> DrillsEntry {
                 ..DrillEntry::default()
             },
         }),
-        last_proof: drills.last_proof.as_ref().map(proved),
+        last_proof: drills.last_proof.as_ref().map(|proof| DrillEntry {
+            kept: drills.proof_kept,
+            ..proved(proof)
+        }),
+        restored_less: match &drills.restored_less {
+            Some(
+                failure @ crate::litestream::drill::Failure::RestoredLess {
+                    claimed,
+                    restored,
+                    generation,
+                    by,
+                },
+            ) => Some(RestoredLessEntry {
+                claimed: claimed.clone(),
+                claimed_by: (*by).to_string(),
+                restored: restored.clone(),
+                generation: generation.clone(),
+                error: failure.to_string(),
+            }),
+            _ => None,
+        },
     }
 }
 

@@ -314,6 +314,7 @@ fn drills_show_the_proven_watermark_and_the_latest_failure() {
     let proof = Proof {
         watermark: "0f".into(),
         replica_version: "01".into(),
+        generation: Some("6876d0f712825346".into()),
         started: wall_now - secs(3700),
         finished: wall_now - secs(3600),
         restore_took: secs(90),

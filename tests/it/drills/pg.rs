@@ -301,7 +301,8 @@ async fn a_wal_index_missing_from_the_chain_is_an_index_gap_that_holds_cleanup_u
 }
 
 #[tokio::test]
-async fn a_middle_wal_segment_deleted_restores_less_and_the_proof_going_back_holds_cleanup() {
+async fn a_middle_wal_segment_deleted_under_restore_is_restored_less_until_a_drill_reaches_the_proof_again(
+) {
     let db = change_log(4, 1).await;
     let all = db.rows().await;
     let rig = Rig::start(
@@ -326,30 +327,44 @@ async fn a_middle_wal_segment_deleted_restores_less_and_the_proof_going_back_hol
     let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(4)));
     proves(&sidecar, &wm(4)).await;
 
-    // wm(2)'s segment gone: the names still look whole, but a restore silently stops at wm(1).
+    // wm(2)'s segment gone: the names still look whole, but a restore silently stops at wm(1). Less than the
+    // last proof of the same generation: the backup lost objects, and no status may send a view-syncer to it.
     let moved = move_aside(&gone.path, &rig.aside());
     assert_eq!(rig.litestream.restored().await, Ok(wm(1)));
-    let json = proves(&sidecar, &wm(1)).await;
-    assert_eq!(json["drills"]["last"]["ok"], true);
-    settles_on(&sidecar, hold(HoldReason::BackupRegressed)).await;
+    let last = fails(&sidecar, "restored_less").await;
+    let error = last["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!(
+            "the backup claims {} (an earlier drill of the same generation), but a restore of generation {} \
+             reaches only {}",
+            wm(4),
+            rig.dest.generation(),
+            wm(1)
+        )),
+        "{error}"
+    );
+    settles_on(&sidecar, hold(HoldReason::RestoredLess)).await;
     let json = report(&sidecar).await;
     assert_eq!(json["destination"]["layout"], "restorable", "{json:#}");
-    assert_eq!(json["backup_regressed"]["highest"], wm(4), "{json:#}");
-    assert_eq!(json["backup_regressed"]["current"], wm(1));
+    assert_eq!(
+        json["drills"]["restored_less"]["claimed"],
+        wm(4),
+        "{json:#}"
+    );
+    assert_eq!(json["drills"]["restored_less"]["restored"], wm(1));
     assert_eq!(db.rows().await, all, "nothing purged");
-    // A restore started now gets wm(1): statuses stand on it, and a reservation pins no higher.
-    assert_eq!(sidecar.registry.newest_backup(), Some(wm(1)));
     let mut reservation = reserve(&sidecar, "vs-2").await;
-    let status = status_of(&mut reservation).await;
-    assert!(status.contains(&min_watermark(&wm(1))), "{status}");
-    assert_eq!(floor(&sidecar, "vs-2").await, wm(1));
+    withheld(&mut reservation, 20).await;
     drop(reservation);
 
-    // Back in place: proven at wm(4) again and no longer regressed; that proof is new, so it ages anew.
+    // Back in place: proven at wm(4) again, which clears it; that proof is new, so it ages anew.
     std::fs::rename(&moved, &gone.path).unwrap();
     proves(&sidecar, &wm(4)).await;
     settles_on(&sidecar, hold(HoldReason::BackupTooRecent)).await;
-    assert_eq!(report(&sidecar).await["backup_regressed"], Value::Null);
+    assert_eq!(
+        report(&sidecar).await["drills"]["restored_less"],
+        Value::Null
+    );
     assert_eq!(db.rows().await, all);
     left_nothing(&sidecar, &rig.drill_dir()).await;
     sidecar.stop().await;
@@ -739,5 +754,257 @@ async fn an_ltx_destination_is_refused_holds_cleanup_and_withholds_statuses() {
     assert_eq!(json["cleanup"]["hold_reason"], "unservable", "{json:#}");
     left_nothing(&sidecar, &rig.drill_dir()).await;
     sidecar.stop().await;
+    db.drop().await;
+}
+
+/// `litestream-sidecar drill` with `config` (the daemon's, change DB unreachable): its exit code and output.
+async fn drill_command(config: &std::path::Path) -> (Option<i32>, String) {
+    let config = config.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new(crate::support::process::BIN)
+            .arg("--config")
+            .arg(&config)
+            .arg("drill")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8(output.stdout).unwrap(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// A WAL segment gone from the middle of the newest index: the names still look whole and the claim covered, and a
+/// restore stops early without a word. Under "listing" (the default) the drill compares what it restored with the
+/// claim the listing covered as it started: `restored_less`, which holds cleanup and statuses until a drill
+/// restores as far again, here from a new generation litestream starts once its local state is gone.
+#[tokio::test]
+async fn a_middle_wal_segment_deleted_is_restored_less_which_holds_until_a_later_generation_restores_it(
+) {
+    let db = change_log(6, 1).await;
+    let all = db.rows().await;
+    let mut rig = Rig::start(Options::default(), 0);
+    let mut carrying = Vec::new();
+    for n in 1..=4 {
+        rig.apply(n, 1).await;
+        carrying.push(rig.dest.segments().pop().unwrap());
+    }
+    let gone = carrying[1].clone();
+    assert!(
+        gone.offset > 0 && gone.index == carrying[3].index && gone.offset < carrying[3].offset,
+        "wm(2) in a middle segment of the last index: {carrying:#?}"
+    );
+    let claimed = gauge_time(rig.dest.newest().unwrap());
+    let gauge = MetricsServer::start(&progress_page(&[(&wm(4), claimed)])).await;
+    let sidecar = sidecar(&rig, &db, &gauge.url(), "listing", "").await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(6)));
+    let json = proves(&sidecar, &wm(4)).await;
+    let generation = rig.dest.generation();
+    assert_eq!(json["drills"]["last"]["generation"], generation.as_str());
+    assert_eq!(json["drills"]["restored_less"], Value::Null);
+
+    let moved = move_aside(&gone.path, &rig.aside());
+    assert_eq!(
+        rig.litestream.restored().await,
+        Ok(wm(1)),
+        "a restore stops at wm(1)"
+    );
+    let last = fails(&sidecar, "restored_less").await;
+    let error = last["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!(
+            "the backup claims {} (litestream's gauge, covered by the destination's objects), but a restore of \
+             generation {generation} reaches only {}",
+            wm(4),
+            wm(1)
+        )),
+        "{error}"
+    );
+    let json = report(&sidecar).await;
+    let less = &json["drills"]["restored_less"];
+    assert_eq!(less["claimed"], wm(4), "{json:#}");
+    assert_eq!(less["restored"], wm(1));
+    assert_eq!(less["generation"], generation.as_str());
+    // The names still say it restores: only the drill knows.
+    assert_eq!(json["destination"]["layout"], "restorable");
+    settles_on(&sidecar, hold(HoldReason::RestoredLess)).await;
+    let json = report(&sidecar).await;
+    assert!(
+        json["cleanup"]["problem"]
+            .as_str()
+            .is_some_and(|p| p.contains("the backup claims")),
+        "{json:#}"
+    );
+    let metrics = http(sidecar.addr, "GET", "/metrics").await.1;
+    assert!(
+        metrics.contains("litestream_sidecar_drill_failing{kind=\"restored_less\"} 1"),
+        "{metrics}"
+    );
+    let mut reservation = reserve(&sidecar, "vs-2").await;
+    withheld(&mut reservation, 20).await;
+    // Aged past the cleanup delay, the claim would be purged below: it is not.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    settles_on(&sidecar, hold(HoldReason::RestoredLess)).await;
+    withheld(&mut reservation, 5).await;
+    assert_eq!(db.rows().await, all, "nothing purged");
+
+    // The drill command says the same, and exits 1.
+    let config = rig.dir.path().join("sidecar.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[litestream]\nbackup_url = \"{}\"\nmetrics_url = \"{}\"\n[discovery]\nmode = \"off\"\n\
+             [change_db]\nurl = \"postgres://nobody@127.0.0.1:1/none\"\n\
+             [backup]\nlitestream = \"{}\"\ndrill_dir = \"{}\"\ndrill_reserve = 0\n",
+            rig.url,
+            gauge.url(),
+            rig.litestream.bin.display(),
+            rig.aside().join("cli-drills").display(),
+        ),
+    )
+    .unwrap();
+    let (code, out) = drill_command(&config).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "drill FAILED (restored_less): the backup claims {} (litestream's gauge, covered by the destination's \
+             objects), but a restore of generation {generation} reaches only {}",
+            wm(4),
+            wm(1)
+        )),
+        "{out}"
+    );
+
+    // litestream loses its local state (a new volume, say) and starts a new generation; writes go on. A drill of
+    // that generation restores past the claim: cleanup and statuses resume.
+    rig.litestream.kill();
+    let shadow = rig.replica.path.with_file_name(".replica.db-litestream");
+    std::fs::remove_dir_all(&shadow).unwrap_or_else(|e| panic!("{}: {e}", shadow.display()));
+    rig.litestream.start();
+    rig.apply(5, 1).await;
+    let newer = rig.dest.generation();
+    assert_ne!(newer, generation, "a new generation");
+    gauge.set_page(&progress_page(&[
+        (&wm(4), claimed),
+        (&wm(5), gauge_time(rig.dest.newest().unwrap())),
+    ]));
+    let json = proves(&sidecar, &wm(5)).await;
+    assert_eq!(json["drills"]["last"]["generation"], newer.as_str());
+    assert_eq!(json["drills"]["restored_less"], Value::Null);
+    let status = status_of(&mut reservation).await;
+    assert!(status.contains(r#""tag":"status""#), "{status}");
+    within("the purge below wm(5)", Duration::from_secs(60), || async {
+        db.rows().await == rows_of(5, 6, 1)
+    })
+    .await;
+    drop(moved);
+    left_nothing(&sidecar, &rig.drill_dir()).await;
+    sidecar.stop().await;
+    db.drop().await;
+}
+
+/// The newest proof kept in the change DB: its watermark and generation.
+async fn kept_proof(db: &TestSchema) -> Option<(String, String)> {
+    db.client
+        .query_opt(
+            &format!(
+                "SELECT watermark, generation FROM \"{}_0/sidecar\".proofs ORDER BY finished_at DESC LIMIT 1",
+                db.app_id
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .map(|row| (row.get(0), row.get(1)))
+}
+
+/// Under "restore", a restart stands on the last proof at once: it is kept in the change DB with its generation,
+/// and statuses go out from it (here the new run's drills cannot even run). Once a restore picks another generation
+/// the kept proof binds nothing: cleanup holds and statuses wait for a drill of that generation.
+#[tokio::test]
+async fn a_restart_under_restore_stands_on_the_kept_proof_while_its_generation_is_the_one_restored()
+{
+    let db = change_log(4, 1).await;
+    let mut rig = Rig::start(
+        Options {
+            metrics: true,
+            ..Options::default()
+        },
+        0,
+    );
+    for n in 1..=3 {
+        rig.apply(n, 1).await;
+    }
+    let generation = rig.dest.generation();
+    let first = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
+    let json = proves(&first, &wm(3)).await;
+    assert_eq!(json["drills"]["last_proof"]["kept"], false);
+    within(
+        "the proof kept in the change DB",
+        Duration::from_secs(10),
+        || async { kept_proof(&db).await == Some((wm(3), generation.clone())) },
+    )
+    .await;
+    first.stop().await;
+
+    // The next run's drills cannot run at all: only the kept proof can prove anything.
+    let second = sidecar(
+        &rig,
+        &db,
+        &rig.litestream.metrics_url(),
+        "restore",
+        "[backup]\nlitestream = \"/nonexistent/litestream\"\n",
+    )
+    .await;
+    let json = reported(&second, "the kept proof", Duration::from_secs(20), |json| {
+        json["drills"]["last_proof"]["kept"] == true
+    })
+    .await;
+    assert_eq!(
+        json["drills"]["last_proof"]["proven_watermark"],
+        wm(3),
+        "{json:#}"
+    );
+    assert_eq!(
+        json["drills"]["last_proof"]["generation"],
+        generation.as_str()
+    );
+    let mut reservation = reserve(&second, "vs-1").await;
+    let status = status_of(&mut reservation).await;
+    assert!(status.contains(&min_watermark(&wm(1))), "{status}");
+    assert_eq!(floor(&second, "vs-1").await, wm(1));
+    fails(&second, "setup").await;
+    assert_eq!(
+        second.registry.newest_backup(),
+        Some(wm(3)),
+        "the failed drill leaves the proof standing"
+    );
+    drop(reservation);
+
+    // litestream loses its local state and starts a new generation: a restore now gets that one.
+    rig.litestream.kill();
+    let shadow = rig.replica.path.with_file_name(".replica.db-litestream");
+    std::fs::remove_dir_all(&shadow).unwrap_or_else(|e| panic!("{}: {e}", shadow.display()));
+    rig.litestream.start();
+    rig.apply(4, 1).await;
+    let newer = rig.dest.generation();
+    assert_ne!(newer, generation);
+    settles_on(&second, hold(HoldReason::BackupUnknown)).await;
+    let json = report(&second).await;
+    let why = json["cleanup"]["backup_unknown"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        why.contains(&format!(
+            "the last drill's proof is of generation {generation}, and a restore now picks generation {newer}"
+        )),
+        "{json:#}"
+    );
+    let mut reservation = reserve(&second, "vs-2").await;
+    withheld(&mut reservation, 20).await;
+    drop(reservation);
+    second.stop().await;
     db.drop().await;
 }
