@@ -69,7 +69,7 @@ impl RestoreLimit {
     }
 
     /// `"auto"` or a duration.
-    fn parse(text: String) -> Result<RestoreLimit, String> {
+    pub(crate) fn parse(text: String) -> Result<RestoreLimit, String> {
         match text.trim() {
             "auto" => Ok(RestoreLimit::Auto),
             other => keys::duration(other.to_string())

@@ -409,6 +409,9 @@ pub struct Guards {
     /// A restore drill restored less than the backup claimed (objects missing from the backup), and no drill has
     /// restored as far since: every claim is in doubt, whatever the listing says.
     pub restored_less: bool,
+    /// `cleanup.requires = "restore"` and the latest drill could not run for want of disk: nothing will be proven
+    /// until there is room, and the hold says so rather than waiting in silence.
+    pub drill_disk: bool,
     /// The wall clock as the monotonic clock has carried it since the sidecar started: a claim is aged only when
     /// both this and [`Inputs::wall_now`] say so, so a forward step of the wall clock ages nothing. `None`: the
     /// wall clock alone.
@@ -564,6 +567,8 @@ pub enum HoldReason {
     /// The latest restore drill restored less than the backup claimed when it started, and no drill has restored
     /// as far since: a view-syncer restoring now would get less than the names and the gauge say.
     RestoredLess,
+    /// `cleanup.requires = "restore"` and restore drills cannot run for want of disk in `backup.drill_dir`.
+    DrillDisk,
     /// Litestream's gauge reports a watermark below the highest it reported before (it restarted on an older
     /// generation, say): a restore started now gets less than the old high, so no backup above the gauge proves
     /// anything until the gauge reaches the old high again.
@@ -592,7 +597,7 @@ pub enum HoldReason {
 
 impl HoldReason {
     /// Every variant, in evaluation order (for pre-registering metric label values).
-    pub const ALL: [HoldReason; 23] = [
+    pub const ALL: [HoldReason; 24] = [
         HoldReason::Unservable,
         HoldReason::NotRegistered,
         HoldReason::RecentlyRegistered,
@@ -607,6 +612,7 @@ impl HoldReason {
         HoldReason::ReservationWithoutFloor,
         HoldReason::BackupUnknown,
         HoldReason::RestoredLess,
+        HoldReason::DrillDisk,
         HoldReason::BackupRegressed,
         HoldReason::NoBackup,
         HoldReason::NoSubscribers,
@@ -635,6 +641,7 @@ impl HoldReason {
             HoldReason::ReservationWithoutFloor => "reservation_without_floor",
             HoldReason::BackupUnknown => "backup_unknown",
             HoldReason::RestoredLess => "restored_less",
+            HoldReason::DrillDisk => "drill_disk",
             HoldReason::BackupRegressed => "backup_regressed",
             HoldReason::NoBackup => "no_backup",
             HoldReason::NoSubscribers => "no_subscribers",
@@ -672,6 +679,9 @@ impl fmt::Display for HoldReason {
             HoldReason::BackupUnknown => "litestream's backed-up position unknown",
             HoldReason::RestoredLess => {
                 "a restore drill restored less than the backup claims: objects are missing from it"
+            }
+            HoldReason::DrillDisk => {
+                "restore drills cannot run: too little disk in backup.drill_dir (see drills in /status)"
             }
             HoldReason::BackupRegressed => {
                 "litestream's backup went back below a watermark it reported"
@@ -716,17 +726,18 @@ impl fmt::Display for HoldReason {
 /// 12. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
 /// 13. `BackupUnknown`: litestream's position is unknown (restarted, no samples, unreadable).
 /// 14. `RestoredLess`: the latest restore drill restored less than the backup claimed, and none has since.
-/// 15. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
+/// 15. `DrillDisk`: `cleanup.requires = "restore"` and the latest drill could not run for want of disk.
+/// 16. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
 ///     tracked, and it is the news an operator needs.
-/// 16. `NoBackup`: no backup is tracked.
-/// 17. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
+/// 17. `NoBackup`: no backup is tracked.
+/// 18. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
 ///     [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or uptime `< reconnect_grace`.
-/// 18. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
-/// 19. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
-/// 20. `BackupTooRecent`: none of those is old enough.
-/// 21. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
-/// 22. `ReservationFloor`: all of the covered ones are above some reservation's floor.
-/// 23. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+/// 19. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
+/// 20. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
+/// 21. `BackupTooRecent`: none of those is old enough.
+/// 22. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
+/// 23. `ReservationFloor`: all of the covered ones are above some reservation's floor.
+/// 24. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
 pub fn decide(inputs: &Inputs) -> Decision {
     match choose(inputs) {
         Ok((before, bound)) => Decision::Purge {
@@ -805,6 +816,9 @@ fn choose<'a>(inputs: &Inputs<'a>) -> Result<(&'a str, Bound), HoldReason> {
     }
     if guards.restored_less {
         return Err(HoldReason::RestoredLess);
+    }
+    if guards.drill_disk {
+        return Err(HoldReason::DrillDisk);
     }
     if is_regressed(inputs.highest_backup, inputs.current_backup) {
         return Err(HoldReason::BackupRegressed);

@@ -469,17 +469,25 @@ impl Monitor {
 
     /// The guards of a check at `now` (see [`cleanup::Guards`]).
     fn guards(&self, now: Instant, position: &Position, replica: &Replica) -> cleanup::Guards {
-        let (standby, memory, restores_unknown_since, refused, slots_unread, restored_less) =
-            self.status.read(|s| {
-                (
-                    s.standby,
-                    s.memory,
-                    s.restores_unknown_since,
-                    !s.unservable.is_empty(),
-                    s.slots_problem.is_some(),
-                    s.drills.restored_less.is_some(),
-                )
-            });
+        let (
+            standby,
+            memory,
+            restores_unknown_since,
+            refused,
+            slots_unread,
+            restored_less,
+            drill_disk,
+        ) = self.status.read(|s| {
+            (
+                s.standby,
+                s.memory,
+                s.restores_unknown_since,
+                !s.unservable.is_empty(),
+                s.slots_problem.is_some(),
+                s.drills.restored_less.is_some(),
+                s.drills.drives_cleanup && s.drills.disk_short().is_some(),
+            )
+        });
         // Slots that cannot be read are memory that cannot be read: nothing says which restores are in flight.
         let memory = if slots_unread && memory == cleanup::Memory::Kept {
             cleanup::Memory::Unreadable
@@ -509,6 +517,7 @@ impl Monitor {
             replica_unknown: replica.version.is_none(),
             position_unknown: position.unknown.is_some(),
             restored_less,
+            drill_disk,
             steady_now: anchor_wall.checked_add(now.saturating_duration_since(anchor)),
         }
     }

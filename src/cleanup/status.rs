@@ -162,6 +162,17 @@ impl DrillStatus {
         }
     }
 
+    /// The latest drill's failure when it could not run for want of disk.
+    pub fn disk_short(&self) -> Option<&Failure> {
+        match &self.last {
+            Some(DrillOutcome::Failed {
+                failure: failure @ Failure::Disk { .. },
+                ..
+            }) => Some(failure),
+            _ => None,
+        }
+    }
+
     /// Takes a drill's outcome into the record.
     pub fn record(&mut self, outcome: &DrillOutcome) {
         self.running_since = None;
@@ -330,10 +341,15 @@ impl Status {
                     "cleanup and snapshot statuses held: the last restore drill failed ({failure})"
                 )
             });
+        let disk = self
+            .drills
+            .disk_short()
+            .filter(|_| self.drills.drives_cleanup)
+            .map(|failure| format!("cleanup held: restore drills cannot run: {failure}"));
         let problems: Vec<String> = refused
             .chain(
                 [
-                    state, slots, below, regressed, unknown, stale, unlisted, layout, drill,
+                    state, slots, below, regressed, unknown, stale, unlisted, layout, drill, disk,
                     failing,
                 ]
                 .into_iter()

@@ -205,6 +205,13 @@ fn each_guard_holds_with_its_own_reason_and_the_quiet_case_purges() {
     );
     assert_eq!(
         with(Guards {
+            drill_disk: true,
+            ..held
+        }),
+        Decision::Hold(DrillDisk)
+    );
+    assert_eq!(
+        with(Guards {
             replica_unknown: true,
             ..held
         }),
@@ -1173,9 +1180,10 @@ fn hold_reasons_have_distinct_labels_in_evaluation_order() {
     assert_eq!(HoldReason::ALL[4], StartingUp);
     assert_eq!(HoldReason::ALL[12], BackupUnknown);
     assert_eq!(HoldReason::ALL[13], RestoredLess);
-    assert_eq!(HoldReason::ALL[14], BackupRegressed);
-    assert_eq!(HoldReason::ALL[20], BackupUnverified);
-    assert_eq!(HoldReason::ALL[22], SubscriberBehind);
+    assert_eq!(HoldReason::ALL[14], DrillDisk);
+    assert_eq!(HoldReason::ALL[15], BackupRegressed);
+    assert_eq!(HoldReason::ALL[21], BackupUnverified);
+    assert_eq!(HoldReason::ALL[23], SubscriberBehind);
 }
 
 // Property tests: a model of the monitor's view over random event sequences.

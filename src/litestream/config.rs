@@ -127,8 +127,11 @@ keys::section! {
             "off" => Ok(None),
             _ => keys::at_least(text, Duration::from_secs(1)).map(Some),
         }),
-        /// A drill that has not restored and checked the backup by then is stopped and reported.
-        drill_timeout: Duration = key("1h", keys::positive_duration),
+        /// A drill that has not restored and checked the backup by then is stopped and reported. `"auto"`: as
+        /// `cleanup.restore_limit` scales, an hour per 50 GiB of the database (an hour while its size is unknown),
+        /// as a restore takes about that long.
+        drill_timeout: crate::cleanup::config::RestoreLimit =
+            key("auto", crate::cleanup::config::RestoreLimit::parse),
         /// Where drills restore to, each into a directory of its own that is removed afterwards. On disk, not in
         /// memory: `/tmp` is often a tmpfs.
         drill_dir: std::path::PathBuf = key("/var/tmp/litestream-sidecar", |text: String| {

@@ -36,7 +36,8 @@ pub struct Drill {
     pub s3: S3Settings,
     /// `backup.drill_dir`: each drill gets a fresh directory below it.
     pub dir: PathBuf,
-    pub timeout: Duration,
+    /// `backup.drill_timeout`: fixed, or scaled to the database's size.
+    pub timeout: crate::cleanup::config::RestoreLimit,
     /// Free space the drill leaves on the scratch filesystem: it does not start, or is stopped, below it.
     pub reserve: u64,
     pub check: CheckLevel,
@@ -110,7 +111,10 @@ pub enum Failure {
         /// Where the claim came from.
         by: &'static str,
     },
-    #[error("no complete restore within {0:?} (backup.drill_timeout)")]
+    #[error(
+        "no complete restore within {0:?} (backup.drill_timeout; \"auto\" allows an hour per 50 GiB of the \
+         database)"
+    )]
     Timeout(Duration),
     #[error(
         "not enough disk in {dir}: {free} bytes free, the drill needs {need} (the database's size plus \
@@ -197,7 +201,8 @@ impl Drill {
         }
         let restore_started = Instant::now();
         let output = scratch.path.join("replica.db");
-        let generation = self.restore(&scratch.path, &output).await?;
+        let timeout = self.timeout.for_size(expected_bytes);
+        let generation = self.restore(&scratch.path, &output, timeout).await?;
         let restore_took = restore_started.elapsed();
         let check_started = Instant::now();
         let level = self.check;
@@ -233,7 +238,12 @@ impl Drill {
     /// `litestream restore -config <scratch>/litestream.yml -o <output> <scratch>/source.db`, under `nice -n 10`
     /// and `ionice -c 2 -n 7` (best effort, lowest) where the host has them. Returns the generation it restored,
     /// as its log names it.
-    async fn restore(&self, scratch: &Path, output: &Path) -> Result<Option<String>, Failure> {
+    async fn restore(
+        &self,
+        scratch: &Path,
+        output: &Path,
+        timeout: Duration,
+    ) -> Result<Option<String>, Failure> {
         let config = scratch.join("litestream.yml");
         let source = scratch.join("source.db");
         std::fs::write(&config, restore_config(&source, &self.backup_url, &self.s3))
@@ -302,9 +312,9 @@ impl Drill {
         };
         let finished = async { tokio::join!(child.wait(), collect) };
         let stopped = tokio::select! {
-            done = tokio::time::timeout(self.timeout, finished) => match done {
+            done = tokio::time::timeout(timeout, finished) => match done {
                 Ok(done) => Ok(done),
-                Err(_) => Err(Failure::Timeout(self.timeout)),
+                Err(_) => Err(Failure::Timeout(timeout)),
             },
             failure = watch_disk => Err(failure),
         };
@@ -596,7 +606,7 @@ mod tests {
             backup_url: "file:///nowhere".into(),
             s3: S3Settings::default(),
             dir: dir.path().to_path_buf(),
-            timeout: Duration::from_secs(1),
+            timeout: crate::cleanup::config::RestoreLimit::Fixed(Duration::from_secs(1)),
             reserve: 0,
             check: CheckLevel::Quick,
             env: Vec::new(),

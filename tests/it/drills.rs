@@ -302,6 +302,16 @@ async fn a_disk_too_small_for_the_database_fails_the_drill_before_or_while_it_re
     let error = last["error"].as_str().unwrap();
     assert!(error.contains("not enough disk"), "{error}");
     assert!(error.contains(&small.dir.display().to_string()), "{error}");
+    // Under "restore" nothing will be proven until there is room: cleanup says so, with how much and where.
+    let json = report(&sidecar).await;
+    let problem = json["cleanup"]["problem"].as_str().unwrap_or_default();
+    assert!(
+        problem.contains(&format!(
+            "cleanup held: restore drills cannot run: not enough disk in {}",
+            small.dir.display()
+        )) && problem.contains("the drill needs"),
+        "{json:#}"
+    );
     let status = sidecar.status.get();
     assert!(
         status.db_bytes.unwrap() >= LARGE as u64,
@@ -387,4 +397,51 @@ async fn the_drill_command_proves_the_backup_or_exits_1() {
         "{out}"
     );
     assert_eq!(std::fs::read_dir(rig.drill_dir()).unwrap().count(), 0);
+}
+
+/// `backup.drill_timeout = "auto"` (the default) gives a restore the time a restore of the database's size takes,
+/// as `cleanup.restore_limit` does: a restore slower than a fixed timeout is stopped under it, and proves the backup
+/// under "auto". (A stand-in litestream that waits before restoring plays the large replica.)
+#[tokio::test]
+async fn a_slow_restore_times_out_under_a_fixed_timeout_and_proves_the_backup_under_auto() {
+    use litestream_sidecar::cleanup::config::RestoreLimit;
+    use litestream_sidecar::litestream::drill::{CheckLevel, Claims, Drill, Failure};
+    let rig = Rig::start(Options::default(), 0);
+    let watermark = rig.apply(1, 1).await;
+    let slow = rig.dir.path().join("slow-litestream");
+    std::fs::write(
+        &slow,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = restore ] && sleep 3\nexec {} \"$@\"\n",
+            rig.litestream.bin.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&slow, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let drill = |timeout| Drill {
+        litestream: slow.clone(),
+        backup_url: rig.url.clone(),
+        s3: Default::default(),
+        dir: rig.drill_dir(),
+        timeout,
+        reserve: 0,
+        check: CheckLevel::Quick,
+        env: Vec::new(),
+    };
+    let bytes = Some(rig.replica.bytes());
+    let fixed = drill(RestoreLimit::Fixed(Duration::from_secs(2)))
+        .run(bytes, None, &Claims::default())
+        .await;
+    assert_eq!(fixed, Err(Failure::Timeout(Duration::from_secs(2))));
+    let auto = drill(RestoreLimit::Auto)
+        .run(bytes, None, &Claims::default())
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!(auto.watermark, watermark);
+    assert_eq!(list(&rig.drill_dir()), Vec::<String>::new());
+    // What "auto" gives a 150 GiB replica: three hours, as its restore takes about that long.
+    assert_eq!(
+        RestoreLimit::Auto.for_size(Some(150 << 30)),
+        Duration::from_secs(3 * 3600)
+    );
 }

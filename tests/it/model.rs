@@ -473,6 +473,7 @@ impl World {
             reset_at: self.reset_at,
             position_unknown: self.position_unknown,
             restored_less: false,
+            drill_disk: false,
             steady_now: Some(anchor_wall + now.saturating_duration_since(anchor)),
         }
     }

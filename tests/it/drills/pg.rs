@@ -1008,3 +1008,37 @@ async fn a_restart_under_restore_stands_on_the_kept_proof_while_its_generation_i
     second.stop().await;
     db.drop().await;
 }
+
+/// Under "restore", drills that cannot run for want of disk hold cleanup with a reason of their own, which says how
+/// much the drill needs and where: nothing will be proven until there is room.
+#[tokio::test]
+async fn too_little_disk_for_a_drill_holds_cleanup_under_restore_with_its_own_reason() {
+    let db = change_log(2, 1).await;
+    let rig = Rig::start(
+        Options {
+            metrics: true,
+            ..Options::default()
+        },
+        4 << 20,
+    );
+    rig.apply(1, 1).await;
+    let small = Tmpfs::mount(&rig.dir.path().join("small"), "2m");
+    let extra = format!(
+        "[backup]\ndrill_dir = \"{}\"\ndrill_reserve = 65536\n",
+        small.dir.display()
+    );
+    let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", &extra).await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(2)));
+    fails(&sidecar, "disk").await;
+    settles_on(&sidecar, hold(HoldReason::DrillDisk)).await;
+    let json = report(&sidecar).await;
+    assert_eq!(json["cleanup"]["hold_reason"], "drill_disk", "{json:#}");
+    let problem = json["cleanup"]["problem"].as_str().unwrap_or_default();
+    assert!(
+        problem.contains(&format!("not enough disk in {}", small.dir.display())),
+        "{json:#}"
+    );
+    sidecar.stop().await;
+    drop(small);
+    db.drop().await;
+}
