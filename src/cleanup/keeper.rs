@@ -253,13 +253,10 @@ impl Keeper {
                 }
             }
             let proof = self.status.read(|s| s.drills.last_proof.clone());
-            if proof.is_some() && proof != proof_written {
-                let wrote = tokio::time::timeout(
-                    WRITE_TIMEOUT,
-                    self.db
-                        .write_proof(proof.as_ref().expect("some"), &self.holder),
-                )
-                .await;
+            if let Some(new) = proof.as_ref().filter(|_| proof != proof_written) {
+                let wrote =
+                    tokio::time::timeout(WRITE_TIMEOUT, self.db.write_proof(new, &self.holder))
+                        .await;
                 match wrote {
                     Ok(Ok(())) => proof_written = proof,
                     Ok(Err(err)) => debug!(error = %err, "drill proof not written yet"),
