@@ -156,7 +156,7 @@ pub struct DestinationEntry {
     /// What the names say of a restore: `restorable`, `empty`, `no_snapshot`, `index_gap`, `unreadable_name` or
     /// `ltx` (litestream 0.5: refused, see [`Report::unservable`]).
     pub layout: Option<String>,
-    /// The newest generation, and the chain a restore of it applies (while `restorable`).
+    /// The generation a restore picks, and the chain a restore of it applies (while `restorable`).
     pub generation: Option<String>,
     pub snapshot_index: Option<u64>,
     pub last_wal_index: Option<u64>,

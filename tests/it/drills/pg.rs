@@ -1042,3 +1042,76 @@ async fn too_little_disk_for_a_drill_holds_cleanup_under_restore_with_its_own_re
     drop(small);
     db.drop().await;
 }
+
+/// Two writers on one path: a second litestream, replicating an older copy of the replica, started a generation
+/// before litestream claimed wm(3). While its snapshot is older than the claim, a restore picks the first writer's
+/// generation; once the second writes again, a restore picks the second's, which reaches only wm(2), though its
+/// objects are newer than the claim. The claim was seen while the first generation was picked: the second's
+/// objects do not cover it, and cleanup holds (drills are off here, so the names alone decide).
+#[tokio::test]
+async fn a_claim_is_covered_only_by_the_generation_a_restore_picked_when_it_was_made() {
+    let db = change_log(3, 1).await;
+    let all = db.rows().await;
+    let rig = Rig::start(Options::default(), 0);
+    rig.apply(1, 1).await;
+    // The second writer: an older copy of the replica, on the same path.
+    std::fs::create_dir_all(rig.dir.path().join("second")).unwrap();
+    let second =
+        litestream::Replica::create(&rig.dir.path().join("second/replica.db"), REPLICA_VERSION);
+    second.apply(&wm(1), 1);
+    second.checkpoint();
+    let mut other = Litestream::configure(
+        &litestream::v03(),
+        &second.path,
+        &rig.url,
+        Options::default(),
+    );
+    other.start();
+    within("the second generation", Duration::from_secs(20), || async {
+        rig.dest.generations().len() == 2
+    })
+    .await;
+    let ours = rig.dest.generations();
+    rig.apply(2, 1).await;
+    let w3 = rig.apply(3, 1).await;
+    let claimed = gauge_time(rig.dest.newest().unwrap());
+    let gauge = MetricsServer::start(&progress_page(&[(&w3, claimed)])).await;
+    let sidecar = sidecar(
+        &rig,
+        &db,
+        &gauge.url(),
+        "listing",
+        "[backup]\ndrill_interval = \"off\"\n",
+    )
+    .await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &w3));
+    settles_on(&sidecar, hold(HoldReason::BackupTooRecent)).await;
+    let first = report(&sidecar).await["destination"]["generation"].clone();
+    assert!(
+        ours.iter().any(|g| first == g.as_str()),
+        "{first} of {ours:?}"
+    );
+
+    // The second writer writes again: its generation is the one a restore picks now, and it reaches only wm(2).
+    second.apply(&wm(2), 1);
+    let picked = reported(
+        &sidecar,
+        "the second generation picked",
+        Duration::from_secs(20),
+        |json| json["destination"]["generation"] != first,
+    )
+    .await["destination"]["generation"]
+        .clone();
+    assert_eq!(
+        rig.litestream.restored().await,
+        Ok(wm(2)),
+        "a restore picks {picked}"
+    );
+    // Aged past the cleanup delay, the claim is still covered by no object of the generation picked.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    settles_on(&sidecar, hold(HoldReason::BackupUnverified)).await;
+    assert_eq!(db.rows().await, all, "nothing purged");
+    other.kill();
+    sidecar.stop().await;
+    db.drop().await;
+}
