@@ -25,7 +25,7 @@ test:
 	CARGO="$(CARGO)" scripts/test.sh $(PG)
 
 # The sidecar at work beside real Zero 1.9 processes on a throwaway PostgreSQL (the first major in $(PG)), with
-# `litestream-sidecar status` every 3 s, until Ctrl-C. DEMO_SECONDS=150 ends it by itself: exit 0 only if it purged.
+# `litestream-sidecar status` every 3 s, until Ctrl-C. DEMO_SECONDS=150 ends it by itself: exit 0 only if it purged and a restore drill proved the backup.
 demo:
 	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" scripts/demo.sh
 

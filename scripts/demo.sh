@@ -3,7 +3,7 @@
 # every 3 s (tests/demo/demo.mjs), until Ctrl-C:
 #
 #   scripts/with-postgres.sh --pg 15 scripts/demo.sh       # what `make demo` runs
-#   DEMO_SECONDS=150 make demo                             # ends by itself after 150 s: exit 0 only if it purged
+#   DEMO_SECONDS=150 make demo                             # ends by itself after 150 s: exit 0 only if it purged and a drill proved the backup
 #
 # Installs the Zero 1.9 interop suite's npm packages when needed (scripts/install-interop.sh 1.9: Zero 1.9 and
 # Node 22) and the real litestream 0.3.13 unless LITESTREAM_BIN names one (scripts/install-litestream.sh), builds
