@@ -401,7 +401,8 @@ impl Files {
         out
     }
 
-    /// The generations that exist, newest (by its newest object, as a restore picks) last.
+    /// The generations that exist, the one with the newest object last (with one writer, the one a restore picks;
+    /// with two, see `litestream::layout`).
     pub fn generations(&self) -> Vec<String> {
         let mut newest: std::collections::BTreeMap<String, SystemTime> = Default::default();
         for object in self.objects() {
