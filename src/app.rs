@@ -140,9 +140,10 @@ impl App {
         self
     }
 
-    /// Lets snapshot statuses go out without their reservation's row in the change DB: only for tests of the
-    /// protocol that run without a database. A restore would otherwise depend on a reservation that only this
-    /// process knows, which is what slots exist to prevent.
+    /// Lets snapshot statuses go out without their reservation's row in the change DB, and v3's without reading the
+    /// change log: only for tests of the protocol that run without a database. A restore would otherwise depend on a
+    /// reservation that only this process knows, which is what slots exist to prevent, and on a log nobody checked
+    /// it can catch up from.
     pub fn statuses_without_slots(mut self) -> Self {
         self.slots_required = false;
         self
@@ -468,6 +469,7 @@ impl App {
             snapshot: SnapshotContext {
                 registry: self.registry.clone(),
                 change_db: Some(change_db),
+                v3_without_log: !self.slots_required,
                 backup_url: config.litestream.backup_url.as_str().into(),
                 status: self.status.clone(),
                 protocols: self.protocols.clone(),

@@ -320,12 +320,13 @@ pub fn render(report: &Report) -> String {
             .reservations
             .iter()
             .map(|r| {
+                let task = match (&r.withheld, r.kept) {
+                    (Some(why), _) => format!("{} (status withheld: {why})", r.task_id),
+                    (None, true) => format!("{} (kept across a restart)", r.task_id),
+                    (None, false) => r.task_id.clone(),
+                };
                 vec![
-                    if r.kept {
-                        format!("{} (kept across a restart)", r.task_id)
-                    } else {
-                        r.task_id.clone()
-                    },
+                    task,
                     duration(r.age_seconds),
                     r.floor
                         .clone()
@@ -618,8 +619,8 @@ mod tests {
             "WATERMARK  BACKED UP",
             "0f         2025-06-15T15:05:10Z  1m 30s   -               current",
             "RESERVATIONS (2)",
-            "restore-7                          45s  0c",
-            "restore-6 (kept across a restart)  30s  0b",
+            "restore-7 (status withheld: log_past_backup)  45s  0c",
+            "restore-6 (kept across a restart)             30s  0b",
             "SUBSCRIBERS (2)",
             "vs-slow  task-1  serving  0d     connected         behind 1m 15s",
             "vs-gone  -       backup   0g     departed 10s ago  caught up",

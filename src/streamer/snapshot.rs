@@ -37,8 +37,11 @@ use crate::protocol::{self, close, Version};
 #[derive(Clone)]
 pub struct SnapshotContext {
     pub registry: Registry,
-    /// Where v4+ statuses read `replicaVersion` and `minWatermark`.
+    /// Where every status reads the change log's start, and v4+'s `replicaVersion` and `minWatermark`.
     pub change_db: Option<crate::cleanup::change_db::ChangeDb>,
+    /// v3 statuses go out without reading the change log: set only for tests of the protocol that run without a
+    /// database ([`crate::App::statuses_without_slots`]), where v3's status is all there is to serve.
+    pub v3_without_log: bool,
     pub backup_url: Arc<str>,
     /// Where v4+ statuses read the replica's size (`litestream_db_size`).
     pub status: crate::cleanup::status::StatusHandle,
@@ -106,7 +109,7 @@ enum ReservationEnd {
     Gone,
 }
 
-/// How often a v4+ status that cannot be built yet (change DB not readable) is tried again.
+/// How often a status that cannot be built yet (no backup, change DB not readable, ...) is tried again.
 const STATUS_RETRY: Duration = Duration::from_secs(1);
 
 /// Why a status is not sent yet; the handler tries again (pinging the socket meanwhile) and logs each new reason.
@@ -126,6 +129,17 @@ enum Withheld {
 }
 
 impl Withheld {
+    /// The reason as `/status` shows it on the reservation.
+    fn label(&self) -> &'static str {
+        match self {
+            Withheld::NoBackup => "no_backup",
+            Withheld::NotRestorable => "not_restorable",
+            Withheld::ChangeDb => "change_db",
+            Withheld::Unservable => "unservable",
+            Withheld::LogPastBackup { .. } => "log_past_backup",
+        }
+    }
+
     fn log(&self) {
         match self {
             Withheld::NoBackup => {
@@ -159,13 +173,17 @@ impl Withheld {
 /// ([`crate::cleanup::unservable`]); v3's (Zero 0.20 to 0.24, which have neither v5 backups nor a way to stop
 /// writing the change log) carries nothing such a refusal is about, and goes out as before.
 ///
+/// Every version waits while the change log starts past the newest backup, as Zero 1.10 confirms a reservation only
+/// when the log's oldest watermark is at or below the backed-up one: a view-syncer restoring that backup could not
+/// catch up, whatever its version (a v4+ one loops on `WatermarkTooOld`), so a status would only send it into a
+/// restore that fails. So every status reads the change DB, and waits while it cannot.
+///
 /// v3's status carries only the backup URL: the reservation keeps the floor it opened with, or the newest backup
-/// when none was known then. v4+'s also carries `minWatermark`, from which a view-syncer that keeps its own replica
-/// catches up, so the reservation protects every row from there: while the change DB is read the floor is lowered
-/// to "everything" (a running purge stops before its next batch, and the read waits for the batch in flight), then
-/// set to the lower of the newest backup and the `minWatermark` sent. As Zero 1.10 confirms a reservation only when
-/// the change log's oldest watermark is at or below the backed-up one, a v4+ status waits while the log starts past
-/// the newest backup: the restore could not be caught up, and the view-syncer would loop on `WatermarkTooOld`.
+/// when none was known then, which is never above that backup, and its view-syncer restores that backup or a newer
+/// one and catches up from there. v4+'s also carries `minWatermark`, from which a view-syncer that keeps its own
+/// replica catches up, so the reservation protects every row from there: while the change DB is read the floor is
+/// lowered to "everything" (a running purge stops before its next batch, and the read waits for the batch in
+/// flight), then set to the lower of the newest backup and the `minWatermark` sent.
 async fn status_frame(
     ctx: &SnapshotContext,
     version: u64,
@@ -194,6 +212,13 @@ async fn build_status(
         return Err(Withheld::NotRestorable);
     }
     if version < 4 {
+        if !ctx.v3_without_log {
+            // Nothing sent depends on what is read, so the floor stays: the check is only whether the backup
+            // reaches the log, and a purge keeps every row from the floor on, which is at or below that backup.
+            let db = ctx.change_db.as_ref().ok_or(Withheld::ChangeDb)?;
+            let (replica_version, min_watermark) = read_log(db).await.ok_or(Withheld::ChangeDb)?;
+            reaches_log(db, &replica_version, &min_watermark, &newest).await?;
+        }
         if lease.floor().is_none() {
             lease.set_floor(Some(newest));
         }
@@ -207,35 +232,13 @@ async fn build_status(
     let db = ctx.change_db.as_ref().ok_or(Withheld::ChangeDb)?;
     let pinned = lease.floor();
     lease.set_floor(None);
-    let read = async {
-        let replica_version = match db.replica_version().await {
-            Ok(Some(v)) => v,
-            Ok(None) => return None,
-            Err(err) => {
-                debug!(error = %err, "snapshot status waits for the change DB");
-                return None;
-            }
-        };
-        match db.min_watermark().await {
-            // An empty change log can be caught up from the replica version itself (docs/protocol.md, "Fresh
-            // replicas refused by Zero 0.25").
-            Ok(min) => Some((replica_version.clone(), min.unwrap_or(replica_version))),
-            Err(err) => {
-                debug!(error = %err, "snapshot status waits for the change DB");
-                None
-            }
-        }
-    };
-    let Some((replica_version, min_watermark)) = read.await else {
+    let Some((replica_version, min_watermark)) = read_log(db).await else {
         lease.set_floor(pinned);
         return Err(Withheld::ChangeDb);
     };
-    if min_watermark > newest && !unseeded_log_at_its_start(db, &replica_version, &newest).await {
+    if let Err(why) = reaches_log(db, &replica_version, &min_watermark, &newest).await {
         lease.set_floor(pinned);
-        return Err(Withheld::LogPastBackup {
-            oldest: min_watermark,
-            newest,
-        });
+        return Err(why);
     }
     lease.set_floor(Some(newest.min(min_watermark.clone())));
     // `litestream_db_size` is 0 until litestream's first sync: no size is better than a wrong one.
@@ -246,6 +249,43 @@ async fn build_status(
         &min_watermark,
         replica_size,
     ))
+}
+
+/// The change DB's replica version and the change log's oldest watermark; `None` while they cannot be read.
+async fn read_log(db: &crate::cleanup::change_db::ChangeDb) -> Option<(String, String)> {
+    let replica_version = match db.replica_version().await {
+        Ok(Some(v)) => v,
+        Ok(None) => return None,
+        Err(err) => {
+            debug!(error = %err, "snapshot status waits for the change DB");
+            return None;
+        }
+    };
+    match db.min_watermark().await {
+        // An empty change log can be caught up from the replica version itself (docs/protocol.md, "Fresh
+        // replicas refused by Zero 0.25").
+        Ok(min) => Some((replica_version.clone(), min.unwrap_or(replica_version))),
+        Err(err) => {
+            debug!(error = %err, "snapshot status waits for the change DB");
+            None
+        }
+    }
+}
+
+/// Whether a restore of `newest` can catch up from the change log that starts at `min_watermark`.
+async fn reaches_log(
+    db: &crate::cleanup::change_db::ChangeDb,
+    replica_version: &str,
+    min_watermark: &str,
+    newest: &str,
+) -> Result<(), Withheld> {
+    if min_watermark > newest && !unseeded_log_at_its_start(db, replica_version, newest).await {
+        return Err(Withheld::LogPastBackup {
+            oldest: min_watermark.to_string(),
+            newest: newest.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// Whether a backup at the replica version meets a change log that Zero before 0.26 wrote: such a log is not
@@ -281,9 +321,9 @@ enum Leave {
     Linger,
 }
 
-/// Serves one reservation: status frame, then hold the socket open with pings until something ends it. A v4+
-/// status that cannot be built yet is held back (the socket is pinged meanwhile) rather than sent incomplete;
-/// a reservation is never closed without a status for lack of one.
+/// Serves one reservation: status frame, then hold the socket open with pings until something ends it. A status
+/// that cannot be built yet is held back (the socket is pinged meanwhile, and the reservation says why in
+/// `/status`) rather than sent too early; a reservation is never closed without a status for lack of one.
 async fn handle_snapshot<S>(
     ctx: SnapshotContext,
     version: u64,
@@ -303,9 +343,8 @@ where
     let (mut reader, mut writer) = tokio::io::split(ws.into_inner());
     let mut inbox = Inbox::new(true, MAX_CLIENT_FRAME, Reads::Small);
     let mut outbox = Outbox::new(Role::Server);
-    // v3's status needs nothing but config: it is queued at once, and the loop's first flush writes it. A v4+
-    // status that cannot be built yet is retried in the loop below. Boxed: the database read is a large future
-    // that idle reservations never need.
+    // A status that can be built now is queued at once, and the loop's first flush writes it; one that cannot is
+    // retried in the loop below. Boxed: the database read is a large future that idle reservations never need.
     let mut status_sent = false;
     // The reason logged last: a status that keeps waiting for the same thing is logged once.
     let mut withheld = None;
@@ -318,6 +357,7 @@ where
         }
         Err(why) => {
             why.log();
+            lease.status_withheld(why.label());
             withheld = Some(why);
         }
     }
@@ -352,6 +392,7 @@ where
                     Err(why) => {
                         if withheld.as_ref() != Some(&why) {
                             why.log();
+                            lease.status_withheld(why.label());
                             withheld = Some(why);
                         }
                     }
@@ -463,6 +504,32 @@ fn check_ack(payload: &[u8], already_acked: bool) -> Result<(), CloseWith> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/status` and docs/operations.md name the reasons by these labels.
+    #[test]
+    fn each_reason_for_withholding_has_its_own_label() {
+        let labels = [
+            Withheld::NoBackup,
+            Withheld::NotRestorable,
+            Withheld::ChangeDb,
+            Withheld::Unservable,
+            Withheld::LogPastBackup {
+                oldest: "0c".into(),
+                newest: "0b".into(),
+            },
+        ]
+        .map(|why| why.label());
+        assert_eq!(
+            labels,
+            [
+                "no_backup",
+                "not_restorable",
+                "change_db",
+                "unservable",
+                "log_past_backup"
+            ]
+        );
+    }
 
     #[test]
     fn only_a_single_ack_of_the_status_is_accepted() {

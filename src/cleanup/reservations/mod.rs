@@ -40,6 +40,9 @@ pub struct Reservation {
     /// Opened before the sidecar's last restart and kept from its state file: no socket, honoured until its task
     /// subscribes or `cleanup.restore_limit` has passed since it opened.
     pub kept: bool,
+    /// Why its status is not sent yet, while it waits (`log_past_backup`, `change_db`, ...): a view-syncer
+    /// waiting on a pinged socket shows nothing of why. `None` once sent, or before the first try.
+    pub withheld: Option<&'static str>,
 }
 
 /// A reservation as the state file keeps it across a restart.
@@ -98,6 +101,8 @@ struct Held {
     end: Option<oneshot::Sender<EndReason>>,
     /// Its status went out: its view-syncer may be restoring from here on.
     sent: bool,
+    /// See [`Reservation::withheld`]. Not a change the state file keeps: setting it never waits for a write.
+    withheld: Option<&'static str>,
 }
 
 /// What the state file must keep of the registry: bumped at every change of it, and the version the last write
@@ -178,6 +183,7 @@ impl Registry {
             floor,
             end: Some(end),
             sent: false,
+            withheld: None,
         };
         let previous = inner.open.insert(task_id.to_string(), entry);
         drop(inner);
@@ -280,6 +286,7 @@ impl Registry {
                 started: entry.started,
                 floor: entry.floor.clone(),
                 kept: entry.end.is_none(),
+                withheld: entry.withheld,
             })
             .collect();
         list.sort_by(|a, b| {
@@ -351,6 +358,13 @@ impl Registry {
     fn mark_sent(&self, task_id: &str, id: u64) {
         if let Some(entry) = self.lock().open.get_mut(task_id).filter(|e| e.id == id) {
             entry.sent = true;
+            entry.withheld = None;
+        }
+    }
+
+    fn mark_withheld(&self, task_id: &str, id: u64, why: &'static str) {
+        if let Some(entry) = self.lock().open.get_mut(task_id).filter(|e| e.id == id) {
+            entry.withheld = Some(why);
         }
     }
 
@@ -423,6 +437,7 @@ impl Registry {
                 floor: k.floor,
                 end: None,
                 sent: true,
+                withheld: None,
             };
             inner.open.entry(k.task_id).or_insert(entry);
         }
@@ -614,6 +629,11 @@ impl Lease {
     /// Its status went out: from here on its view-syncer may restore, and its slot outlives its socket.
     pub fn status_sent(&self) {
         self.registry.mark_sent(&self.task_id, self.id);
+    }
+
+    /// Its status waits, for the reason `why` names (see [`Reservation::withheld`]), until [`Lease::status_sent`].
+    pub fn status_withheld(&self, why: &'static str) {
+        self.registry.mark_withheld(&self.task_id, self.id, why);
     }
 
     /// Resolves when the registry ends this reservation (replaced or subscribed).

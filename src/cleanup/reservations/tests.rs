@@ -58,11 +58,34 @@ async fn retry_replaces_and_leaves_the_delay_alone() {
             started: at(500),
             floor: None,
             kept: false,
+            withheld: None,
         }]
     );
     assert_eq!(registry.cleanup_delay(), MIN_CLEANUP_DELAY);
     drop(second);
     assert!(registry.is_empty());
+}
+
+#[test]
+fn a_withheld_status_says_why_until_it_is_sent() {
+    let registry = Registry::new(Duration::ZERO);
+    let replaced = registry.open("t1", at(0));
+    let lease = registry.open("t1", at(5));
+    let withheld = || registry.open_reservations()[0].withheld;
+    assert_eq!(withheld(), None);
+    let version = *registry.changes().borrow();
+    lease.status_withheld("log_past_backup");
+    assert_eq!(withheld(), Some("log_past_backup"));
+    // The state file keeps nothing of it: a status waiting for its reservation's row never waits for this too.
+    assert_eq!(*registry.changes().borrow(), version);
+    // A replaced lease speaks for its own reservation only.
+    replaced.status_withheld("change_db");
+    replaced.status_sent();
+    assert_eq!(withheld(), Some("log_past_backup"));
+    lease.status_withheld("change_db");
+    assert_eq!(withheld(), Some("change_db"));
+    lease.status_sent();
+    assert_eq!(withheld(), None);
 }
 
 #[tokio::test]

@@ -240,6 +240,9 @@ pub struct ReservationEntry {
     /// Opened before the sidecar's last restart and kept from its state file: honoured until its task subscribes
     /// or `cleanup.restore_limit` has passed since it opened.
     pub kept: bool,
+    /// Why its status is not sent yet (`no_backup`, `not_restorable`, `change_db`, `unservable`,
+    /// `log_past_backup`), while it waits: its view-syncer only sees pings. `null` once sent.
+    pub withheld: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -508,6 +511,7 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
             age_seconds: since(r.started),
             floor: r.floor.clone(),
             kept: r.kept,
+            withheld: r.withheld.map(Into::into),
         })
         .collect();
     let last_purge = match (&status.last_purge, &status.purged_through) {

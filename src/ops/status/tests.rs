@@ -59,12 +59,14 @@ fn inputs(now: Instant, wall_now: SystemTime) -> ReportInputs {
                 started: now - secs(45),
                 floor: Some("0c".into()),
                 kept: false,
+                withheld: Some("log_past_backup"),
             },
             Reservation {
                 task_id: "restore-6".into(),
                 started: now - secs(30),
                 floor: Some("0b".into()),
                 kept: true,
+                withheld: None,
             },
         ],
         subscribers: vec![
@@ -134,8 +136,10 @@ fn the_report_says_who_holds_cleanup_and_since_when() {
     assert_eq!(json["reservations"][0]["age_seconds"], 45.0);
     assert_eq!(json["reservations"][0]["floor"], "0c");
     assert_eq!(json["reservations"][0]["kept"], false);
+    assert_eq!(json["reservations"][0]["withheld"], "log_past_backup");
     assert_eq!(json["reservations"][1]["task_id"], "restore-6");
     assert_eq!(json["reservations"][1]["kept"], true);
+    assert_eq!(json["reservations"][1]["withheld"], serde_json::Value::Null);
     let slow = &json["subscribers"][0];
     assert_eq!(
         (

@@ -649,10 +649,10 @@ async fn a_v4_reservation_protects_the_min_watermark_it_announced() {
 
 /// Zero 1.10 confirms a reservation only while the change log's oldest watermark is at or below the backed-up one
 /// (docs/protocol.md, "The snapshot status"): a log purged past the newest backup by someone else would leave a
-/// restore of it unable to catch up. v4+ statuses wait, pinging, until a backup reaches the log again; v3's, which
-/// carry no watermark, do not; the status then carries the replica's size.
+/// restore of it unable to catch up, whatever the view-syncer's version. Every status waits, pinging, until a backup
+/// reaches the log again, and `/status` says why; the v6 status then carries the replica's size.
 #[tokio::test]
-async fn a_v6_status_waits_while_the_log_starts_past_the_newest_backup() {
+async fn a_status_of_any_version_waits_while_the_log_starts_past_the_newest_backup() {
     let db = TestSchema::create(Some(6), None).await;
     for w in ["0a", "0b", "0c", "0d"] {
         db.insert_transaction(w, 1).await;
@@ -691,31 +691,84 @@ async fn a_v6_status_waits_while_the_log_starts_past_the_newest_backup() {
         .await
         .unwrap();
     let mut v6 = RawClient::connect(sidecar.addr, "/replication/v6/snapshot?taskID=v6").await;
-    for _ in 0..5 {
+    let mut v3 = RawClient::connect(sidecar.addr, "/replication/v3/snapshot?taskID=v3").await;
+    // Longer than a few tries of the status (one a second): nothing but pings.
+    let waiting = tokio::time::Instant::now();
+    while waiting.elapsed() < Duration::from_secs(3) {
         assert_eq!(
             text_after_pings(&mut v6, 1).await,
             None,
             "no v6 status while the log starts at 0c and the backup is at 0b"
         );
+        assert_eq!(
+            text_after_pings(&mut v3, 1).await,
+            None,
+            "no v3 status while the log starts at 0c and the backup is at 0b"
+        );
     }
-    let mut v3 = connect(&sidecar.url("/replication/v3/snapshot?taskID=v3")).await;
     assert_eq!(
-        next_text(&mut v3).await,
-        r#"{"id":1,"msg":["status",{"tag":"status","backupURL":"s3://acme-zero/replica"}]}"#
+        withheld(&sidecar).await,
+        [
+            ("v3".to_string(), Some("log_past_backup".to_string())),
+            ("v6".to_string(), Some("log_past_backup".to_string()))
+        ]
     );
 
-    // A backup that reaches the log again: the status goes out, from the log's oldest row.
+    // A backup that reaches the log again: the statuses go out, v6's from the log's oldest row.
     litestream.set_page(&progress_page(&[("0b", old), ("0d", old)]));
-    let mut status = None;
+    let (mut status3, mut status6) = (None, None);
     for _ in 0..200 {
-        status = text_after_pings(&mut v6, 1).await;
-        if status.is_some() {
+        if status3.is_none() {
+            status3 = text_after_pings(&mut v3, 1).await;
+        }
+        if status6.is_none() {
+            status6 = text_after_pings(&mut v6, 1).await;
+        }
+        if status3.is_some() && status6.is_some() {
             break;
         }
     }
-    assert_eq!(status, Some(v4_status("0c")));
+    assert_eq!(status3.as_deref(), Some(V3_STATUS));
+    assert_eq!(status6, Some(v4_status("0c")));
+    assert_eq!(
+        withheld(&sidecar).await,
+        [("v3".to_string(), None), ("v6".to_string(), None)]
+    );
+    // v3 keeps the floor it opened with, the backup it would have restored then; v6 protects its minWatermark.
+    let floors: std::collections::HashMap<String, Option<String>> = sidecar
+        .registry
+        .open_reservations()
+        .into_iter()
+        .map(|r| (r.task_id, r.floor))
+        .collect();
+    assert_eq!(floors["v3"].as_deref(), Some("0b"));
+    assert_eq!(floors["v6"].as_deref(), Some("0c"));
     sidecar.stop().await;
     db.drop().await;
+}
+
+/// Each open reservation's task and why its status is withheld, as `/status` says, by task.
+async fn withheld(sidecar: &Sidecar) -> Vec<(String, Option<String>)> {
+    let (code, body) = http(sidecar.addr, "GET", "/status").await;
+    assert_eq!(code, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut list: Vec<_> = json["reservations"]
+        .as_array()
+        .expect("reservations listed")
+        .iter()
+        .map(|r| {
+            assert!(
+                r.get("withheld").is_some(),
+                "withheld is always listed: {r}"
+            );
+            (
+                r["task_id"].as_str().unwrap().to_string(),
+                r["withheld"].as_str().map(str::to_string),
+            )
+        })
+        .collect();
+    list.sort();
+    list
 }
 
 /// Zero before 0.26 (change DB `dataVersion` 5) did not seed the log at the replica version: untouched, it starts

@@ -112,7 +112,7 @@ pub async fn start_aged(config: Config, ago: Duration) -> Sidecar {
 /// The watermark a sidecar without a litestream stand-in starts out knowing as backed up: statuses are withheld
 /// until a backup is known, and most tests are not about that. It is the test schema's replica version
 /// (`lexi(1000)`), at or above every watermark those tests write, as a backup is at or above the change log's
-/// oldest row: a v4+ status waits while the log starts past the newest backup.
+/// oldest row: a status waits while the log starts past the newest backup.
 pub const SEEDED_BACKUP: &str = "1rs";
 
 pub async fn start_app(app: App) -> Sidecar {

@@ -356,7 +356,7 @@ async fn commits_relayed_that_never_reach_the_change_log_are_refused_until_they_
     // Written again (the setting undone, or the storer back): the log reaches the commit, and it clears.
     db.insert_transaction(&wm(6), 1).await;
     refuses(&sidecar, &[]).await;
-    // A backup that reaches the log: a v4+ status never goes out while the log starts past the newest backup.
+    // A backup that reaches the log: no status goes out while the log starts past the newest backup.
     sidecar.registry.saw_backup(&wm(6));
     let mut status = None;
     for _ in 0..100 {

@@ -194,11 +194,12 @@ async fn a_restart_in_the_middle_of_a_batched_purge_keeps_every_row_from_its_wat
         count < all.len() as i64
     })
     .await;
-    // Restart now; a view-syncer reserves a snapshot meanwhile (v3's status needs no database).
+    // Restart now; a view-syncer reserves a snapshot meanwhile. Its status reads where the change log starts, so it
+    // follows once the change DB answers again (the supervisor's backoff then is a few seconds).
     let ((), during) = tokio::join!(cluster.restart_fast(), async {
         let reservation =
             Reservation::open(&sidecar, "/replication/v3/snapshot?taskID=during").await;
-        assert_eq!(reservation.status(Duration::from_secs(10)).await, V3_STATUS);
+        assert_eq!(reservation.status(Duration::from_secs(30)).await, V3_STATUS);
         reservation
     });
     db.reconnect(&cluster.pg_config()).await;
