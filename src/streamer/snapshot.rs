@@ -126,6 +126,9 @@ enum Withheld {
     Unservable,
     /// The change log's oldest row is past the newest backup: a view-syncer restoring it could not catch up.
     LogPastBackup { oldest: String, newest: String },
+    /// A restore drill reached less than the backup claimed, and none has reached the claim since: a view-syncer
+    /// would restore less than cleanup and the status go by.
+    RestoredLess,
 }
 
 impl Withheld {
@@ -137,6 +140,7 @@ impl Withheld {
             Withheld::ChangeDb => "change_db",
             Withheld::Unservable => "unservable",
             Withheld::LogPastBackup { .. } => "log_past_backup",
+            Withheld::RestoredLess => "restored_less",
         }
     }
 
@@ -160,6 +164,11 @@ impl Withheld {
                  view-syncer restoring it could not catch up; waiting for a newer backup (was the log purged by \
                  someone else, or the change DB reset?)"
             ),
+            Withheld::RestoredLess => warn!(
+                "snapshot status withheld: a restore drill reached less than the backup claims (objects are \
+                 missing from it); waiting for a drill that restores the claim again (see drills.restored_less in \
+                 /status)"
+            ),
         }
     }
 }
@@ -169,7 +178,8 @@ impl Withheld {
 ///
 /// Withheld for every version until litestream has reported a backup and (with `backup.verify`) a listing found an
 /// object in the destination, as Zero 1.8+ withholds it: a view-syncer handed a status with nothing to restore
-/// fails and retries with a new reservation. v4+ statuses also wait while the monitor refuses the deployment
+/// fails and retries with a new reservation; and while a restore drill has found that a restore reaches less than
+/// the backup claims (`restored_less`), until one reaches the claim again. v4+ statuses also wait while the monitor refuses the deployment
 /// ([`crate::cleanup::unservable`]); v3's (Zero 0.20 to 0.24, which have neither v5 backups nor a way to stop
 /// writing the change log) carries nothing such a refusal is about, and goes out as before.
 ///
@@ -210,6 +220,9 @@ async fn build_status(
     let newest = ctx.registry.newest_backup().ok_or(Withheld::NoBackup)?;
     if !ctx.registry.is_restorable() {
         return Err(Withheld::NotRestorable);
+    }
+    if ctx.status.read(|s| s.drills.restored_less.is_some()) {
+        return Err(Withheld::RestoredLess);
     }
     if version < 4 {
         if !ctx.v3_without_log {
@@ -517,6 +530,7 @@ mod tests {
                 oldest: "0c".into(),
                 newest: "0b".into(),
             },
+            Withheld::RestoredLess,
         ]
         .map(|why| why.label());
         assert_eq!(
@@ -526,7 +540,8 @@ mod tests {
                 "not_restorable",
                 "change_db",
                 "unservable",
-                "log_past_backup"
+                "log_past_backup",
+                "restored_less"
             ]
         );
     }

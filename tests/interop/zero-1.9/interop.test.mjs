@@ -553,6 +553,14 @@ scenario('6. URI topology: view-syncers use ZERO_CHANGE_STREAMER_URI, the sideca
   const min = (await t.changeLogWatermarks())[0];
   for (const cfg of [old, fresh]) assert.ok(min <= t.replicaItems(cfg.replica).stateVersion, 'never past a view-syncer');
   assert.equal(await t.ownerAddress(), t.rmAddress, 'the sidecar never wrote ownerAddress');
+  // Its restore drill (at start, once the destination lists a restorable backup) ran the real litestream the
+  // harness installed, from the S3 destination, and proved a watermark.
+  const drills = await eventually('a restore drill to prove the backup', async () => {
+    const {drills: d} = await t.sidecarStatus();
+    return d.last_proof ? d : null;
+  }, {timeout: 60_000});
+  assert.equal(drills.failures, 0, JSON.stringify(drills));
+  assert.match(drills.last_proof.generation, /^[0-9a-f]{16}$/, JSON.stringify(drills));
   await zeroCleanupHarmless();
   await assertLoopbackOnly({});
 }, {timeout: 300_000});

@@ -844,10 +844,20 @@ async fn a_middle_wal_segment_deleted_is_restored_less_which_holds_until_a_later
     );
     let mut reservation = reserve(&sidecar, "vs-2").await;
     withheld(&mut reservation, 20).await;
+    let json = report(&sidecar).await;
+    let entry = json["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["task_id"] == "vs-2")
+        .cloned()
+        .unwrap_or_else(|| panic!("{json:#}"));
+    assert_eq!(entry["withheld"], "restored_less", "{json:#}");
     // Aged past the cleanup delay, the claim would be purged below: it is not.
     tokio::time::sleep(Duration::from_secs(30)).await;
     settles_on(&sidecar, hold(HoldReason::RestoredLess)).await;
     withheld(&mut reservation, 5).await;
+    drop(reservation);
     assert_eq!(db.rows().await, all, "nothing purged");
 
     // The drill command says the same, and exits 1.
@@ -893,8 +903,16 @@ async fn a_middle_wal_segment_deleted_is_restored_less_which_holds_until_a_later
     let json = proves(&sidecar, &wm(5)).await;
     assert_eq!(json["drills"]["last"]["generation"], newer.as_str());
     assert_eq!(json["drills"]["restored_less"], Value::Null);
+    let mut reservation = reserve(&sidecar, "vs-3").await;
     let status = status_of(&mut reservation).await;
     assert!(status.contains(r#""tag":"status""#), "{status}");
+    // Restored, its view-syncer subscribes: its reservation no longer bounds the purge.
+    drop(reservation);
+    sidecar.registry.end_by_subscription(
+        "vs-3",
+        sidecar.registry.ticket(),
+        tokio::time::Instant::now(),
+    );
     within("the purge below wm(5)", Duration::from_secs(60), || async {
         db.rows().await == rows_of(5, 6, 1)
     })
