@@ -529,173 +529,128 @@ impl fmt::Display for Bound {
     }
 }
 
-/// Why [`decide`] did not purge. Variants are listed in the order [`decide`] checks them: the first that applies is
-/// reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum HoldReason {
+/// Declares [`HoldReason`] from one table, so that a reason is added in one place: its variant, its label (the
+/// `reason` of `cleanup_holds_total` and `/status`'s `hold_reason`) and its words, in the order [`decide`] checks
+/// them.
+macro_rules! hold_reasons {
+    ($($(#[doc = $doc:literal])* $variant:ident => $label:literal, $text:literal;)*) => {
+        /// Why [`decide`] did not purge, in the order [`decide`] checks the reasons: the first that applies is
+        /// reported, and [`HoldReason::ALL`] lists them so.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum HoldReason {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl HoldReason {
+            /// Every reason, in evaluation order (for pre-registering metric label values).
+            pub const ALL: [HoldReason; [$(stringify!($variant)),*].len()] = [$(HoldReason::$variant),*];
+
+            /// The snake_case value of the `reason` metric label.
+            pub fn as_str(&self) -> &'static str {
+                match self {
+                    $(HoldReason::$variant => $label,)*
+                }
+            }
+        }
+
+        impl fmt::Display for HoldReason {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(match self {
+                    $(HoldReason::$variant => $text,)*
+                })
+            }
+        }
+    };
+}
+
+hold_reasons! {
     /// The deployment cannot be served ([`unservable::Reason`]): its backups or its change log are not what the
     /// sidecar reads, so nothing it knows says what view-syncers still need.
-    Unservable,
+    Unservable => "unservable",
+        "refused: the sidecar cannot serve this deployment (see unservable in /status)";
     /// `ownerAddress` does not name the sidecar (or cannot be read): it does not front the change-streamer that
     /// owns the shard, so purging is not its call.
-    NotRegistered,
+    NotRegistered => "not_registered",
+        "not registered as the change-streamer address";
     /// Registered, but not yet for `reconnect_grace` plus the cleanup delay: subscribers that were connected to the
     /// change-streamer directly may not have come through the sidecar yet.
-    RecentlyRegistered,
+    RecentlyRegistered => "recently_registered",
+        "registered too recently";
     /// Another sidecar holds the shard's purger lock: this one is standby, and takes over when it frees.
-    Standby,
+    Standby => "standby",
+        "standby: another sidecar holds the shard's purger lock";
     /// The sidecar has been up for less than the cleanup delay (or the reconnect grace, if longer): a restore that
     /// began before it started may still be running unseen, and subscribers the restart cut off are not back yet.
-    StartingUp,
+    StartingUp => "starting_up",
+        "starting up";
     /// The state file the previous run left cannot be read: which restores were in flight is unknown.
-    StateUnreadable,
+    StateUnreadable => "state_unreadable",
+        "state file unreadable";
     /// The state file cannot be written: a restart would forget the restores in flight.
-    StateUnwritable,
+    StateUnwritable => "state_unwritable",
+        "state file cannot be written";
     /// Started without a state file: a restore begun before the start may still be in flight, for up to
     /// `cleanup.hold_without_state`.
-    RestoresUnknown,
+    RestoresUnknown => "restores_unknown",
+        "started without a state file: restores in flight unknown";
     /// The replica was reset (a resync): no backup taken since has aged yet.
-    ReplicaReset,
+    ReplicaReset => "replica_reset",
+        "replica reset: no backup of the new replica has aged";
     /// The change DB's replica version has not been read yet (and none was kept): which log this is is unknown.
-    ReplicaUnknown,
+    ReplicaUnknown => "replica_unknown",
+        "replica version not read yet: which change log this is is unknown";
     /// Mode `pause` and at least one reservation is open.
-    ReservationsOpen,
+    ReservationsOpen => "reservations_open",
+        "reservations open";
     /// Mode `pin` and a reservation opened before any backup was known: it protects every row.
-    ReservationWithoutFloor,
+    ReservationWithoutFloor => "reservation_without_floor",
+        "reservation opened before any backup";
     /// Where litestream's backup stands is unknown (it restarted, its page lost its samples, or it cannot be read).
-    BackupUnknown,
+    BackupUnknown => "backup_unknown",
+        "litestream's backed-up position unknown";
     /// The latest restore drill restored less than the backup claimed when it started, and no drill has restored
     /// as far since: a view-syncer restoring now would get less than the names and the gauge say.
-    RestoredLess,
+    RestoredLess => "restored_less",
+        "a restore drill restored less than the backup claims: objects are missing from it";
     /// `cleanup.requires = "restore"` and restore drills cannot run for want of disk in `backup.drill_dir`.
-    DrillDisk,
+    DrillDisk => "drill_disk",
+        "restore drills cannot run: too little disk in backup.drill_dir (see drills in /status)";
     /// Litestream's gauge reports a watermark below the highest it reported before (it restarted on an older
     /// generation, say): a restore started now gets less than the old high, so no backup above the gauge proves
-    /// anything until the gauge reaches the old high again.
-    BackupRegressed,
+    /// anything until the gauge reaches the old high again. Checked before `NoBackup`: a regression may leave
+    /// nothing tracked, and it is the news an operator needs.
+    BackupRegressed => "backup_regressed",
+        "litestream's backup went back below a watermark it reported";
     /// No backed-up watermark is tracked.
-    NoBackup,
-    /// No subscriber is connected, so nothing confirms what the subscribers still need.
-    NoSubscribers,
+    NoBackup => "no_backup",
+        "no backup yet";
+    /// No subscriber is connected, so nothing confirms what the subscribers still need (departed ones in their
+    /// grace do not count). With [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or
+    /// the sidecar has been up for less than `reconnect_grace`.
+    NoSubscribers => "no_subscribers",
+        "no connected subscriber";
     /// A connected or recently departed subscriber is still at the replica version; Zero would stream it a gap
     /// instead of an error once the log is purged past it (docs/protocol.md, "A gap at the replica version").
-    SubscriberAtReplicaVersion,
-    /// No tracked backup is newer than the last purge.
-    NothingNew,
+    SubscriberAtReplicaVersion => "subscriber_at_replica_version",
+        "subscriber at replica version";
+    /// No tracked backup is newer than the last purge (and, after a reset, taken after it).
+    NothingNew => "nothing_new",
+        "nothing new since last purge";
     /// Every backup newer than the last purge is younger than the cleanup delay (or has a time in the future).
-    BackupTooRecent,
-    /// No aged backup newer than the last purge is covered by the destination: its newest generation does not
+    BackupTooRecent => "backup_too_recent",
+        "backup too recent";
+    /// No aged backup newer than the last purge is covered by the destination: the generation a restore picks does not
     /// restore by its names, or its chain holds no object written at or after the backup's claimed time, or it
     /// could not be listed. Purging on litestream's word
     /// alone is how a wedged litestream lost data (docs/protocol.md, "Backup claims without an upload").
-    BackupUnverified,
+    BackupUnverified => "backup_unverified",
+        "backup not found in the destination";
     /// Every aged backup newer than the last purge is above some reservation's floor.
-    ReservationFloor,
+    ReservationFloor => "reservation_floor",
+        "backup above a reservation floor";
     /// Every remaining backup is above some tracked subscriber's acked watermark.
-    SubscriberBehind,
-}
-
-impl HoldReason {
-    /// Every variant, in evaluation order (for pre-registering metric label values).
-    pub const ALL: [HoldReason; 24] = [
-        HoldReason::Unservable,
-        HoldReason::NotRegistered,
-        HoldReason::RecentlyRegistered,
-        HoldReason::Standby,
-        HoldReason::StartingUp,
-        HoldReason::StateUnreadable,
-        HoldReason::StateUnwritable,
-        HoldReason::RestoresUnknown,
-        HoldReason::ReplicaReset,
-        HoldReason::ReplicaUnknown,
-        HoldReason::ReservationsOpen,
-        HoldReason::ReservationWithoutFloor,
-        HoldReason::BackupUnknown,
-        HoldReason::RestoredLess,
-        HoldReason::DrillDisk,
-        HoldReason::BackupRegressed,
-        HoldReason::NoBackup,
-        HoldReason::NoSubscribers,
-        HoldReason::SubscriberAtReplicaVersion,
-        HoldReason::NothingNew,
-        HoldReason::BackupTooRecent,
-        HoldReason::BackupUnverified,
-        HoldReason::ReservationFloor,
-        HoldReason::SubscriberBehind,
-    ];
-
-    /// The snake_case value of the `reason` metric label.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            HoldReason::Unservable => "unservable",
-            HoldReason::NotRegistered => "not_registered",
-            HoldReason::RecentlyRegistered => "recently_registered",
-            HoldReason::Standby => "standby",
-            HoldReason::StartingUp => "starting_up",
-            HoldReason::StateUnreadable => "state_unreadable",
-            HoldReason::StateUnwritable => "state_unwritable",
-            HoldReason::RestoresUnknown => "restores_unknown",
-            HoldReason::ReplicaReset => "replica_reset",
-            HoldReason::ReplicaUnknown => "replica_unknown",
-            HoldReason::ReservationsOpen => "reservations_open",
-            HoldReason::ReservationWithoutFloor => "reservation_without_floor",
-            HoldReason::BackupUnknown => "backup_unknown",
-            HoldReason::RestoredLess => "restored_less",
-            HoldReason::DrillDisk => "drill_disk",
-            HoldReason::BackupRegressed => "backup_regressed",
-            HoldReason::NoBackup => "no_backup",
-            HoldReason::NoSubscribers => "no_subscribers",
-            HoldReason::SubscriberAtReplicaVersion => "subscriber_at_replica_version",
-            HoldReason::NothingNew => "nothing_new",
-            HoldReason::BackupTooRecent => "backup_too_recent",
-            HoldReason::BackupUnverified => "backup_unverified",
-            HoldReason::ReservationFloor => "reservation_floor",
-            HoldReason::SubscriberBehind => "subscriber_behind",
-        }
-    }
-}
-
-impl fmt::Display for HoldReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            HoldReason::Unservable => {
-                "refused: the sidecar cannot serve this deployment (see unservable in /status)"
-            }
-            HoldReason::NotRegistered => "not registered as the change-streamer address",
-            HoldReason::RecentlyRegistered => "registered too recently",
-            HoldReason::Standby => "standby: another sidecar holds the shard's purger lock",
-            HoldReason::StartingUp => "starting up",
-            HoldReason::StateUnreadable => "state file unreadable",
-            HoldReason::StateUnwritable => "state file cannot be written",
-            HoldReason::RestoresUnknown => {
-                "started without a state file: restores in flight unknown"
-            }
-            HoldReason::ReplicaReset => "replica reset: no backup of the new replica has aged",
-            HoldReason::ReplicaUnknown => {
-                "replica version not read yet: which change log this is is unknown"
-            }
-            HoldReason::ReservationsOpen => "reservations open",
-            HoldReason::ReservationWithoutFloor => "reservation opened before any backup",
-            HoldReason::BackupUnknown => "litestream's backed-up position unknown",
-            HoldReason::RestoredLess => {
-                "a restore drill restored less than the backup claims: objects are missing from it"
-            }
-            HoldReason::DrillDisk => {
-                "restore drills cannot run: too little disk in backup.drill_dir (see drills in /status)"
-            }
-            HoldReason::BackupRegressed => {
-                "litestream's backup went back below a watermark it reported"
-            }
-            HoldReason::NoBackup => "no backup yet",
-            HoldReason::NoSubscribers => "no connected subscriber",
-            HoldReason::SubscriberAtReplicaVersion => "subscriber at replica version",
-            HoldReason::NothingNew => "nothing new since last purge",
-            HoldReason::BackupTooRecent => "backup too recent",
-            HoldReason::BackupUnverified => "backup not found in the destination",
-            HoldReason::ReservationFloor => "backup above a reservation floor",
-            HoldReason::SubscriberBehind => "subscriber behind backup",
-        })
-    }
+    SubscriberBehind => "subscriber_behind",
+        "subscriber behind backup";
 }
 
 /// Decides whether to purge now, and below which watermark.
@@ -712,32 +667,8 @@ impl fmt::Display for HoldReason {
 /// reported, at least one connected subscriber, and no tracked subscriber still at its replica version. W need not
 /// be the newest backup: a slow subscriber or an older reservation only lowers it.
 ///
-/// Otherwise it holds with the first reason that applies, checked in this fixed order (that of [`HoldReason::ALL`]):
-/// 1. `Unservable`: the deployment cannot be served ([`unservable`]).
-/// 2. `NotRegistered`: ownership is checked and `ownerAddress` does not name the sidecar.
-/// 3. `RecentlyRegistered`: it has named the sidecar for less than `reconnect_grace + cleanup_delay`.
-/// 4. `Standby`: another sidecar holds the shard's purger lock.
-/// 5. `StartingUp`: uptime `< max(cleanup_delay, reconnect_grace)`.
-/// 6. `StateUnreadable`, 7. `StateUnwritable`: the state file cannot be read, or written ([`Memory`]).
-/// 8. `RestoresUnknown`: started without a state file, less than `cleanup.hold_without_state` ago.
-/// 9. `ReplicaReset`: the replica was reset and no backup taken after the reset has aged.
-/// 10. `ReplicaUnknown`: the change DB's replica version has not been read in this run, and none was kept.
-/// 11. `ReservationsOpen`: mode `pause` and a reservation is open.
-/// 12. `ReservationWithoutFloor`: mode `pin` and a reservation has no floor.
-/// 13. `BackupUnknown`: litestream's position is unknown (restarted, no samples, unreadable).
-/// 14. `RestoredLess`: the latest restore drill restored less than the backup claimed, and none has since.
-/// 15. `DrillDisk`: `cleanup.requires = "restore"` and the latest drill could not run for want of disk.
-/// 16. `BackupRegressed`: `current_backup < highest_backup`. Before `NoBackup`: a regression may leave nothing
-///     tracked, and it is the news an operator needs.
-/// 17. `NoBackup`: no backup is tracked.
-/// 18. `NoSubscribers`: no subscriber is connected (departed ones in their grace do not count); with
-///     [`WithoutSubscribers::AfterGrace`], only while a departed one is in its grace or uptime `< reconnect_grace`.
-/// 19. `SubscriberAtReplicaVersion`: a tracked subscriber's acked equals its replica version.
-/// 20. `NothingNew`: no backup is newer than `last_purged` (and, after a reset, taken after it).
-/// 21. `BackupTooRecent`: none of those is old enough.
-/// 22. `BackupUnverified`: none of the aged ones is covered by the destination, or it could not be listed.
-/// 23. `ReservationFloor`: all of the covered ones are above some reservation's floor.
-/// 24. `SubscriberBehind`: all of those are above some tracked subscriber's acked watermark.
+/// Otherwise it holds with the first reason that applies, in the order the [`HoldReason`] table declares them
+/// (each reason's doc says when it applies).
 pub fn decide(inputs: &Inputs) -> Decision {
     match choose(inputs) {
         Ok((before, bound)) => Decision::Purge {

@@ -1175,15 +1175,23 @@ fn hold_reasons_have_distinct_labels_in_evaluation_order() {
             "{phrase}"
         );
     }
+    // The order decide checks them in, by name: each pair is one the rules depend on.
+    let at = |reason| HoldReason::ALL.iter().position(|r| *r == reason).unwrap();
     assert_eq!(HoldReason::ALL[0], Unservable);
-    assert_eq!(HoldReason::ALL[1], NotRegistered);
-    assert_eq!(HoldReason::ALL[4], StartingUp);
-    assert_eq!(HoldReason::ALL[12], BackupUnknown);
-    assert_eq!(HoldReason::ALL[13], RestoredLess);
-    assert_eq!(HoldReason::ALL[14], DrillDisk);
-    assert_eq!(HoldReason::ALL[15], BackupRegressed);
-    assert_eq!(HoldReason::ALL[21], BackupUnverified);
-    assert_eq!(HoldReason::ALL[23], SubscriberBehind);
+    for (earlier, later) in [
+        (Unservable, NotRegistered),
+        (NotRegistered, StartingUp),
+        (StartingUp, BackupUnknown),
+        (BackupUnknown, RestoredLess),
+        (RestoredLess, BackupRegressed),
+        (BackupRegressed, NoBackup),
+        (BackupTooRecent, BackupUnverified),
+        (BackupUnverified, ReservationFloor),
+        (ReservationFloor, SubscriberBehind),
+    ] {
+        assert!(at(earlier) < at(later), "{earlier:?} before {later:?}");
+    }
+    assert_eq!(HoldReason::ALL.last(), Some(&SubscriberBehind));
 }
 
 // Property tests: a model of the monitor's view over random event sequences.
