@@ -1095,6 +1095,17 @@ impl Monitor {
         fact
     }
 
+    /// The generation a restore picks, as the latest listing read it (`None`: nothing listed, or nothing restorable).
+    fn restore_target(&self) -> Option<String> {
+        self.status.read(|s| {
+            s.backup
+                .listing
+                .as_ref()
+                .and_then(|listing| listing.layout.chain())
+                .map(|chain| chain.generation.clone())
+        })
+    }
+
     /// Ties each claim the backlog tracks to the generation a restore picks when it is first seen, and returns
     /// the claims tied to another generation than the one a restore picks now: the destination's objects cover
     /// none of those (see [`Inputs::other_generation`]). Claims seen before anything was listed are tied to none
@@ -1104,13 +1115,7 @@ impl Monitor {
         backlog: &Backlog,
         claim_generations: &mut BTreeMap<String, Option<String>>,
     ) -> Vec<String> {
-        let target = self.status.read(|s| {
-            s.backup
-                .listing
-                .as_ref()
-                .and_then(|listing| listing.layout.chain())
-                .map(|chain| chain.generation.clone())
-        });
+        let target = self.restore_target();
         let tracked = backlog.backups();
         claim_generations.retain(|watermark, _| tracked.iter().any(|b| &b.watermark == watermark));
         for backup in tracked {
@@ -1174,13 +1179,7 @@ impl Monitor {
         }
         // A proof stands for its own generation only: once a restore picks another (litestream started a new one,
         // or a second writer's is newer), what it proved is not what view-syncers get.
-        let target = self.status.read(|s| {
-            s.backup
-                .listing
-                .as_ref()
-                .and_then(|listing| listing.layout.chain())
-                .map(|chain| chain.generation.clone())
-        });
+        let target = self.restore_target();
         if let (Some(target), Some(generation)) = (&target, &proof.generation) {
             if target != generation {
                 self.position_unknown(

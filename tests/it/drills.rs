@@ -341,6 +341,26 @@ async fn a_disk_too_small_for_the_database_fails_the_drill_before_or_while_it_re
     drop(small);
 }
 
+/// `litestream-sidecar drill` with `config` (the daemon's, change DB unreachable): its exit code and output.
+async fn drill_command(config: &std::path::Path) -> (Option<i32>, String) {
+    let config = config.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new(crate::support::process::BIN)
+            .arg("--config")
+            .arg(&config)
+            .arg("drill")
+            .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8(output.stdout).unwrap(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
 /// `litestream-sidecar drill`: one drill in its own process, with the daemon's config. Exit 0 and the proven
 /// watermark when the backup restores; exit 1 and the reason when its snapshot is gone; nothing left behind. The
 /// change DB is not reachable here, so versions are not compared (and the drill does not wait for it).
@@ -361,20 +381,7 @@ async fn the_drill_command_proves_the_backup_or_exits_1() {
         ),
     )
     .unwrap();
-    let run = move || {
-        let output = std::process::Command::new(crate::support::process::BIN)
-            .arg("--config")
-            .arg(&config)
-            .arg("drill")
-            .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
-            .output()
-            .unwrap();
-        (
-            output.status.code(),
-            String::from_utf8(output.stdout).unwrap(),
-        )
-    };
-    let (code, out) = tokio::task::spawn_blocking(run.clone()).await.unwrap();
+    let (code, out) = drill_command(&config).await;
     assert_eq!(code, Some(0), "{out}");
     assert!(
         out.starts_with(&format!(
@@ -390,7 +397,7 @@ async fn the_drill_command_proves_the_backup_or_exits_1() {
     for snapshot in rig.dest.snapshots() {
         std::fs::remove_file(snapshot).unwrap();
     }
-    let (code, out) = tokio::task::spawn_blocking(run).await.unwrap();
+    let (code, out) = drill_command(&config).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(
         out.starts_with("drill FAILED (restore): litestream restore exited with exit status: 1"),

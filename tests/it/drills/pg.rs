@@ -29,6 +29,22 @@ fn rows_of(from: u64, to: u64, rows: i64) -> Vec<(String, i64)> {
     expected_rows(&refs, rows + 2)
 }
 
+/// Applies wm(1)..=wm(4) and returns the segment that carried wm(2): in the middle of the last WAL index, at a
+/// non-zero offset, where a missing segment shows in no listing and makes a restore stop early, at wm(1).
+async fn middle_segment(rig: &Rig) -> crate::support::litestream::Segment {
+    let mut carrying = Vec::new();
+    for n in 1..=4 {
+        rig.apply(n, 1).await;
+        carrying.push(rig.dest.segments().pop().unwrap());
+    }
+    let gone = carrying[1].clone();
+    assert!(
+        gone.offset > 0 && gone.index == carrying[3].index && gone.offset < carrying[3].offset,
+        "wm(2) in a middle segment of the last index: {carrying:#?}"
+    );
+    gone
+}
+
 /// A sidecar over `db` for `rig`, up long enough that no start-up hold applies.
 async fn sidecar(
     rig: &Rig,
@@ -312,17 +328,7 @@ async fn a_middle_wal_segment_deleted_under_restore_is_restored_less_until_a_dri
         },
         0,
     );
-    // The segment each transaction was uploaded in.
-    let mut carrying = Vec::new();
-    for n in 1..=4 {
-        rig.apply(n, 1).await;
-        carrying.push(rig.dest.segments().pop().unwrap());
-    }
-    let gone = carrying[1].clone();
-    assert!(
-        gone.offset > 0 && gone.index == carrying[3].index && gone.offset < carrying[3].offset,
-        "wm(2) in a middle segment of the last index: {carrying:#?}"
-    );
+    let gone = middle_segment(&rig).await;
     let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
     let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(4)));
     proves(&sidecar, &wm(4)).await;
@@ -757,25 +763,6 @@ async fn an_ltx_destination_is_refused_holds_cleanup_and_withholds_statuses() {
     db.drop().await;
 }
 
-/// `litestream-sidecar drill` with `config` (the daemon's, change DB unreachable): its exit code and output.
-async fn drill_command(config: &std::path::Path) -> (Option<i32>, String) {
-    let config = config.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        let output = std::process::Command::new(crate::support::process::BIN)
-            .arg("--config")
-            .arg(&config)
-            .arg("drill")
-            .output()
-            .unwrap();
-        (
-            output.status.code(),
-            String::from_utf8(output.stdout).unwrap(),
-        )
-    })
-    .await
-    .unwrap()
-}
-
 /// A WAL segment gone from the middle of the newest index: the names still look whole and the claim covered, and a
 /// restore stops early without a word. Under "listing" (the default) the drill compares what it restored with the
 /// claim the listing covered as it started: `restored_less`, which holds cleanup and statuses until a drill
@@ -786,16 +773,7 @@ async fn a_middle_wal_segment_deleted_is_restored_less_which_holds_until_a_later
     let db = change_log(6, 1).await;
     let all = db.rows().await;
     let mut rig = Rig::start(Options::default(), 0);
-    let mut carrying = Vec::new();
-    for n in 1..=4 {
-        rig.apply(n, 1).await;
-        carrying.push(rig.dest.segments().pop().unwrap());
-    }
-    let gone = carrying[1].clone();
-    assert!(
-        gone.offset > 0 && gone.index == carrying[3].index && gone.offset < carrying[3].offset,
-        "wm(2) in a middle segment of the last index: {carrying:#?}"
-    );
+    let gone = middle_segment(&rig).await;
     let claimed = gauge_time(rig.dest.newest().unwrap());
     let gauge = MetricsServer::start(&progress_page(&[(&wm(4), claimed)])).await;
     let sidecar = sidecar(&rig, &db, &gauge.url(), "listing", "").await;
