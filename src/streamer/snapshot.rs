@@ -217,8 +217,9 @@ async fn build_status(
     version: u64,
     lease: &mut Lease,
 ) -> Result<String, Withheld> {
-    let newest = ctx.registry.newest_backup().ok_or(Withheld::NoBackup)?;
-    if !ctx.registry.is_restorable() {
+    let facts = ctx.registry.status_facts();
+    let newest = facts.newest_backup.ok_or(Withheld::NoBackup)?;
+    if !facts.restorable {
         return Err(Withheld::NotRestorable);
     }
     if ctx.status.read(|s| s.drills.restored_less.is_some()) {
@@ -239,7 +240,7 @@ async fn build_status(
     }
     // Its `minWatermark` would come from a change log that may not be the one view-syncers catch up from, and its
     // backup URL from a location Zero may not back up to (docs/protocol.md, "Zero 1.10 setups the sidecar refuses").
-    if ctx.registry.is_unservable() {
+    if facts.unservable {
         return Err(Withheld::Unservable);
     }
     let db = ctx.change_db.as_ref().ok_or(Withheld::ChangeDb)?;

@@ -45,6 +45,20 @@ pub struct Reservation {
     pub withheld: Option<&'static str>,
 }
 
+/// See [`Registry::status_facts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusFacts {
+    /// The newest backed-up watermark seen: what a restore started now gets at least.
+    pub newest_backup: Option<String>,
+    /// The backup destination was seen holding something to restore: a status sends a view-syncer to restore from
+    /// it, and with nothing there its restore fails (Zero 1.8.0 withholds the status too: docs/protocol.md, "The
+    /// snapshot status"). True unless [`Registry::set_restorable`] said otherwise: with `backup.verify` off
+    /// nothing is listed.
+    pub restorable: bool,
+    /// The monitor refuses the deployment ([`crate::cleanup::unservable`]): v4+ statuses wait.
+    pub unservable: bool,
+}
+
 /// A reservation as the state file keeps it across a restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kept {
@@ -309,17 +323,21 @@ impl Registry {
             .collect()
     }
 
+    /// What a snapshot status goes by, read together under the one lock that the monitor's writes of them take:
+    /// the newest backup, whether the destination holds something restorable, and whether the deployment is
+    /// refused. Read apart, a status could pair a backup with a listing or a refusal of another moment.
+    pub fn status_facts(&self) -> StatusFacts {
+        let inner = self.lock();
+        StatusFacts {
+            newest_backup: inner.newest_backup.clone(),
+            restorable: inner.restorable,
+            unservable: inner.unservable,
+        }
+    }
+
     /// The newest backed-up watermark seen: what a restore started now gets at least.
     pub fn newest_backup(&self) -> Option<String> {
         self.lock().newest_backup.clone()
-    }
-
-    /// Whether the backup destination was seen holding at least one object: a status sends a view-syncer to restore
-    /// from it, and with nothing there its restore fails (Zero 1.8.0 withholds the status too: docs/protocol.md,
-    /// "The snapshot status").
-    /// True unless [`Registry::set_restorable`] said otherwise: with `backup.verify` off nothing is listed.
-    pub fn is_restorable(&self) -> bool {
-        self.lock().restorable
     }
 
     /// What the latest listing of the destination found (the monitor's job).
