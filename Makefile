@@ -66,7 +66,7 @@ bench:
 	NGINX="$$(scripts/nginx.sh)" LITESTREAM_BIN="$$(scripts/install-litestream.sh)" \
 	  scripts/with-postgres.sh --pg "$(PG)" $(CARGO) run --locked --release --example bench -- $(BENCH)
 
-# Every fuzz target (module `fuzz` of the integration-test binary, tests/it/fuzz.rs: the parsers of outside bytes)
+# Every fuzz target (module `fuzz` of the integration-test binary, tests/it/fuzz/, a file per target: the parsers of outside bytes)
 # for FUZZ_CASES cases each, in a release build; each prints its count, time and seed (FUZZ_SEED=... replays one).
 # Then the cleanup model (module `model`, tests/it/model.rs) over MODEL_CASES histories. `make test` runs the same
 # targets briefly, and the model over 2,000 histories.
