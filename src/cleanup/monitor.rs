@@ -6,7 +6,6 @@
 //! Failures never purge: a scrape that fails keeps what is known and tries again next interval; a purge that
 //! fails leaves the last purged watermark where it was.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -343,8 +342,6 @@ impl Monitor {
         }
         let mut said = Said::default();
         let mut log_watch = LogWatch::default();
-        // The generation a restore picked when each tracked claim was first seen (`None`: nothing was listed).
-        let mut claim_generations: BTreeMap<String, Option<String>> = BTreeMap::new();
         if self.destination.is_some() {
             self.status.update(|s| s.backup.verifying = true);
         }
@@ -382,7 +379,7 @@ impl Monitor {
             self.claim_purger().await;
             self.read_slots(&position, &replica).await;
             let destination = self.verify(&backlog, &mut said, now).await;
-            let other_generation = self.attribute_claims(&backlog, &mut claim_generations);
+            let other_generation = self.claims_of_other_generations(&backlog);
             let observed = self.gather(now, &replica);
             let guards = self.guards(now, &position, &replica);
             self.settle_unknown_restores(&guards, now);
@@ -1106,31 +1103,25 @@ impl Monitor {
         })
     }
 
-    /// Ties each claim the backlog tracks to the generation a restore picks when it is first seen, and returns
-    /// the claims tied to another generation than the one a restore picks now: the destination's objects cover
-    /// none of those (see [`Inputs::other_generation`]). Claims seen before anything was listed are tied to none
-    /// and left to the listing alone.
-    fn attribute_claims(
-        &self,
-        backlog: &Backlog,
-        claim_generations: &mut BTreeMap<String, Option<String>>,
-    ) -> Vec<String> {
-        let target = self.restore_target();
-        let tracked = backlog.backups();
-        claim_generations.retain(|watermark, _| tracked.iter().any(|b| &b.watermark == watermark));
-        for backup in tracked {
-            claim_generations
-                .entry(backup.watermark.clone())
-                .or_insert_with(|| target.clone());
-        }
-        let Some(target) = target else {
+    /// The tracked claims of litestream's gauge that are of another generation than the one a restore picks (see
+    /// [`crate::litestream::layout::Uploads`]): the destination's objects cover none of those
+    /// ([`Inputs::other_generation`]). Under `cleanup.requires = "restore"` the backlog holds proofs, which name
+    /// their generation themselves.
+    fn claims_of_other_generations(&self, backlog: &Backlog) -> Vec<String> {
+        if self.requires == Requires::Restore {
             return Vec::new();
-        };
-        claim_generations
-            .iter()
-            .filter(|(_, generation)| generation.as_ref().is_some_and(|g| *g != target))
-            .map(|(watermark, _)| watermark.clone())
-            .collect()
+        }
+        self.status.read(|s| {
+            let Some(listing) = s.backup.listing.as_ref() else {
+                return Vec::new();
+            };
+            backlog
+                .backups()
+                .iter()
+                .filter(|b| listing.claim_of_another_generation(b.backed_up_at))
+                .map(|b| b.watermark.clone())
+                .collect()
+        })
     }
 
     /// `cleanup.requires = "restore"`: the latest drill's proof stands in for litestream's gauge, through the

@@ -21,7 +21,7 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
 
-use crate::litestream::layout::{Layout, Object};
+use crate::litestream::layout::{Layout, Object, Uploads};
 
 /// Where litestream writes the replica, from `litestream.backup_url`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,14 +71,20 @@ fn percent_decode(text: &str) -> String {
         .unwrap_or_default()
 }
 
+/// How far before its own object's last-modified time a claim's stamp may read (see
+/// [`Listing::claim_of_another_generation`]).
+const CLAIM_ROUNDING: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// What one listing found under the replica's path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listing {
     pub objects: u64,
     /// The newest last-modified time; `None` when there is no object.
     pub newest: Option<SystemTime>,
-    /// What the names say of a restore of the newest generation.
+    /// What the names say of a restore of the generation a restore picks.
     pub layout: Layout,
+    /// Which generation uploaded when: whose a claim is.
+    pub uploads: Uploads,
 }
 
 impl Listing {
@@ -97,6 +103,20 @@ impl Listing {
             objects: objects.len() as u64,
             newest: objects.iter().map(|o| o.modified).max(),
             layout: Layout::read(objects),
+            uploads: Uploads::read(objects),
+        }
+    }
+
+    /// Whether a claim stamped at `claimed` is of another generation than the one a restore picks: then no object
+    /// of the picked generation covers it, however new (see [`Uploads`]). A claim older than every upload is of
+    /// none.
+    pub fn claim_of_another_generation(&self, claimed: SystemTime) -> bool {
+        // The gauge's value is epoch seconds as a float: a claim stamped at its own object's time can read a hair
+        // before it.
+        let stamped = claimed + CLAIM_ROUNDING;
+        match self.layout.chain() {
+            Some(chain) => self.uploads.generation_at(stamped) != Some(chain.generation.as_str()),
+            None => false,
         }
     }
 }

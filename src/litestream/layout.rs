@@ -23,6 +23,55 @@ pub struct Object {
     pub modified: SystemTime,
 }
 
+/// When each generation uploaded, from the objects' last-modified times: which generation a claim of litestream's
+/// gauge belongs to. The fork's gauge names no generation; it moves once an upload has finished, so a claim stamped
+/// at `T` is of the generation whose object is the newest at or before `T`. With two writers on one path (or
+/// across a litestream restart) that tells the claims of one generation from another's, where the generation a
+/// restore picks may have objects newer than a claim it does not contain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Uploads {
+    /// Every object's time and the index of its generation in `generations`, by time.
+    times: Vec<(SystemTime, usize)>,
+    generations: Vec<String>,
+}
+
+impl Uploads {
+    pub fn read<'a>(objects: impl IntoIterator<Item = &'a Object>) -> Uploads {
+        let mut uploads = Uploads::default();
+        for object in objects {
+            let path = object.path.trim_start_matches('/');
+            let Some((id, inner)) = path
+                .strip_prefix("generations/")
+                .and_then(|rest| rest.split_once('/'))
+            else {
+                continue;
+            };
+            if inner.ends_with(".tmp") {
+                continue;
+            }
+            let at = match uploads.generations.iter().position(|g| g == id) {
+                Some(at) => at,
+                None => {
+                    uploads.generations.push(id.to_string());
+                    uploads.generations.len() - 1
+                }
+            };
+            uploads.times.push((object.modified, at));
+        }
+        uploads.times.sort();
+        uploads
+    }
+
+    /// The generation whose object is the newest at or before `t` (of two at the same time, the later by name, as
+    /// the sort leaves them); `None` when nothing was uploaded by then.
+    pub fn generation_at(&self, t: SystemTime) -> Option<&str> {
+        let after = self.times.partition_point(|&(at, _)| at <= t);
+        after
+            .checked_sub(1)
+            .map(|i| self.generations[self.times[i].1].as_str())
+    }
+}
+
 /// What the generation a restore picks (or its absence) means for a restore.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
@@ -431,6 +480,27 @@ mod tests {
             Layout::read(&listing[1..]),
             Layout::Broken { generation, problem: Problem::NoSnapshot } if generation == "6876d0f712825346"
         ));
+    }
+
+    #[test]
+    fn a_claim_belongs_to_the_generation_that_uploaded_last_before_it() {
+        let a = "generations/00000000000000aa";
+        let b = "generations/00000000000000bb";
+        let listing = objects(&[
+            (&format!("{a}/snapshots/00000000.snapshot.lz4"), 1),
+            (&format!("{b}/snapshots/00000000.snapshot.lz4"), 3),
+            (&format!("{a}/wal/00000000_00000000.wal.lz4"), 5),
+            (&format!("{b}/wal/00000000_00000000.wal.lz4"), 9),
+            (&format!("{a}/wal/00000000_00001000.wal.lz4.tmp"), 10),
+        ]);
+        let uploads = Uploads::read(&listing);
+        assert_eq!(uploads.generation_at(at(0)), None);
+        assert_eq!(uploads.generation_at(at(2)), Some("00000000000000aa"));
+        assert_eq!(uploads.generation_at(at(4)), Some("00000000000000bb"));
+        assert_eq!(uploads.generation_at(at(5)), Some("00000000000000aa"));
+        assert_eq!(uploads.generation_at(at(8)), Some("00000000000000aa"));
+        // An upload in progress is not an upload.
+        assert_eq!(uploads.generation_at(at(10)), Some("00000000000000bb"));
     }
 
     /// Two writers on one path (a second litestream, or one that restarted): `litestream restore` compares the

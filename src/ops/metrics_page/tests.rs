@@ -560,6 +560,7 @@ fn the_backup_figures_read_the_listing_s_layout() {
             objects: 3,
             newest: Some(at(1_746_600_000.5)),
             layout: Layout::Ltx,
+            uploads: Default::default(),
         }),
         ..unlisted
     };

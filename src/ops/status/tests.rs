@@ -279,6 +279,7 @@ fn claims_say_whether_the_destination_holds_them() {
                     objects: 3,
                 },
             ),
+            uploads: Default::default(),
         }),
         stale: Some((Some(wall_now - secs(300)), wall_now - secs(90))),
         ..Default::default()

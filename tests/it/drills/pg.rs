@@ -1039,18 +1039,20 @@ async fn too_little_disk_for_a_drill_holds_cleanup_under_restore_with_its_own_re
     db.drop().await;
 }
 
-/// Two writers on one path: a second litestream, replicating an older copy of the replica, started a generation
-/// before litestream claimed wm(3). While its snapshot is older than the claim, a restore picks the first writer's
-/// generation; once the second writes again, a restore picks the second's, which reaches only wm(2), though its
-/// objects are newer than the claim. The claim was seen while the first generation was picked: the second's
-/// objects do not cover it, and cleanup holds (drills are off here, so the names alone decide).
+/// Two writers on one path: a second litestream, replicating an older copy of the replica, starts a generation
+/// before litestream claims wm(3), and writes again after it. A restore then picks the second generation (its
+/// snapshot older than the claim, its WAL newer, at its snapshot's index, which is what litestream compares), which
+/// reaches only wm(2). The claim was made by the first writer, whose object is the newest before it: the second's
+/// objects, however new, do not cover it, and cleanup holds (drills are off here, so the names alone decide).
 #[tokio::test]
-async fn a_claim_is_covered_only_by_the_generation_a_restore_picked_when_it_was_made() {
+async fn a_claim_is_covered_only_by_objects_of_the_generation_that_made_it() {
     let db = change_log(3, 1).await;
     let all = db.rows().await;
     let rig = Rig::start(Options::default(), 0);
     rig.apply(1, 1).await;
-    // The second writer: an older copy of the replica, on the same path.
+    let first = rig.dest.generation();
+    // The second writer: an older copy of the replica, on the same path, that never checkpoints here (its WAL
+    // stays at its snapshot's index).
     std::fs::create_dir_all(rig.dir.path().join("second")).unwrap();
     let second =
         litestream::Replica::create(&rig.dir.path().join("second/replica.db"), REPLICA_VERSION);
@@ -1060,18 +1062,58 @@ async fn a_claim_is_covered_only_by_the_generation_a_restore_picked_when_it_was_
         &litestream::v03(),
         &second.path,
         &rig.url,
-        Options::default(),
+        Options {
+            db: vec!["checkpoint-interval: 1h".into()],
+            ..Options::default()
+        },
     );
     other.start();
     within("the second generation", Duration::from_secs(20), || async {
         rig.dest.generations().len() == 2
     })
     .await;
-    let ours = rig.dest.generations();
-    rig.apply(2, 1).await;
-    let w3 = rig.apply(3, 1).await;
-    let claimed = gauge_time(rig.dest.newest().unwrap());
-    let gauge = MetricsServer::start(&progress_page(&[(&w3, claimed)])).await;
+    let newest_of = |generation: &str| {
+        let prefix = format!("generations/{generation}/");
+        rig.dest
+            .objects()
+            .into_iter()
+            .filter(|o| o.name.starts_with(&prefix) && !o.name.ends_with(".tmp"))
+            .map(|o| o.modified)
+            .max()
+    };
+    // The first writer goes on to wm(3): the claim is stamped at its newest object.
+    let before = newest_of(&first);
+    rig.replica.apply(&wm(2), 1);
+    rig.replica.apply(&wm(3), 1);
+    within(
+        "the first writer's upload of wm(3)",
+        Duration::from_secs(20),
+        || async { newest_of(&first) > before },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let claimed_at = newest_of(&first).unwrap();
+    // The second writes again: a restore picks its generation, which reaches wm(2).
+    second.apply(&wm(2), 1);
+    let second_generation = rig
+        .dest
+        .generations()
+        .into_iter()
+        .find(|g| *g != first)
+        .unwrap();
+    within(
+        "the second writer's upload",
+        Duration::from_secs(20),
+        || async { newest_of(&second_generation) > Some(claimed_at) },
+    )
+    .await;
+    assert_eq!(
+        rig.litestream.restored().await,
+        Ok(wm(2)),
+        "a restore picks the second generation"
+    );
+
+    let gauge = MetricsServer::start(&progress_page(&[(&wm(3), gauge_time(claimed_at))])).await;
     let sidecar = sidecar(
         &rig,
         &db,
@@ -1080,31 +1122,17 @@ async fn a_claim_is_covered_only_by_the_generation_a_restore_picked_when_it_was_
         "[backup]\ndrill_interval = \"off\"\n",
     )
     .await;
-    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &w3));
-    settles_on(&sidecar, hold(HoldReason::BackupTooRecent)).await;
-    let first = report(&sidecar).await["destination"]["generation"].clone();
-    assert!(
-        ours.iter().any(|g| first == g.as_str()),
-        "{first} of {ours:?}"
-    );
-
-    // The second writer writes again: its generation is the one a restore picks now, and it reaches only wm(2).
-    second.apply(&wm(2), 1);
-    let picked = reported(
-        &sidecar,
-        "the second generation picked",
-        Duration::from_secs(20),
-        |json| json["destination"]["generation"] != first,
-    )
-    .await["destination"]["generation"]
-        .clone();
-    assert_eq!(
-        rig.litestream.restored().await,
-        Ok(wm(2)),
-        "a restore picks {picked}"
-    );
-    // Aged past the cleanup delay, the claim is still covered by no object of the generation picked.
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(3)));
+    let json = reported(&sidecar, "the listing", Duration::from_secs(20), |json| {
+        json["destination"]["generation"] == second_generation.as_str()
+    })
+    .await;
+    assert_eq!(json["destination"]["layout"], "restorable", "{json:#}");
+    // Aged past the cleanup delay, the claim is covered by no object of the generation a restore picks.
+    let aged = claimed_at + Duration::from_secs(31);
+    if let Ok(wait) = aged.duration_since(std::time::SystemTime::now()) {
+        tokio::time::sleep(wait).await;
+    }
     settles_on(&sidecar, hold(HoldReason::BackupUnverified)).await;
     assert_eq!(db.rows().await, all, "nothing purged");
     other.kill();
