@@ -28,7 +28,7 @@ use crate::cleanup::state::{self, Saved};
 use crate::cleanup::status::StatusHandle;
 use crate::cleanup::subscribers::Subscribers;
 use crate::cleanup::{Backup, Memory};
-use crate::litestream::drill::Proof;
+use crate::litestream::drill::{Failure, Proof};
 
 /// How often the shard's memory is compared with what was written, and a failed write tried again.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -206,6 +206,7 @@ impl Keeper {
         let mut subscribers_written: Option<Vec<SubscriberRow>> = None;
         let mut last_heartbeat: Option<Instant> = None;
         let mut memory_written: Option<ShardMemory> = None;
+        let mut less_forgotten: Option<Failure> = None;
         let mut failing = false;
         loop {
             let version = *changes.borrow_and_update();
@@ -250,6 +251,31 @@ impl Keeper {
                         s.memory = Memory::Unwritable;
                         s.state_problem = Some(problem);
                     });
+                }
+            }
+            // A restore that reached less than a kept proof unmakes it: a restart must not stand on it.
+            let less = self.status.read(|s| s.drills.restored_less.clone());
+            if less != less_forgotten {
+                if let Some(Failure::RestoredLess {
+                    restored,
+                    generation,
+                    ..
+                }) = &less
+                {
+                    let forgot = tokio::time::timeout(
+                        WRITE_TIMEOUT,
+                        self.db.forget_proof(generation.as_deref(), restored),
+                    )
+                    .await;
+                    match forgot {
+                        Ok(Ok(_)) => less_forgotten = less,
+                        Ok(Err(err)) => debug!(error = %err, "a broken proof not forgotten yet"),
+                        Err(_) => {
+                            debug!("a broken proof not forgotten yet: the change DB did not answer")
+                        }
+                    }
+                } else {
+                    less_forgotten = less;
                 }
             }
             let proof = self.status.read(|s| s.drills.last_proof.clone());

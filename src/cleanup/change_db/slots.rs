@@ -119,6 +119,7 @@ pub(super) struct SlotSql {
     shard_write: String,
     proof_write: String,
     proof_read: String,
+    proof_forget: String,
 }
 
 impl SlotSql {
@@ -265,6 +266,9 @@ impl SlotSql {
                 "SELECT generation, replica_version, watermark, extract(epoch FROM started_at)::float8,
                         extract(epoch FROM finished_at)::float8, restore_seconds, check_seconds, bytes
                    FROM {s}.proofs ORDER BY finished_at DESC LIMIT 1"
+            ),
+            proof_forget: format!(
+                "DELETE FROM {s}.proofs WHERE generation = $1 AND watermark COLLATE \"C\" > $2 COLLATE \"C\""
             ),
             quoted: s,
         }
@@ -585,6 +589,24 @@ impl ChangeDb {
             .await
             .map_err(|e| self.slot_error(format!("writing {}.proofs", sql.quoted), e))?;
         Ok(())
+    }
+
+    /// Forgets the kept proof of `generation` above `restored`: a drill found that a restore of it reaches only
+    /// that, so the proof no longer holds, and a restart must not stand on it.
+    pub async fn forget_proof(
+        &self,
+        generation: Option<&str>,
+        restored: &str,
+    ) -> Result<u64, DbError> {
+        let client = self.client().await?;
+        let sql = &self.inner.slot_sql;
+        client
+            .execute(
+                &sql.proof_forget,
+                &[&generation.unwrap_or_default(), &restored],
+            )
+            .await
+            .map_err(|e| self.slot_error(format!("writing {}.proofs", sql.quoted), e))
     }
 
     /// The newest proof any sidecar of the shard kept, of whichever generation.

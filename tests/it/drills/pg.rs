@@ -362,10 +362,21 @@ async fn a_middle_wal_segment_deleted_under_restore_is_restored_less_until_a_dri
     let mut reservation = reserve(&sidecar, "vs-2").await;
     withheld(&mut reservation, 20).await;
     drop(reservation);
+    // The proof kept in the change DB no longer holds: a restart must not stand on it.
+    within(
+        "the broken proof forgotten",
+        Duration::from_secs(10),
+        || async { kept_proof(&db).await.is_none() },
+    )
+    .await;
 
     // Back in place: proven at wm(4) again, which clears it; that proof is new, so it ages anew.
     std::fs::rename(&moved, &gone.path).unwrap();
     proves(&sidecar, &wm(4)).await;
+    within("the proof kept again", Duration::from_secs(10), || async {
+        kept_proof(&db).await.is_some_and(|(w, _)| w == wm(4))
+    })
+    .await;
     settles_on(&sidecar, hold(HoldReason::BackupTooRecent)).await;
     assert_eq!(
         report(&sidecar).await["drills"]["restored_less"],
