@@ -275,14 +275,21 @@ fn write_process_config(
     let url = crate::support::pg::database_url();
     let separator = if url.contains('?') { '&' } else { '?' };
     let url = format!("{url}{separator}application_name={}", db.application_name());
-    // The destination holds a fresh object: the claimed backups are verified as in production.
+    // The destination holds a generation that began an hour ago (its snapshot: the claims are its) and a fresh
+    // segment: the claimed backups are verified as in production.
     let backup = dir.join("backup");
-    std::fs::create_dir_all(backup.join("generations/0a1b2c3d/snapshots")).unwrap();
-    std::fs::write(
-        backup.join("generations/0a1b2c3d/snapshots/00000000.snapshot.lz4"),
-        b"snapshot",
-    )
-    .unwrap();
+    let generation = backup.join("generations/0a1b2c3d");
+    std::fs::create_dir_all(generation.join("snapshots")).unwrap();
+    std::fs::create_dir_all(generation.join("wal")).unwrap();
+    let snapshot = generation.join("snapshots/00000000.snapshot.lz4");
+    std::fs::write(&snapshot, b"snapshot").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&snapshot)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
+        .unwrap();
+    std::fs::write(generation.join("wal/00000000_00000000.wal.lz4"), b"wal").unwrap();
     let text = format!(
         "{}[server]\nlisten = \"127.0.0.1:0\"\n\
          [litestream]\nbackup_url = \"file://{}\"\nproxy_listen = \"127.0.0.1:0\"\nmetrics_url = \"{}\"\n\
