@@ -572,7 +572,8 @@ backend proxies
     return samples[0]?.watermark ?? null;
   }
 
-  async waitBackedUp(watermark, timeout = 30_000) {
+  // A hang guard: on a loaded machine an upload and its proof by the gauge exporter take tens of seconds.
+  async waitBackedUp(watermark, timeout = 90_000) {
     return eventually(`litestream to back up ${watermark}`, async () => {
       const w = await this.backedUp();
       return w !== null && w >= watermark ? w : null;
