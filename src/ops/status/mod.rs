@@ -40,6 +40,9 @@ pub struct Report {
     pub backups: Vec<BackupEntry>,
     /// How many backups are tracked in all (not yet purged below).
     pub backups_tracked: usize,
+    /// The replica's size as litestream's page last said it (`litestream_db_size`; `null` before the sidecar read
+    /// one): what a snapshot status's `replicaSize`, the restore limit and a drill's disk and time go by.
+    pub replica_bytes: Option<u64>,
     /// Set while litestream's gauge reports less than it once did (cleanup holds until it is back).
     pub backup_regressed: Option<Regressed>,
     /// What the backup destination holds behind the claims; `null` while `backup.verify` is off.
@@ -554,6 +557,7 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
             .collect(),
         backups,
         backups_tracked: status.backups_tracked,
+        replica_bytes: status.db_bytes,
         destination: destination_entry(&status.backup, wall_now),
         drills: Some(drills_entry(&status.drills, wall_now)),
         backup_regressed: status

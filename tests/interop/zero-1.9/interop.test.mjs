@@ -304,6 +304,10 @@ const VS = 'vs1';
 scenario('2. address topology: a discover-mode view-syncer reserves, restores and streams through the sidecar', async () => {
   // The same question to the sidecar (found through ownerAddress, as a view-syncer finds it) and to Zero's own
   // change-streamer: the v6 snapshot status. Nothing is written upstream meanwhile, so both see one change log.
+  // Asked once the sidecar has read the replica's size (litestream's page says 0 until its first sync), which
+  // the status carries.
+  await eventually("the sidecar to read the replica's size", async () => (await t.sidecarStatus()).replica_bytes > 0,
+    {timeout: 30_000});
   const viaSidecar = new Pump(await zeroClient(t.changeURL, clientLog).reserveSnapshot(SIDECAR_COMPARE_TASK), 'sidecar status');
   const fromZero = new Pump(
     await zeroClient(t.changeURL, clientLog, `ws://${t.rmAddress}/`).reserveSnapshot(ZERO_COMPARE_TASK), 'Zero status');
@@ -1244,8 +1248,8 @@ scenario('12. two sidecars behind one health-checked address (haproxy): a view-s
   // A fresh URI-topology deployment with a pair of sidecars behind haproxy (lib/topology.mjs): view-syncers go to
   // sidecar A while its /keepalive answers, and B serves too. A view-syncer restores for longer than the cleanup
   // delay through A, the purger. 20 s in, the session holding A's purger lock ends (a PostgreSQL failover or a
-  // network blip would): B takes the lock at its next check and purges at once, knowing A's reservation only as a
-  // slot in the change DB. Then A shuts down (a rolling update), haproxy sends everything to B, and the restored
+  // network blip would) while A is stopped for a moment: B takes the lock at its next check and purges at once,
+  // knowing A's reservation only as a slot in the change DB. Then A shuts down (a rolling update), haproxy sends everything to B, and the restored
   // view-syncer subscribes through B, which ends the reservation A opened.
   const TAKEOVER_AT_MS = 20_000;
   const A_STOPS_AT_MS = 55_000;
@@ -1298,17 +1302,25 @@ scenario('12. two sidecars behind one health-checked address (haproxy): a view-s
     const statusesB = sampleEvery(1_000, () => pair.sidecarStatus(B));
     samplers.push(statusesB);
 
-    // The session that holds A's purger lock ends; A lives on.
+    // The session that holds A's purger lock ends while A is stopped for a moment (SIGSTOP): awake, A would
+    // reconnect within a fraction of a second and take the lock again before B's next check asks for it.
     await sleep(TAKEOVER_AT_MS - (Date.now() - restoreStarted));
-    const [{ended}] = await pair.change.unsafe(
-      `SELECT count(pg_terminate_backend(pid))::int AS ended FROM pg_locks WHERE locktype = 'advisory' AND granted
-          AND classid = $1::oid AND objid = $2::oid AND objsubid = 2
-          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-      [PURGER_LOCK_CLASS, purgerLockObjid(`${APP_ID}_${SHARD_NUM}/cdc`)]);
-    assert.equal(ended, 1, "one session held the shard's purger lock");
-    const takeoverAt = Date.now();
-    await eventually('B to take over', async () => (await pair.sidecarStatus(B)).cleanup?.role === 'purger',
-      {timeout: 20_000});
+    const a = pair.procs.get(A);
+    process.kill(a.pid, 'SIGSTOP');
+    let takeoverAt;
+    try {
+      const [{ended}] = await pair.change.unsafe(
+        `SELECT count(pg_terminate_backend(pid))::int AS ended FROM pg_locks WHERE locktype = 'advisory' AND granted
+            AND classid = $1::oid AND objid = $2::oid AND objsubid = 2
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+        [PURGER_LOCK_CLASS, purgerLockObjid(`${APP_ID}_${SHARD_NUM}/cdc`)]);
+      assert.equal(ended, 1, "one session held the shard's purger lock");
+      takeoverAt = Date.now();
+      await eventually('B to take over', async () => (await pair.sidecarStatus(B)).cleanup?.role === 'purger',
+        {timeout: 20_000});
+    } finally {
+      process.kill(a.pid, 'SIGCONT');
+    }
     await eventually('A to be standby', async () => (await pair.sidecarStatus(A)).cleanup?.role === 'standby',
       {timeout: 20_000});
 
