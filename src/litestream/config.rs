@@ -130,8 +130,8 @@ keys::section! {
         /// A drill that has not restored and checked the backup by then is stopped and reported. `"auto"`: as
         /// `cleanup.restore_limit` scales, an hour per 50 GiB of the database (an hour while its size is unknown),
         /// as a restore takes about that long.
-        drill_timeout: crate::cleanup::config::RestoreLimit =
-            key("auto", crate::cleanup::config::RestoreLimit::parse),
+        drill_timeout: crate::litestream::restore_limit::RestoreLimit =
+            key("auto", crate::litestream::restore_limit::RestoreLimit::parse),
         /// Where drills restore to, each into a directory of its own that is removed afterwards. On disk, not in
         /// memory: `/tmp` is often a tmpfs.
         drill_dir: std::path::PathBuf = key("/var/tmp/litestream-sidecar", |text: String| {

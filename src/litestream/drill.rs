@@ -37,7 +37,7 @@ pub struct Drill {
     /// `backup.drill_dir`: each drill gets a fresh directory below it.
     pub dir: PathBuf,
     /// `backup.drill_timeout`: fixed, or scaled to the database's size.
-    pub timeout: crate::cleanup::config::RestoreLimit,
+    pub timeout: crate::litestream::restore_limit::RestoreLimit,
     /// Free space the drill leaves on the scratch filesystem: it does not start, or is stopped, below it.
     pub reserve: u64,
     pub check: CheckLevel,
@@ -606,7 +606,7 @@ mod tests {
             backup_url: "file:///nowhere".into(),
             s3: S3Settings::default(),
             dir: dir.path().to_path_buf(),
-            timeout: crate::cleanup::config::RestoreLimit::Fixed(Duration::from_secs(1)),
+            timeout: crate::litestream::restore_limit::RestoreLimit::Fixed(Duration::from_secs(1)),
             reserve: 0,
             check: CheckLevel::Quick,
             env: Vec::new(),

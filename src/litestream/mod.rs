@@ -15,5 +15,6 @@ pub mod drill;
 pub mod filter;
 pub mod layout;
 pub mod page;
+pub mod restore_limit;
 
 pub use crate::litestream::config::Filter;
