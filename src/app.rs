@@ -374,7 +374,7 @@ impl App {
         )
         .resuming_from(resumed_from);
         let monitor = match self.backup_env.clone() {
-            Some(env) => monitor.with_backup_env(&config.backup, env),
+            Some(env) => monitor.with_backup_env(env),
             None => monitor,
         };
         let monitor = match self.log_unwritten_after {

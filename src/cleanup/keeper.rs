@@ -27,7 +27,7 @@ use crate::cleanup::slots::{subscriber_grace, HEARTBEAT};
 use crate::cleanup::state::{self, Saved};
 use crate::cleanup::status::StatusHandle;
 use crate::cleanup::subscribers::Subscribers;
-use crate::cleanup::{Backup, Memory};
+use crate::cleanup::{LastPurge, Memory};
 use crate::litestream::drill::{Failure, Proof};
 
 /// How often the shard's memory is compared with what was written, and a failed write tried again.
@@ -419,7 +419,7 @@ impl Keeper {
         let (last_purge, highest_backup, replica_version, restores_unknown_since) =
             self.status.read(|s| {
                 (
-                    s.purged_through.clone(),
+                    s.last_purge.clone(),
                     s.highest_backup.clone(),
                     s.replica_version.clone(),
                     s.restores_unknown_since,
@@ -427,7 +427,7 @@ impl Keeper {
             });
         ShardMemory {
             replica_version,
-            last_purge: last_purge.map(|b| (b.watermark, b.backed_up_at)),
+            last_purge: last_purge.and_then(|p| Some((p.before, p.backed_up_at?))),
             highest_backup,
             cleanup_delay: self.registry.cleanup_delay(),
             restores_unknown_since,
@@ -500,9 +500,10 @@ impl Keeper {
             }
         });
         let resumed = Resumed {
-            last_purge: memory.last_purge.map(|(watermark, backed_up_at)| Backup {
-                watermark,
-                backed_up_at,
+            last_purge: memory.last_purge.map(|(before, backed_up_at)| LastPurge {
+                before,
+                backed_up_at: Some(backed_up_at),
+                run: None,
             }),
             highest_backup: memory.highest_backup,
             replica_version: memory.replica_version,

@@ -67,9 +67,40 @@ pub struct Backup {
 #[derive(Debug, Default)]
 pub struct Backlog {
     backups: Vec<Backup>,
-    last_purged: Option<String>,
+    last_purge: Option<LastPurge>,
     highest: Option<String>,
     current: Option<Backup>,
+}
+
+/// The last complete purge: rows below `before` are gone. The one live form, kept in the [`Backlog`] the policy
+/// reads and published from there; the change DB stores `before` and `backed_up_at`, `/status` adds ages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastPurge {
+    pub before: String,
+    /// When the backup at `before` was taken, when it was tracked: the shard's memory keeps it beside `before`.
+    pub backed_up_at: Option<SystemTime>,
+    /// This run's purge; `None` for one remembered from an earlier run (or another sidecar).
+    pub run: Option<PurgeRun>,
+}
+
+impl LastPurge {
+    /// A purge known only by where it went.
+    pub fn remembered(before: &str) -> Self {
+        Self {
+            before: before.to_owned(),
+            backed_up_at: None,
+            run: None,
+        }
+    }
+}
+
+/// What this run's purge did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeRun {
+    /// What set `before`, as the logs say it.
+    pub bound: String,
+    pub rows: u64,
+    pub completed_at: SystemTime,
 }
 
 /// What one readable page did to the gauge, for the monitor to act on and log once.
@@ -108,10 +139,7 @@ impl Backlog {
     pub fn record<'a>(&mut self, seen: impl IntoIterator<Item = (&'a str, SystemTime)>) -> usize {
         let mut added = 0;
         for (watermark, backed_up_at) in seen {
-            let purged = self
-                .last_purged
-                .as_deref()
-                .is_some_and(|last| watermark <= last);
+            let purged = self.last_purged().is_some_and(|last| watermark <= last);
             if purged || self.backups.iter().any(|b| b.watermark == watermark) {
                 continue;
             }
@@ -129,7 +157,7 @@ impl Backlog {
     /// below the old highest is a regression, restart or not.
     pub fn resumed(last_purged: Option<&str>, highest: Option<&str>) -> Self {
         Self {
-            last_purged: last_purged.map(str::to_owned),
+            last_purge: last_purged.map(LastPurge::remembered),
             highest: highest.map(str::to_owned),
             ..Self::default()
         }
@@ -139,11 +167,11 @@ impl Backlog {
     /// policy reports "nothing new" rather than "no backup" until a newer backup arrives.
     /// Takes in what an earlier run (or another sidecar) remembered, after this run may have seen pages already:
     /// the higher of each watermark stands, and backups at or below the last purge are no longer tracked.
-    pub fn resume(&mut self, last_purged: Option<&str>, highest: Option<&str>) {
-        if let Some(last) = last_purged {
-            if self.last_purged.as_deref().is_none_or(|l| l < last) {
-                self.backups.retain(|b| b.watermark.as_str() >= last);
-                self.last_purged = Some(last.to_owned());
+    pub fn resume(&mut self, last_purge: Option<&LastPurge>, highest: Option<&str>) {
+        if let Some(last) = last_purge {
+            if self.last_purged().is_none_or(|l| l < last.before.as_str()) {
+                self.backups.retain(|b| b.watermark >= last.before);
+                self.last_purge = Some(last.clone());
             }
         }
         if let Some(high) = highest {
@@ -154,8 +182,22 @@ impl Backlog {
     }
 
     pub fn purged(&mut self, before: &str) {
-        self.backups.retain(|b| b.watermark.as_str() >= before);
-        self.last_purged = Some(before.to_string());
+        let backed_up_at = self
+            .backups
+            .iter()
+            .find(|b| b.watermark == before)
+            .map(|b| b.backed_up_at);
+        self.record_purge(LastPurge {
+            before: before.to_owned(),
+            backed_up_at,
+            run: None,
+        });
+    }
+
+    /// After a successful purge, with what is known of it.
+    pub fn record_purge(&mut self, purge: LastPurge) {
+        self.backups.retain(|b| b.watermark >= purge.before);
+        self.last_purge = Some(purge);
     }
 
     pub fn backups(&self) -> &[Backup] {
@@ -163,7 +205,12 @@ impl Backlog {
     }
 
     pub fn last_purged(&self) -> Option<&str> {
-        self.last_purged.as_deref()
+        self.last_purge.as_ref().map(|p| p.before.as_str())
+    }
+
+    /// The last complete purge, with what is known of it.
+    pub fn last_purge(&self) -> Option<&LastPurge> {
+        self.last_purge.as_ref()
     }
 
     /// Takes the samples of one readable page: the newest of them is where the gauge is now.

@@ -1,5 +1,7 @@
 //! What the cleanup loop last saw and did ([`Status`]), shared through a [`StatusHandle`]: the read model that
-//! `/status`, `/keepalive`, the metrics page, the metrics proxy and systemd's status read. Only the loop writes it.
+//! `/status`, `/keepalive`, the metrics page, the metrics proxy and systemd's status read. Each fact has one writer:
+//! the cleanup loop publishes what it knows once per check ([`crate::cleanup::monitor::Knowledge::publish`]), the
+//! keeper the shard's memory, the drill task the drills.
 
 use std::time::{Duration, SystemTime};
 
@@ -22,8 +24,6 @@ pub struct Status {
     /// Completed checks (scrape, decision and any purge).
     pub checks: u64,
     pub last_decision: Option<Decision>,
-    /// The backup the last complete purge went up to: rows below its watermark are gone.
-    pub purged_through: Option<Backup>,
     pub purges: u64,
     pub purged_rows: u64,
     pub scrape_errors: u64,
@@ -60,8 +60,8 @@ pub struct Status {
     /// The hold reason of the last check and since when it has held without interruption; `None` after a check
     /// that decided to purge.
     pub held_since: Option<HeldSince>,
-    /// The last complete purge of this run.
-    pub last_purge: Option<LastPurge>,
+    /// The last complete purge: this run's, or the one the shard remembers.
+    pub last_purge: Option<cleanup::LastPurge>,
     /// The newest tracked backups (at most [`RECENT_BACKUPS`]), newest first.
     pub recent_backups: Vec<Backup>,
     /// How many backups are tracked (not yet purged below) in all.
@@ -94,17 +94,6 @@ pub struct HeldSince {
     pub since: Instant,
     /// For people.
     pub since_wall: SystemTime,
-}
-
-/// A purge that went all the way to its target.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LastPurge {
-    /// Rows below this watermark are gone.
-    pub before: String,
-    /// What set `before`, as the logs say it.
-    pub bound: String,
-    pub rows: u64,
-    pub completed_at: SystemTime,
 }
 
 /// The change log's size as read at `read_at`.
@@ -273,7 +262,7 @@ impl Status {
 
     /// The watermark the last complete purge deleted below.
     pub fn last_purged(&self) -> Option<&str> {
-        self.purged_through.as_ref().map(|b| b.watermark.as_str())
+        self.last_purge.as_ref().map(|p| p.before.as_str())
     }
 
     /// One line on why cleanup cannot do its job (the deployment cannot be served, litestream's gauge went back,

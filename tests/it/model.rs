@@ -25,13 +25,15 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use tokio::time::Instant;
 
-use litestream_sidecar::cleanup::monitor::purge_limit;
+use litestream_sidecar::cleanup::monitor::knowledge::{GaugeWatch, Knowledge};
+use litestream_sidecar::cleanup::monitor::{purge_limit, Resumed};
 use litestream_sidecar::cleanup::reservations::{Lease, Registry, Ticket};
 use litestream_sidecar::cleanup::subscribers::{SubscriberHandle, SubscriberInfo, Subscribers};
 use litestream_sidecar::cleanup::{
-    self, Backlog, Ceiling, Decision, Guards, HeldReservation, Inputs, Memory, Ownership,
-    ReservationMode, WithoutSubscribers,
+    self, Ceiling, Decision, Guards, HeldReservation, Inputs, Memory, Ownership, ReservationMode,
+    WithoutSubscribers,
 };
+use litestream_sidecar::litestream::page::{Parsed, Progress};
 use litestream_sidecar::protocol::Mode;
 
 /// View-syncer tasks: few, so that retries with the same taskID are common.
@@ -271,8 +273,8 @@ enum MonitorStep {
     Purging {
         before: String,
         reserved: bool,
-        /// The gauge's highest when the purge was decided: a page below it stops the purge.
-        highest: Option<String>,
+        /// What the deciding check held litestream's page to: one below it stops the purge.
+        watch: GaugeWatch,
         /// The replica version the deciding check read: a batch that finds another deletes nothing.
         replica: Option<String>,
     },
@@ -282,7 +284,8 @@ struct World {
     settings: Settings,
     registry: Registry,
     subscribers: Subscribers,
-    backlog: Backlog,
+    /// What the monitor knows: the same state machine the loop runs.
+    knowledge: Knowledge,
     started: Instant,
     /// Seconds since the start, on litestream's (wall) clock.
     wall_secs: u64,
@@ -304,16 +307,12 @@ struct World {
     monitor: MonitorStep,
     purges: usize,
     page: Page,
-    /// Where litestream's position is unknown to the monitor (a page without samples, or unreadable).
-    position_unknown: bool,
     /// Another sidecar holds the purger lock.
     standby: bool,
     /// `ownerAddress` names the sidecar.
     registered: bool,
-    /// The change DB's replica version, and the one the monitor last read.
+    /// The change DB's replica version.
     replica: String,
-    known_replica: Option<String>,
-    reset_at: Option<SystemTime>,
     resyncs: u64,
     /// The monotonic and wall clocks at this run's start: the monitor's steady wall clock.
     anchor: (Instant, SystemTime),
@@ -327,7 +326,7 @@ impl World {
         World {
             registry: Registry::new(settings.initial_delay),
             subscribers: Subscribers::default(),
-            backlog: Backlog::default(),
+            knowledge: Knowledge::new(false),
             started: Instant::now(),
             wall_secs: 0,
             log: vec![rv.clone()],
@@ -343,13 +342,9 @@ impl World {
             monitor: MonitorStep::Idle,
             purges: 0,
             page: Page::Nothing,
-            position_unknown: false,
             standby: false,
             registered: true,
             replica: lexi(settings.start),
-            // The monitor's first check runs at the start.
-            known_replica: Some(lexi(settings.start)),
-            reset_at: None,
             resyncs: 0,
             anchor: (
                 Instant::now(),
@@ -398,55 +393,51 @@ impl World {
         self.gauge = Some(watermark);
     }
 
-    /// `Monitor::scrape`: the page into the backlog, the position and the registry.
-    fn scrape(&mut self) {
-        let seen = match &self.page {
-            Page::Shows(watermark, at) if self.reset_at.is_none_or(|reset| *at >= reset) => {
-                Some((watermark.clone(), *at))
-            }
-            Page::Fails => {
-                if self.backlog.current().is_some() {
-                    self.position_unknown = true;
-                }
-                return;
-            }
-            Page::Shows(..) | Page::Nothing => None,
-        };
-        let Some((watermark, at)) = seen else {
-            if self.backlog.current().is_some() {
-                self.position_unknown = true;
-                self.registry.forget_backup();
-            }
-            return;
-        };
-        self.position_unknown = false;
-        self.backlog.observe(&[(watermark.as_str(), at)]);
-        if let Some(current) = self.backlog.current() {
-            self.registry.saw_backup(&current.watermark);
+    /// Litestream's page as the monitor reads it.
+    fn parsed(&self) -> Option<Parsed> {
+        match &self.page {
+            Page::Fails => None,
+            Page::Nothing => Some(Parsed::default()),
+            Page::Shows(watermark, at) => Some(Parsed {
+                progress: vec![Progress {
+                    watermark: watermark.clone(),
+                    backed_up_at: *at,
+                    db: "/data/replica.db".into(),
+                    name: "s3".into(),
+                }],
+                ..Parsed::default()
+            }),
         }
     }
 
-    /// `Monitor::gauge_moved`, before every purge batch: whether the page still supports the purge.
-    fn gauge_holds(&mut self, highest: Option<&str>) -> bool {
-        match self.page.clone() {
-            Page::Fails => false,
-            Page::Shows(watermark, at) if self.reset_at.is_none_or(|reset| at >= reset) => {
-                self.registry.saw_backup(&watermark);
-                highest.is_none_or(|h| watermark.as_str() >= h)
-            }
-            Page::Shows(..) | Page::Nothing => {
-                self.registry.forget_backup();
-                false
-            }
-        }
+    /// `Monitor::scrape`: the page into what the monitor knows, and on to the registry.
+    fn scrape(&mut self) {
+        let seen = match self.parsed() {
+            Some(page) => self.knowledge.on_page(&page),
+            None => self.knowledge.on_unreadable_page("connection refused"),
+        };
+        seen.pass_on(&self.registry);
+    }
+
+    /// `Monitor::batch_limit`, before every purge batch: whether the page still supports the purge.
+    fn gauge_holds(&mut self, watch: &GaugeWatch) -> bool {
+        let page = self.parsed();
+        let verdict = watch.judge_page(
+            page.as_ref()
+                .ok_or_else(|| "connection refused".to_string()),
+        );
+        verdict.pass_on(&self.registry);
+        verdict.moved.is_none()
     }
 
     /// `Monitor::read_replica`: a new replica version forgets everything about the old replica.
     fn read_replica(&mut self) {
-        let old = self.known_replica.replace(self.replica.clone());
-        if old.is_some_and(|old| old != self.replica) {
-            self.reset_at = Some(self.wall());
-            self.backlog = Backlog::default();
+        let wall = self.wall();
+        if self
+            .knowledge
+            .on_replica_version(self.replica.clone(), wall)
+            .is_some()
+        {
             self.registry.replica_reset();
             // A reservation opened after the resync but before this check was pinned at the old replica's backup,
             // which says nothing of the new log. Open reservations protect every row from now on (docs/operations.md,
@@ -469,9 +460,9 @@ impl World {
             standby: self.standby,
             memory: Memory::Kept,
             restores_unknown_until: self.restores_unknown_until,
-            replica_unknown: self.known_replica.is_none(),
-            reset_at: self.reset_at,
-            position_unknown: self.position_unknown,
+            replica_unknown: self.knowledge.replica_version().is_none(),
+            reset_at: self.knowledge.reset_at(),
+            position_unknown: self.knowledge.position_unknown(),
             restored_less: false,
             drill_disk: false,
             steady_now: Some(anchor_wall + now.saturating_duration_since(anchor)),
@@ -614,8 +605,9 @@ impl World {
             (
                 self.registry.to_keep(),
                 self.registry.cleanup_delay(),
-                self.backlog.last_purged().map(str::to_owned),
-                self.backlog.highest().map(str::to_owned),
+                self.knowledge.backlog().last_purge().cloned(),
+                self.knowledge.backlog().highest().map(str::to_owned),
+                self.knowledge.replica_version().map(str::to_owned),
                 self.subscribers.to_keep(now, self.settings.grace),
             )
         });
@@ -655,25 +647,33 @@ impl World {
         }
         self.subscribers = Subscribers::default();
         self.upstream_lost = false;
-        self.position_unknown = false;
+        // The new process knows nothing until its first check: the replica version, then the shard's memory.
+        self.knowledge = Knowledge::new(false);
+        let wall = self.wall();
+        self.knowledge
+            .on_replica_version(self.replica.clone(), wall);
         self.started = now;
         self.anchor = (now, self.wall());
         match saved {
-            Some((reservations, delay, last_purged, highest, subscribers)) => {
+            Some((reservations, delay, last_purge, highest, replica_version, subscribers)) => {
                 self.registry = Registry::new(self.settings.initial_delay.max(delay));
                 self.registry.keep(reservations, now, SystemTime::now());
                 self.subscribers.keep(subscribers, now);
-                self.backlog = Backlog::resumed(last_purged.as_deref(), highest.as_deref());
+                self.knowledge.on_resumed(
+                    &Resumed {
+                        last_purge,
+                        highest_backup: highest,
+                        replica_version,
+                        restores_unknown_since: None,
+                    },
+                    wall,
+                );
                 // A hold for unknown restores still in force carries on.
                 self.restores_unknown_until = self.restores_unknown_until.filter(|u| *u > now);
             }
             None => {
                 self.registry = Registry::new(self.settings.initial_delay);
-                self.backlog = Backlog::default();
                 self.restores_unknown_until = Some(now + self.settings.restore_limit);
-                // The new process's first check, at its start, reads the replica version afresh.
-                self.known_replica = Some(self.replica.clone());
-                self.reset_at = None;
             }
         }
     }
@@ -960,12 +960,16 @@ impl World {
                     reconnect_grace: self.settings.grace,
                     mode: self.settings.mode,
                     without_subscribers: self.settings.without_subscribers,
-                    backups: self.backlog.backups(),
+                    backups: self.knowledge.backlog().backups(),
                     reservations: &reservations,
                     subscribers: &subscribers,
-                    last_purged: self.backlog.last_purged(),
-                    highest_backup: self.backlog.highest(),
-                    current_backup: self.backlog.current().map(|b| b.watermark.as_str()),
+                    last_purged: self.knowledge.backlog().last_purged(),
+                    highest_backup: self.knowledge.backlog().highest(),
+                    current_backup: self
+                        .knowledge
+                        .backlog()
+                        .current()
+                        .map(|b| b.watermark.as_str()),
                     // The model's backups exist where they are claimed: verification is tested on its own.
                     destination: cleanup::DestinationCheck::Unchecked,
                     other_generation: &[],
@@ -985,19 +989,19 @@ impl World {
                     self.monitor = MonitorStep::Purging {
                         before,
                         reserved: false,
-                        highest: self.backlog.highest().map(str::to_owned),
-                        replica: self.known_replica.clone(),
+                        watch: self.knowledge.gauge_watch(),
+                        replica: self.knowledge.replica_version().map(str::to_owned),
                     };
                 }
             }
             MonitorStep::Purging {
                 before,
                 mut reserved,
-                highest,
+                watch,
                 replica,
             } => {
                 // The closure the monitor hands `ChangeDb::purge_within`: the page read again, then the ceiling.
-                let limit = if self.gauge_holds(highest.as_deref()) {
+                let limit = if self.gauge_holds(&watch) {
                     purge_limit(
                         self.settings.mode,
                         &self.registry,
@@ -1049,11 +1053,18 @@ impl World {
                     self.monitor = MonitorStep::Purging {
                         before,
                         reserved,
-                        highest,
+                        watch,
                         replica,
                     };
                 } else if !reserved {
-                    self.backlog.purged(&before);
+                    self.knowledge.on_purged(
+                        &before,
+                        cleanup::PurgeRun {
+                            bound: "model".into(),
+                            rows: 0,
+                            completed_at: SystemTime::now(),
+                        },
+                    );
                     self.purges += 1;
                 }
             }

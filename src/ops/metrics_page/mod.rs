@@ -240,7 +240,11 @@ impl MetricsSources {
             change_log_rows: status.change_log.as_ref().map(|read| read.size.rows),
             upstream_up: self.instruments.upstream.get().up,
             last_purge_timestamp: status.last_purge.as_ref().and_then(|purge| {
-                let since_epoch = purge.completed_at.duration_since(std::time::UNIX_EPOCH);
+                let since_epoch = purge
+                    .run
+                    .as_ref()?
+                    .completed_at
+                    .duration_since(std::time::UNIX_EPOCH);
                 since_epoch.ok().map(|d| d.as_secs_f64())
             }),
             backup: status

@@ -517,20 +517,19 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
             withheld: r.withheld.map(Into::into),
         })
         .collect();
-    let last_purge = match (&status.last_purge, &status.purged_through) {
-        (Some(purge), _) => Some(LastPurgeEntry {
+    let last_purge = status.last_purge.as_ref().map(|purge| match &purge.run {
+        Some(run) => LastPurgeEntry {
             before: purge.before.clone(),
-            bound: Some(purge.bound.clone()),
-            rows: Some(purge.rows),
-            completed_at: Some(rfc3339(purge.completed_at)),
-            age_seconds: Some(age(purge.completed_at, wall_now)),
-        }),
-        (None, Some(through)) => Some(LastPurgeEntry {
-            before: through.watermark.clone(),
+            bound: Some(run.bound.clone()),
+            rows: Some(run.rows),
+            completed_at: Some(rfc3339(run.completed_at)),
+            age_seconds: Some(age(run.completed_at, wall_now)),
+        },
+        None => LastPurgeEntry {
+            before: purge.before.clone(),
             ..LastPurgeEntry::default()
-        }),
-        (None, None) => None,
-    };
+        },
+    });
     let change_log = ChangeLog {
         rows: status.change_log.as_ref().map(|r| r.size.rows),
         exact: status.change_log.as_ref().map(|r| r.size.exact),

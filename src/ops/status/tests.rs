@@ -1,7 +1,8 @@
 use super::*;
-use crate::cleanup::status::{HeldSince, LastPurge as Purged};
+use crate::cleanup::status::HeldSince;
 use crate::cleanup::subscribers::SubscriberInfo;
 use crate::cleanup::{Bound, HoldReason};
+use crate::cleanup::{LastPurge, PurgeRun};
 use crate::ops::status_cli::render;
 use crate::protocol::Mode;
 
@@ -24,11 +25,14 @@ fn inputs(now: Instant, wall_now: SystemTime) -> ReportInputs {
         }),
         purges: 1,
         purged_rows: 42,
-        last_purge: Some(Purged {
+        last_purge: Some(LastPurge {
             before: "0c".into(),
-            bound: "the newest aged backup".into(),
-            rows: 42,
-            completed_at: wall_now - secs(600),
+            backed_up_at: Some(wall_now - secs(700)),
+            run: Some(PurgeRun {
+                bound: "the newest aged backup".into(),
+                rows: 42,
+                completed_at: wall_now - secs(600),
+            }),
         }),
         newest_backup: Some(("0f".into(), wall_now - secs(90))),
         recent_backups: vec![

@@ -732,7 +732,7 @@ async fn a_resync_forgets_the_old_replicas_claims_and_purges_nothing_of_the_new_
     );
     let status = sidecar.status.get();
     assert_eq!(status.replica_version.as_deref(), Some("05"));
-    assert_eq!(status.purged_through, None);
+    assert_eq!(status.last_purge, None);
     assert_eq!(status.highest_backup, None);
     assert!(status.replica_reset.is_some());
     // Nothing tracked is about the old replica, and nothing of the new log went.
