@@ -12,8 +12,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_postgres::GenericClient;
 use tracing::{info, warn};
 
+use super::purger_lock::{fnv1a_32, PURGER_LOCK_CLASS};
 use super::sql::quote_ident;
-use super::{fnv1a_32, ChangeDb, DbError, PURGER_LOCK_CLASS};
+use super::{ChangeDb, DbError};
 use crate::cleanup::slots::{Slot, SlotKind};
 use crate::litestream::drill::Proof;
 use crate::protocol::shard::ZeroConfig;
@@ -390,6 +391,25 @@ fn duration(seconds: Option<f64>) -> Option<Duration> {
     seconds
         .filter(|s| s.is_finite())
         .map(|s| Duration::from_secs_f64(s.max(0.0)))
+}
+
+/// How a purge batch reads the slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRule {
+    /// `cleanup.reservations = "pause"`: any live reservation protects every row.
+    pub pause: bool,
+    /// The restore limit of reservations that opened without one (`None`: the replica's size is unknown now).
+    pub restore_limit_now: Option<Duration>,
+}
+
+/// Which slots a purge batch reads, and whose subscribers it leaves to the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotCheck<'a> {
+    pub rule: SlotRule,
+    /// The purging sidecar's own name in the slot table: its subscribers' rows are copies, written at each
+    /// heartbeat, of what it tracks itself and asks before every batch (the purge's ceiling), which is fresher.
+    /// Its reservations' rows are read as any other's: a reservation whose socket closed is only there.
+    pub own: Option<&'a str>,
 }
 
 impl ChangeDb {
@@ -791,7 +811,7 @@ impl ChangeDb {
     pub(super) async fn slot_limit(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
-        check: super::SlotCheck<'_>,
+        check: SlotCheck<'_>,
         target: &str,
     ) -> Result<crate::cleanup::slots::SlotLimit, DbError> {
         let log_replica: Option<String> = tx
