@@ -49,10 +49,13 @@ image:
 test-image:
 	CARGO="$(CARGO)" scripts/test-image.sh $(firstword $(PG))
 
-# Also the Kubernetes examples: the schema and what the guides promise of them (scripts/lint-kubernetes.sh).
+# Also every config key's meaning in sidecar.toml and docs/configuration.md against its doc comment (the
+# config_reference example; `cargo run --example config_reference -- --write` rewrites both), and the Kubernetes
+# examples: the schema and what the guides promise of them (scripts/lint-kubernetes.sh).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) run --locked --quiet --example config_reference -- --check
 	scripts/lint-kubernetes.sh
 
 # The purge benchmark runs on every major in $(PG), side by side; the relay is compared with nginx (Debian's, from

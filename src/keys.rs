@@ -13,16 +13,24 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Declares a component's config section: its typed struct and `read`, each key once with its default and checks.
+/// Declares a component's config section: its typed struct and `read`, each key once with its default, its checks
+/// and its meaning.
 ///
 /// ```ignore
 /// keys::section! {
 ///     /// `[relay]`: ...
 ///     pub struct ExampleConfig(s) {
-///         /// Doc of the key.
+///         /// What the key means to an operator.
 ///         max_pending_commits: usize = key(4096u64, |n: u64| usize::try_from(n).map_err(|e| e.to_string())),
+///         /// ...
 ///         suppress_upstream_cleanup: bool = key(true),
-///         tls: Option<Files> = from(files(s)),
+///         /// What the field is to the code.
+///         tls: Option<Files> = from(files(s)) reads {
+///             /// What the key means to an operator.
+///             tls_cert_file,
+///             /// ...
+///             tls_key_file,
+///         },
 ///     }
 /// }
 /// ```
@@ -31,27 +39,41 @@ use serde::Serialize;
 /// from other keys or from earlier fields, which are in scope as `Option`s (`None`: their problem is recorded).
 /// `key(default, check, hide = f)` shows the value through `f` in the printed config (a secret).
 /// Extra arguments of `read` follow the section's name: `(s, backup_url: Option<&str>)` after the struct's name.
+///
+/// A key's doc comment is its meaning, the one text that `sidecar.toml` and docs/configuration.md repeat
+/// ([`crate::config::reference`]): a `key` field without one does not compile, and a `from` field names the keys it
+/// reads itself after `reads`, each under its doc comment. `keys()` lists them in the order declared.
 macro_rules! section {
     (
         $(#[$meta:meta])*
         pub struct $name:ident ($s:ident $(, $arg:ident : $argty:ty)*) {
             $(
-                $(#[$fmeta:meta])*
-                $field:ident : $ty:ty = $how:ident ( $($tt:tt)* ),
+                $(#[doc = $doc:literal])*
+                $field:ident : $ty:ty = $how:ident ( $($tt:tt)* ) $(reads { $($reads:tt)* })?,
             )*
         }
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone)]
         pub struct $name {
-            $( $(#[$fmeta])* pub $field: $ty, )*
+            $( $(#[doc = $doc])* pub $field: $ty, )*
         }
 
         impl $name {
+            /// The file that declares the section's keys, named wherever their meanings are checked.
+            pub const DECLARED_IN: &'static str = file!();
+
             /// Reads the section's keys; `None` when any had a problem (each is recorded in the section).
             pub fn read($s: &mut $crate::keys::Section<'_> $(, $arg: $argty)*) -> Option<Self> {
                 $( let $field: Option<$ty> = $crate::keys::section!(@field $s, $field, $how ( $($tt)* )); )*
                 Some(Self { $( $field: $field?, )* })
+            }
+
+            /// Every key an operator sets in this section, in the order declared, with its meaning.
+            pub fn keys() -> Vec<$crate::keys::KeyDoc> {
+                let fields: &[&[$crate::keys::KeyDoc]] =
+                    &[$( $crate::keys::section!(@doc $field, $how, [$($doc)*], [$($($reads)*)?]), )*];
+                fields.concat()
             }
         }
     };
@@ -69,8 +91,29 @@ macro_rules! section {
     (@field $s:ident, $field:ident, from ( $e:expr $(,)? )) => {
         $e
     };
+    (@doc $field:ident, key, [$($doc:literal)+], []) => {
+        &[$crate::keys::KeyDoc { name: stringify!($field), doc: &[$($doc),+] }]
+    };
+    (@doc $field:ident, from, [$($doc:literal)*], [$( $(#[doc = $kdoc:literal])+ $key:ident ),* $(,)?]) => {
+        &[$( $crate::keys::KeyDoc { name: stringify!($key), doc: &[$($kdoc),+] } ),*]
+    };
+    (@doc $field:ident, $how:ident, [$($doc:literal)*], [$($reads:tt)*]) => {
+        compile_error!(concat!(
+            "config field `", stringify!($field), "`: a `key` field needs a doc comment, the key's meaning in \
+             sidecar.toml and docs/configuration.md, and reads nothing else; a `from` field's `reads { ... }` needs \
+             one above each key it names"
+        ))
+    };
 }
 pub(crate) use section;
+
+/// A key as its section declares it: its name and its doc comment, line by line as written (each line as `///`
+/// hands it over, with the space after the slashes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyDoc {
+    pub name: &'static str,
+    pub doc: &'static [&'static str],
+}
 
 /// One problem with one key (`section.key`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -16,6 +16,8 @@ use crate::ops::log::LogConfig;
 use crate::protocol::shard::ZeroConfig;
 use crate::streamer::config::{RelayConfig, UpstreamConfig};
 
+pub mod reference;
+
 /// Prefix of the environment variables that override file keys: `LITESTREAM_SIDECAR__LITESTREAM__BACKUP_URL`
 /// overrides `[litestream] backup_url`.
 pub const ENV_PREFIX: &str = "LITESTREAM_SIDECAR";

@@ -45,7 +45,9 @@ impl Filter {
 keys::section! {
     /// `[litestream]`
     pub struct LitestreamConfig(s) {
-        /// Sent verbatim as `backupURL` in every snapshot status; view-syncers restore from it.
+        /// The litestream replica URL sent to view-syncers as backupURL in every snapshot status: exactly the
+        /// replication-manager's ZERO_LITESTREAM_BACKUP_URL (e.g. "s3://bucket/zero/replica" or
+        /// "file:///backups/replica"). Required.
         backup_url: String = key("", |url: String| {
             let url = url.trim();
             if url.is_empty() {
@@ -56,11 +58,15 @@ keys::section! {
                 Ok(url.to_string())
             }
         }),
-        /// `host:port` where Zero's BackupMonitor fetches `/metrics`; every address the host resolves to is bound.
+        /// Where Zero's BackupMonitor fetches http://localhost:{ZERO_LITESTREAM_PORT}/metrics: the sidecar serves
+        /// litestream's page there with litestream_replica_progress clamped or removed (proxy_mode), so that Zero never
+        /// purges on its own. Every address the host resolves to is bound (127.0.0.1 and ::1 for localhost).
         proxy_listen: String = key("localhost:4850", |text: String| {
             parse_host_port(&text).map(|_| text.trim().to_string())
         }),
-        /// litestream's own metrics page (its `addr:`), scraped for backed-up watermarks.
+        /// litestream's own metrics page: the `addr:` of the litestream config Zero runs with
+        /// (ZERO_LITESTREAM_CONFIG_PATH). Moved off Zero's litestream port so that the proxy (proxy_listen) can take
+        /// that port.
         metrics_url: hyper::Uri = key("http://127.0.0.1:4860/metrics", |text: String| {
             let url = http_url(&text)?;
             match proxy_listen.as_deref().map(parse_host_port) {
@@ -68,8 +74,9 @@ keys::section! {
                 _ => Ok(url),
             }
         }),
-        /// How often litestream is scraped and cleanup decided.
+        /// How often litestream is scraped and cleanup is decided (at least 1s).
         check_interval: Duration = key("60s", |text: String| keys::at_least(text, Duration::from_secs(1))),
+        /// Give up on a scrape after this long; the next interval tries again.
         scrape_timeout: Duration = key("5s", |text: String| {
             keys::duration(text).and_then(|d| {
                 if d.is_zero() {
@@ -79,7 +86,7 @@ keys::section! {
                 }
             })
         }),
-        /// A larger metrics page is refused rather than buffered.
+        /// A metrics page larger than this many bytes is refused.
         max_page_bytes: usize = key(4u64 << 20, |n: u64| match usize::try_from(n) {
             Ok(n) if n >= 1024 => Ok(n),
             _ => Err(format!("{n} is not a size of at least 1024 bytes")),
@@ -88,7 +95,21 @@ keys::section! {
         filter: Filter = from(Some(Filter {
             db: s.get("db", String::new(), keys::optional)?,
             name: s.get("name", String::new(), keys::optional)?,
-        })),
+        })) reads {
+            /// Count only litestream_replica_progress samples with this `db` label (the replica's absolute path);
+            /// "" = any.
+            db,
+            /// Count only samples with this `name` label (the replica name, e.g. "s3" or "file"); "" = any. Set it when
+            /// litestream has more than one replica, or a watermark counts as soon as the first replica has it.
+            name,
+        },
+        /// What Zero sees of the watermark gauge behind the proxy:
+        /// "clamp": one sample at the change log's oldest watermark (the replica version on an empty log), read at
+        ///   every scrape, with the time of the newest backup that restores (none until there is one): Zero 1.7+'s
+        ///   upload verification and staleness checks and 1.10's readiness gate see a live backup, and any purge Zero
+        ///   schedules deletes nothing, since the log holds no row below that watermark.
+        /// "hide": no litestream_replica_progress at all, so Zero never schedules a purge of its own; a Zero 1.10
+        ///   replication-manager that waits for a first backup after an initial sync then never becomes ready.
         proxy_mode: ProxyMode = key(ProxyMode::Clamp),
     }
 }
@@ -96,7 +117,15 @@ keys::section! {
 keys::section! {
     /// `[backup]`: how litestream's claims are checked against the destination before a purge relies on them.
     pub struct BackupConfig(s, backup_url: Option<&str>) {
-        /// Off: claims are trusted as litestream makes them, and snapshot statuses wait only for a first claim.
+        /// Check litestream's claims against the destination (litestream.backup_url) before relying on them.
+        /// litestream's gauge says watermark W was backed up at time T; a purge below W, and a snapshot status that
+        /// sends a view-syncer to restore, wait until a listing of the replica's path shows that the newest generation
+        /// restores (a snapshot and every WAL index after it, names of any hex width) and that its chain holds an
+        /// object written at or after T, with no slack (a wedged litestream once advanced the gauge with nothing
+        /// uploaded). A generation without a snapshot, a gap in its WAL indexes or a name that is not litestream's is
+        /// reported and holds cleanup and statuses; a litestream 0.5 (LTX) destination is refused. Works for file://
+        /// and s3:// (and S3-compatible) destinations. false: trust the gauge as it is (the only choice for gcs://,
+        /// abs:// and sftp:// destinations).
         verify: bool = key(true),
         /// Removed: a claim is covered only by an object of an unbroken chain written at or after it.
         slack_removed: () = from(s.removed(
@@ -104,9 +133,12 @@ keys::section! {
             "no longer used: a claim counts as backed up only when the newest generation's unbroken chain holds an \
              object written at or after it (docs/operations.md, \"Checking litestream's claims against the destination\"); delete the key",
         )),
-        /// The destination is stale when its newest object is this much older than litestream's newest claim.
+        /// The destination is stale while its newest object is this much older than litestream's newest claim: logged
+        /// at error once, shown by /keepalive and litestream_sidecar_backup_stale. The sidecar keeps serving; cleanup
+        /// holds for the claims nothing covers.
         stale_after: Duration = key("15m", keys::positive_duration),
-        /// One listing, every page of it, gives up after this long; cleanup then holds.
+        /// One listing, every page of it, gives up after this long and cleanup holds for that check. The check waits
+        /// for it. The destination is listed at every check (litestream.check_interval).
         list_timeout: Duration = key("10s", keys::positive_duration),
         /// Where the backup lives, parsed from `litestream.backup_url` (`None` with `verify` off).
         location: Option<Location> = from(match (backup_url, verify) {
@@ -116,33 +148,57 @@ keys::section! {
             },
             _ => Some(None),
         }),
-        s3: S3Settings = from(s3_settings(s)),
-        /// The litestream executable restore drills run: the one the host runs for Zero.
+        s3: S3Settings = from(s3_settings(s)) reads {
+            /// S3-compatible endpoint (litestream's `endpoint`), scheme://host[:port], e.g.
+            /// "https://minio.internal:9000". "" = AWS, or AWS_ENDPOINT from the environment. Credentials come only
+            /// from the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, web identity
+            /// (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN), the ECS container endpoint, else the EC2 instance metadata
+            /// service; never from this file.
+            endpoint,
+            /// Bucket region (litestream's `region`); "" = AWS_REGION or AWS_DEFAULT_REGION, else us-east-1.
+            region,
+            /// true: path-style requests (endpoint/bucket/key), as MinIO and most S3-compatible servers want; false:
+            /// virtual-hosted (bucket.endpoint/key), as AWS wants.
+            force_path_style,
+            /// Allow a plain http:// endpoint. Only for a loopback or otherwise trusted network.
+            allow_http,
+        },
+        /// Restore drills: the newest backup restored with this litestream executable (the one the host runs for Zero,
+        /// upstream 0.3 or Zero's fork), into a directory of drill_dir, at a low CPU and I/O priority (nice -n 10,
+        /// ionice -c 2 -n 7), then opened with SQLite: PRAGMA quick_check (drill_check = "full": integrity_check), and
+        /// the replica's stateVersion and replicaVersion read and compared with the change DB's. The outcome is in
+        /// /status, the metrics and `litestream-sidecar status`; `litestream-sidecar drill` runs one now. The scratch
+        /// directory is removed whatever happens.
         litestream: std::path::PathBuf = key("litestream", |text: String| match text.trim() {
             "" => Err("must name the litestream executable".to_string()),
             path => Ok(path.into()),
         }),
-        /// How often a drill restores the newest backup; `None` (`"off"`): only `litestream-sidecar drill`.
+        /// How often a drill runs, once the destination holds something restorable; after a failure, again after
+        /// 1 minute, then 2, 4, ... up to this. "off": only `litestream-sidecar drill` (not with
+        /// cleanup.requires = "restore").
         drill_interval: Option<Duration> = key("1h", |text: String| match text.trim() {
             "off" => Ok(None),
             _ => keys::at_least(text, Duration::from_secs(1)).map(Some),
         }),
-        /// A drill that has not restored and checked the backup by then is stopped and reported. `"auto"`: as
-        /// `cleanup.restore_limit` scales, an hour per 50 GiB of the database (an hour while its size is unknown),
-        /// as a restore takes about that long.
+        /// A drill still restoring after this long is stopped and reported (not held against the backup). "auto": an
+        /// hour per 50 GiB of the database (litestream_db_size), never less than an hour (an hour while the size is
+        /// unknown), as cleanup.restore_limit scales: a restore takes about that long, and a fixed hour would never let
+        /// a large replica be proven. Or a duration.
         drill_timeout: crate::litestream::restore_limit::RestoreLimit =
             key("auto", crate::litestream::restore_limit::RestoreLimit::parse),
-        /// Where drills restore to, each into a directory of its own that is removed afterwards. On disk, not in
-        /// memory: `/tmp` is often a tmpfs.
+        /// Where drills restore to, each into a directory of its own that is removed afterwards: on disk (a tmpfs /tmp
+        /// would hold the whole database in memory).
         drill_dir: std::path::PathBuf = key("/var/tmp/litestream-sidecar", |text: String| {
             match text.trim() {
                 path if path.starts_with('/') => Ok(path.into()),
                 _ => Err("must be an absolute path".to_string()),
             }
         }),
-        /// Free space a drill leaves on `drill_dir`'s filesystem: it does not start below the database's size plus
-        /// this, and is stopped when free space falls below it.
+        /// Bytes of free space a drill leaves on drill_dir's filesystem: it does not start unless the database
+        /// (litestream_db_size) plus this fits, and is stopped when free space falls below this.
         drill_reserve: u64 = key(1u64 << 30),
+        /// "quick": PRAGMA quick_check (every page and record readable); "full": integrity_check (indexes against their
+        /// tables too; much slower on a large database).
         drill_check: CheckLevel = key(CheckLevel::Quick),
     }
 }

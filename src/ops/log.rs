@@ -14,12 +14,13 @@ pub enum LogFormat {
 keys::section! {
     /// `[log]`
     pub struct LogConfig(s) {
+        /// "text" for people, "json" for log collectors; both carry the same fields.
         format: LogFormat = key("text", |text: String| match text.as_str() {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
             other => Err(format!("{other:?} is neither \"text\" nor \"json\"")),
         }),
-        /// `tracing_subscriber::EnvFilter` directives; `RUST_LOG` wins when set.
+        /// Log filter (tracing EnvFilter syntax). The RUST_LOG environment variable wins when set.
         filter: String = key("warn,litestream_sidecar=info", |text: String| {
             log_filter(&text).map(|_| text)
         }),

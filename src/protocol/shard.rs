@@ -5,9 +5,9 @@ use crate::keys;
 keys::section! {
     /// `[zero]`
     pub struct ZeroConfig(s) {
-        /// Zero's `ZERO_APP_ID`.
+        /// Zero's app ID (ZERO_APP_ID): lower-case letters, digits and '_'.
         app_id: String = key("zero", |id: String| validate_app_id(&id).map(|()| id)),
-        /// Zero's `ZERO_SHARD_NUM`.
+        /// Zero's shard number (ZERO_SHARD_NUM). With app_id it names the change DB schema "{app_id}_{shard_num}/cdc".
         shard_num: u32 = key(0i64, |n: i64| {
             u32::try_from(n).map_err(|_| format!("{n} is not a shard number (0..=4294967295)"))
         }),

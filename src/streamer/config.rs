@@ -28,24 +28,44 @@ const MIN_BUFFERED_BYTES: u64 = 4096;
 keys::section! {
     /// `[upstream]`: Zero's change-streamer.
     pub struct UpstreamConfig(s) {
-        /// `host:port` of Zero's change-streamer, where `/changes` subscriptions are relayed to.
+        /// host:port of Zero's real change-streamer (the replication-manager's --change-streamer-port, 4849 by
+        /// default). Every /changes subscription is relayed there; the replication-manager advertises the sidecar
+        /// instead.
         address: String = key("127.0.0.1:4849", |text: String| validate_host_port(&text)),
-        /// The address that change-streamer writes as `ownerAddress` when not told otherwise (its preferred
-        /// interface's IP and port): the one `discovery.mode = "adopt"` replaces. Defaults to `address`.
+        /// The address that change-streamer advertises as ownerAddress when not told otherwise (its preferred
+        /// interface's IP and port, with ws:// or wss:// from Zero 0.22 on): the one discovery.mode = "adopt" replaces
+        /// with the sidecar's, and the one discovery.mode = "owner" requires. "" = the same as address.
         advertised_address: String = key("", |text: String| match text.trim() {
             // A bad address is reported once, under its own key.
             "" => Ok(address.clone().unwrap_or_default()),
             other => validate_owner_address(other),
         }),
-        /// How long connecting and the WebSocket handshake to the upstream may take before the subscriber is
-        /// refused (HTTP 502).
+        /// How long connecting and the WebSocket handshake to the upstream may take; a subscriber that cannot be
+        /// relayed is refused with HTTP 502 before its upgrade, which makes Zero's client back off.
         connect_timeout: Duration = key("5s", keys::positive_duration),
-        /// An upstream from which nothing (message or ping) arrived during a whole period of this length is dropped.
+        /// An upstream that sends nothing (no message, no ping) for a whole period of this length is dropped. Zero
+        /// pings every 30s; 33s is what Zero's own client allows.
         silence_timeout: Duration = key("33s", keys::positive_duration),
-        /// The protocol versions the upstream serves: learned from it, or fixed by the operator.
+        /// The protocol versions the upstream change-streamer serves (Zero 0.20: 1..3, 1.9: 1..6, 1.10: 4..6). A client
+        /// outside them is refused with HTTP 400 and Zero's own text before any snapshot status, and its /changes
+        /// before the upstream is dialed. "auto": learned from the upstream's refusals, of a probe the sidecar sends to
+        /// /replication/v0/changes (at start, and when the upstream was lost) or of a relayed subscription; until then,
+        /// /snapshot serves v3 to v6 as the sidecar can. A range such as "4..6" (or "v4..v6") is used as written,
+        /// nothing is learned; it must include a version from 1 to 6. See [docs/protocol.md, "Protocol versions the
+        /// upstream serves"](protocol.md#protocol-versions-the-upstream-serves).
         protocols: Protocols = key("auto", parse_protocols),
         /// `wss://` to the upstream (`tls = true`), for a change-streamer behind a TLS-terminating proxy.
-        tls: Option<UpstreamTlsConfig> = from(upstream_tls(s, address.as_deref())),
+        tls: Option<UpstreamTlsConfig> = from(upstream_tls(s, address.as_deref())) reads {
+            /// Connect to the upstream with TLS (wss://), e.g. when its change-streamer sits behind a TLS-terminating
+            /// proxy.
+            tls,
+            /// With tls: PEM bundle of the CAs the upstream's certificate must chain to, trusted instead of the
+            /// system's; re-read on SIGHUP. "" = the system's trust store (SSL_CERT_FILE and SSL_CERT_DIR are
+            /// honoured).
+            tls_ca_file,
+            /// With tls: the name the upstream's certificate must carry, also sent as SNI. "" = the host of address.
+            tls_server_name,
+        },
     }
 }
 
@@ -134,11 +154,12 @@ fn upstream_tls(s: &mut Section<'_>, address: Option<&str>) -> Option<Option<Ups
 keys::section! {
     /// `[relay]`: what one relayed subscription may hold.
     pub struct RelayConfig(s) {
-        /// Forward `initial=false` instead of `initial=true` so that Zero does not schedule its own change-log
-        /// purge (docs/protocol.md, "Two purgers" and "The purge-on-subscribe signal").
+        /// Forward initial=false instead of initial=true so that Zero schedules no change-log purge of its own and the
+        /// sidecar is the only cleanup authority (the recommended deployment). Set false to leave the query untouched.
         suppress_upstream_cleanup: bool = key(true),
-        /// Bytes queued toward one socket before the relay stops reading the other: a slow reader slows only its
-        /// own stream. A single larger frame still passes, one at a time.
+        /// Bytes queued toward one socket before the relay stops reading the other side, per direction and
+        /// connection: a slow subscriber slows only its own stream, down to TCP. A single larger message still
+        /// passes. At least 4096.
         max_buffered_bytes: usize = key(64u64 << 10, |n: u64| {
             if n < MIN_BUFFERED_BYTES {
                 Err(format!("{n} is below {MIN_BUFFERED_BYTES}"))
@@ -146,8 +167,8 @@ keys::section! {
                 usize::try_from(n).map_err(|e| e.to_string())
             }
         }),
-        /// Commits sent and not yet acknowledged that a subscriber's ack tracking keeps apart; past it older ones
-        /// are merged, which can only delay the acknowledged watermark.
+        /// Sent commits awaiting a subscriber's ack that are tracked one by one; beyond this they are merged, which can
+        /// only make the subscriber's acknowledged watermark lag. At least 2.
         max_pending_commits: usize = key(4096u64, |n: u64| {
             if n < 2 {
                 Err(format!("{n} is below 2"))
@@ -155,18 +176,34 @@ keys::section! {
                 usize::try_from(n).map_err(|e| e.to_string())
             }
         }),
-        /// A subscriber toward which bytes have been queued this long without one being written has stopped
-        /// reading: its subscription is ended rather than left to TCP's retransmission timeouts.
+        /// A subscriber toward which bytes have waited this long without a single one being written has stopped reading
+        /// (a hung process, a dead peer whose kernel still holds the connection): its subscription is ended, the
+        /// upstream connection closed with 1001, and relay_write_stalls_total counted. Without it only TCP's
+        /// retransmission timeouts, many minutes later, would end it. Checked at each ping (server.ping_interval).
+        /// Pings wait behind the data queued toward such a subscriber, so server.peer_timeout does not apply to it
+        /// while bytes are waiting.
         write_stall_timeout: Duration = key("60s", keys::positive_duration),
-        /// How long a subscriber's acks may wait to travel upstream together while later messages are still being
-        /// consumed; zero (the default) sends each read's acks at once. An ack that leaves nothing in flight is
-        /// never held, nor are acks once the next is not expected within `ack_wakeup_wait` of the first.
+        /// Zero's view-syncers ack every message in a write of its own as they apply it, so a transaction of five
+        /// changes brings five acks. With a window, while a subscriber's newest ack is below the newest message relayed
+        /// to it (more acks are sure to follow), the relay holds them and writes them upstream together, once the
+        /// subscriber has acked everything relayed, or after this long at most: fewer reads for Zero's change-streamer,
+        /// a Node process. An ack that leaves nothing in flight, the one an upstream pacing on acks waits for, is never
+        /// held, nor are acks once the next is not expected within `ack_wakeup_wait` of the first held; any other
+        /// frame, a close, or an upstream ping sends what is held at once. Off by default: measured on a 2-core
+        /// machine, holding cost the sidecar more CPU than the writes it saved. At most 20ms, e.g. "1ms"; "0s" writes
+        /// each read's acks at once.
         ack_batch_window: Duration = key("0s", |text: String| {
             keys::at_most(text, MAX_ACK_BATCH_WINDOW).map_err(|e| format!("{e}: Zero paces replication on acks"))
         }),
-        /// Most bytes of a subscriber's acks the relay asks the kernel to gather before waking it (`SO_RCVLOWAT`,
-        /// [`crate::streamer::wakeup`]); 0 wakes it for each. It waits only for acks that are sure to come, and
-        /// only for as many as neither TCP nor the subscriber's pace would keep waiting long.
+        /// Zero's subscribers ack every message in a frame of its own (`{"ack":N}`, 15 bytes or more). The relay knows
+        /// how many messages it passed down are not acked yet, so it asks the kernel (the socket's SO_RCVLOWAT) not to
+        /// wake it before several of those acks are there, up to this many bytes, and then forwards them upstream in
+        /// one write: one wake-up per small transaction or per 8 acks instead of one per message, the largest part of
+        /// the relay's CPU. It waits for 8 acks at most (a subscriber's TCP may hold back more until they are
+        /// acknowledged), for no more than the subscriber is seen to send within `ack_wakeup_wait`, never past the
+        /// newest message relayed (the ack Zero's flow control waits for), only while the subscriber is seen to ack one
+        /// message at a time, and never for a pong or once either side is closing. Not for subscribers connected over
+        /// the listener's TLS. 0 wakes the relay for each ack. At most 16384.
         ack_wakeup_bytes: u64 = key(DEFAULT_ACK_WAKEUP_BYTES, |n: u64| {
             if n > MAX_ACK_WAKEUP_BYTES {
                 Err(format!("{n} is above {MAX_ACK_WAKEUP_BYTES}"))
@@ -174,11 +211,15 @@ keys::section! {
                 Ok(n)
             }
         }),
-        /// Longest a subscriber's acks wait in the kernel for the ones after them: past it the relay reads what
-        /// came, so a subscriber that stalls mid-transaction, or closes, is heard anyway. It is also the budget the
-        /// wake-ups and ack batching plan with. Zero 1.10 drops a subscriber whose acks keep coming later than the
-        /// others' (docs/protocol.md, "Relayed subscribers dropped as too far behind"): 500 us leaves room for the
-        /// wake-ups of a busy machine within a millisecond.
+        /// Longest acks wait under `ack_wakeup_bytes` for the ones after them, counted from the relay's last read (on a
+        /// timer to the microsecond): a subscriber that pauses mid-transaction (a slow commit) or closes is heard after
+        /// this long at most. It is also the most the relay plans for the first ack of a wait to wait for the last, for
+        /// `ack_wakeup_bytes` and `ack_batch_window` alike. Zero 1.10 drops a subscriber whose acks keep arriving later
+        /// than the others' (StreamTooFarBehind, [docs/protocol.md, "Relayed subscribers dropped as too far
+        /// behind"](protocol.md#relayed-subscribers-dropped-as-too-far-behind)): 500us keeps a relayed subscriber's
+        /// acks within a millisecond of a direct one's, with room for a busy machine's wake-ups. Longer lets the relay
+        /// sleep through more acks of a slow subscriber, for less CPU, where no subscriber connects to the upstream
+        /// directly or Zero is older than 1.10. Longer than zero, at most 1s.
         ack_wakeup_wait: Duration = key("500us", |text: String| {
             keys::positive_duration(text.clone()).and_then(|_| keys::at_most(text, MAX_ACK_WAKEUP_WAIT))
         }),

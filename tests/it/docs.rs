@@ -1,8 +1,12 @@
-//! The configuration reference (docs/configuration.md) against the configuration file it describes (sidecar.toml):
-//! every key of sidecar.toml is documented with the same default, and every documented key is in sidecar.toml.
+//! The configuration reference (docs/configuration.md) against the configuration file it describes (sidecar.toml)
+//! and the keys' declarations: every key of sidecar.toml is documented with the same default, every documented key
+//! is in sidecar.toml, and both say what each key's doc comment says (`config::reference`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
+
+use litestream_sidecar::config::reference;
+use litestream_sidecar::config::RawConfig;
 
 /// A documented key: its section, name, and the default cell's first `code` span as a TOML value.
 type Documented = BTreeMap<(String, String), toml::Value>;
@@ -27,49 +31,27 @@ fn toml_value(text: &str) -> Result<toml::Value, String> {
     Ok(table["v"].clone())
 }
 
-/// The key tables of docs/configuration.md: under a heading `### [section]`, rows `| `key` | default | meaning |`.
-/// A required key's default cell reads "none, required …" and ends with sidecar.toml's example value, after
-/// "example: " in backticks; that is the value compared.
+/// The key tables of docs/configuration.md (`reference::rows`): under a heading `### [section]`, rows
+/// `| `key` | default | meaning |`. A required key's default cell reads "none, required …" and ends with
+/// sidecar.toml's example value, after "example: " in backticks; that is the value compared.
 fn documented_keys(markdown: &str) -> Result<Documented, String> {
     let mut keys = Documented::new();
-    let mut section: Option<String> = None;
-    for (number, line) in markdown.lines().enumerate() {
-        let at = || format!("docs/configuration.md:{}", number + 1);
-        if let Some(heading) = line.strip_prefix('#') {
-            let heading = heading.trim_start_matches('#').trim();
-            section = heading
-                .strip_prefix('[')
-                .and_then(|h| h.strip_suffix(']'))
-                .map(str::to_string);
-            continue;
-        }
-        let Some(section) = &section else { continue };
-        let Some(row) = line.strip_prefix('|') else {
-            continue;
-        };
-        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-        let Some(key) = cells
-            .first()
-            .and_then(|c| c.strip_prefix('`'))
-            .and_then(|c| c.strip_suffix('`'))
-        else {
-            continue; // The header and separator rows.
-        };
-        let default = cells
+    for row in reference::rows(markdown) {
+        let at = format!("docs/configuration.md:{}", row.line + 1);
+        let (section, key) = (row.section, row.key);
+        let default = row
+            .cells
             .get(1)
             .and_then(|cell| {
                 first_code_span(
                     cell.split_once("example: ")
-                        .map_or(*cell, |(_, example)| example),
+                        .map_or(cell.as_str(), |(_, example)| example),
                 )
             })
-            .ok_or_else(|| format!("{}: `{key}` has no default in backticks", at()))?;
-        let value = toml_value(default).map_err(|e| format!("{}: `{key}`: {e}", at()))?;
-        if keys
-            .insert((section.clone(), key.to_string()), value)
-            .is_some()
-        {
-            return Err(format!("{}: [{section}] {key} is documented twice", at()));
+            .ok_or_else(|| format!("{at}: `{key}` has no default in backticks"))?;
+        let value = toml_value(default).map_err(|e| format!("{at}: `{key}`: {e}"))?;
+        if keys.insert((section.clone(), key.clone()), value).is_some() {
+            return Err(format!("{at}: [{section}] {key} is documented twice"));
         }
     }
     Ok(keys)
@@ -132,4 +114,92 @@ fn the_reference_reader_finds_what_it_should() {
     assert_eq!(keys[&("a".into(), "y".into())], toml_value("[]").unwrap());
     assert!(documented_keys("### [a]\n| `x` | 10s | no backticks |\n").is_err());
     assert!(documented_keys("### [a]\n| `x` | `1` | |\n| `x` | `1` | |\n").is_err());
+}
+
+/// Both files say what each key's doc comment says (`cargo run --example config_reference -- --check`, which
+/// `make lint` runs, checks the same).
+#[test]
+fn every_meaning_is_its_declaration() {
+    let problems = reference::check(
+        &reference::declared(),
+        &read(reference::TOML_PATH),
+        &read(reference::MARKDOWN_PATH),
+    );
+    assert!(problems.is_empty(), "{}", reference::report(&problems));
+}
+
+/// The committed files, with one thing broken at a time: each break is named with its key and file, and rewriting
+/// mends it.
+#[test]
+fn a_meaning_changed_or_a_key_left_out_in_either_file_is_named() {
+    let declared = reference::declared();
+    let (toml, markdown) = (read("sidecar.toml"), read("docs/configuration.md"));
+    let edited = |text: &str, from: &str, to: &str| {
+        assert!(text.contains(from), "{from:?} is no longer in the file");
+        text.replacen(from, to, 1)
+    };
+    let interval_row = "| `interval` | `\"5s\"` | How often the address table is read. |\n";
+    let cases = [
+        (
+            edited(
+                &toml,
+                "# How long shutdown waits",
+                "# How long a shutdown waits",
+            ),
+            markdown.clone(),
+            "[server] shutdown_grace: sidecar.toml does not say",
+        ),
+        (
+            toml.clone(),
+            edited(
+                &markdown,
+                "Rows deleted per statement",
+                "Rows removed per statement",
+            ),
+            "[cleanup] batch_rows: docs/configuration.md does not say",
+        ),
+        (
+            edited(
+                &toml,
+                "# How often the address table is read.\ninterval = \"5s\"\n",
+                "",
+            ),
+            markdown.clone(),
+            "[discovery] interval: missing from sidecar.toml",
+        ),
+        (
+            toml.clone(),
+            edited(&markdown, interval_row, ""),
+            "[discovery] interval: missing from docs/configuration.md",
+        ),
+        (
+            edited(&toml, "[log]\n", "[log]\n# Not read.\nlevel = \"info\"\n"),
+            markdown.clone(),
+            "[log] level: in sidecar.toml, but no section declares it",
+        ),
+    ];
+    let defaults = RawConfig::default().effective();
+    let (in_step_toml, in_step_markdown) =
+        reference::rewrite(&declared, &toml, &markdown, &defaults);
+    for (broken_toml, broken_markdown, expected) in cases {
+        let problems = reference::check(&declared, &broken_toml, &broken_markdown);
+        assert_eq!(problems.len(), 1, "{}", reference::report(&problems));
+        assert!(problems[0].starts_with(expected), "{}", problems[0]);
+        let report = reference::report(&problems);
+        assert!(report.contains(reference::REWRITE), "{report}");
+        let (mended_toml, mended_markdown) =
+            reference::rewrite(&declared, &broken_toml, &broken_markdown, &defaults);
+        assert_eq!(mended_toml, in_step_toml, "{expected}");
+        assert_eq!(mended_markdown, in_step_markdown, "{expected}");
+    }
+    // Wrapped anew by hand, a comment still says the same.
+    let rewrapped = edited(
+        &toml,
+        "# A subscriber that disconnected still holds cleanup back at its last acknowledged watermark for this long\n# (Zero's",
+        "# A subscriber that disconnected still holds cleanup back\n#    at its last acknowledged watermark for this long (Zero's",
+    );
+    assert_eq!(
+        reference::check(&declared, &rewrapped, &markdown),
+        Vec::<String>::new()
+    );
 }

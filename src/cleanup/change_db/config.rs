@@ -5,7 +5,8 @@ use crate::keys;
 keys::section! {
     /// `[change_db]`
     pub struct ChangeDbConfig(s) {
-        /// Parsed connection settings (`url`); its `Debug` form hides the password.
+        /// PostgreSQL connection string of Zero's change DB (ZERO_CHANGE_DB), URL or key=value form. Prefer setting it
+        /// through LITESTREAM_SIDECAR__CHANGE_DB__URL from a root-only environment file; the password is never logged.
         url: tokio_postgres::Config = key(
             "postgres://zero@127.0.0.1:5432/zero",
             |text: String| {

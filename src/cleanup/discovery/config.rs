@@ -27,8 +27,27 @@ pub enum DiscoveryMode {
 keys::section! {
     /// `[discovery]`; `tls_listener`: whether the main listener speaks TLS (`server.tls_cert_file` is set).
     pub struct DiscoveryConfig(s, tls_listener: bool) {
+        /// How view-syncers find the sidecar: the shard's "ownerAddress" in the change DB ([docs/protocol.md,
+        /// "Discovery"](protocol.md#discovery); the modes in [docs/deploy-zero-0.20.md, "Discovery:
+        /// ownerAddress"](deploy-zero-0.20.md#discovery-owneraddress)).
+        /// "verify" (recommended): never writes; set Zero's ZERO_CHANGE_STREAMER_ADDRESS to advertise_address and the
+        ///   sidecar checks that the row names it. Cleanup runs only while it does.
+        /// "adopt": replaces the co-located change-streamer's address (upstream.advertised_address) with
+        ///   advertise_address, and puts it back on shutdown. Only against Zero 0.26+ change DBs (dataVersion >= 6):
+        ///   with Zero 0.20-0.25 an outside write to that row can stop the replication-manager, so the sidecar refuses
+        ///   and behaves as "verify".
+        /// "owner" (Zero 0.22 and later, the topology Zero's docs recommend): view-syncers reach the sidecar through
+        ///   `ZERO_CHANGE_STREAMER_URI=ws://<this host>:4851/` (wss:// with server.tls_cert_file) and ownerAddress
+        ///   keeps the replication-manager's own address (upstream.advertised_address). Never writes; cleanup runs only
+        ///   while ownerAddress names that replication-manager and the same task ("owner") has held it for
+        ///   reconnect_grace plus the cleanup delay, and every purge batch checks both again. advertise_address is not
+        ///   needed.
+        /// "off": no discovery and no ownership guard (tests; not for production).
         mode: DiscoveryMode = key(DiscoveryMode::Verify),
-        /// `host:port` view-syncers use to reach the sidecar: what `ownerAddress` must say.
+        /// host:port view-syncers use to reach this sidecar (this host's address and server.listen's port). Required
+        /// unless mode is "owner" or "off". A ws:// or wss:// prefix, as Zero 0.22+ writes ownerAddress, is allowed.
+        /// With server.tls_cert_file set, ws:// is refused, and mode = "adopt" needs wss:// (Zero's clients take a bare
+        /// address as ws://).
         advertise_address: String = key("", |text: String| match (mode, text.trim()) {
             (Some(DiscoveryMode::Off | DiscoveryMode::Owner), "") => Ok(String::new()),
             (_, "") => Err(
