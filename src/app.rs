@@ -7,11 +7,25 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, info_span, warn, Instrument};
 
+use crate::cleanup::change_db::{self, ChangeDb};
+use crate::cleanup::config::Requires;
+use crate::cleanup::discovery::{self, Discovery};
+use crate::cleanup::drills::Drills;
+use crate::cleanup::handles::{Handles, Hooks};
+use crate::cleanup::keeper::Keeper;
+use crate::cleanup::monitor::{Monitor, MonitorConfig};
 use crate::cleanup::reservations::Registry;
+use crate::cleanup::status::{Status, StatusHandle};
 use crate::cleanup::subscribers::Subscribers;
+use crate::cleanup::{Decision, Memory};
 use crate::config::Config;
-use crate::server::{Context, Readiness};
-use crate::streamer::relay::RelayContext;
+use crate::net::admission::Admission;
+use crate::net::client::HttpClient;
+use crate::net::tls::{Tls, TlsError};
+use crate::ops::metrics::Instruments;
+use crate::server::{Context, Limits, Readiness};
+use crate::streamer::protocols::UpstreamProtocols;
+use crate::streamer::relay::{self, RelayContext};
 use crate::streamer::snapshot::SnapshotContext;
 
 /// Connections the metrics proxy holds at once: Zero's BackupMonitor fetches one page at a time.
@@ -29,11 +43,11 @@ pub enum Error {
     Listener(#[source] std::io::Error),
     /// A certificate, key or CA file the config names cannot be used.
     #[error(transparent)]
-    Tls(crate::net::tls::TlsError),
+    Tls(TlsError),
 }
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
-fn status_line(missing: &[&str], status: &crate::cleanup::status::Status) -> String {
+fn status_line(missing: &[&str], status: &Status) -> String {
     if !missing.is_empty() {
         return format!("waiting: {}", missing.join("; "));
     }
@@ -42,8 +56,8 @@ fn status_line(missing: &[&str], status: &crate::cleanup::status::Status) -> Str
     }
     match status.last_decision.as_ref() {
         None => "ready; first cleanup check pending".to_string(),
-        Some(crate::cleanup::Decision::Hold(reason)) => format!("ready; cleanup held: {reason}"),
-        Some(crate::cleanup::Decision::Purge { before, bound }) => {
+        Some(Decision::Hold(reason)) => format!("ready; cleanup held: {reason}"),
+        Some(Decision::Purge { before, bound }) => {
             format!("ready; last cleanup decision: purge below {before} (bound by {bound})")
         }
     }
@@ -68,61 +82,59 @@ fn holder() -> String {
 /// [`App::registry`]) before calling [`App::run`].
 pub struct App {
     config: Config,
-    registry: Registry,
-    subscribers: Subscribers,
-    status: crate::cleanup::status::StatusHandle,
-    discovery: crate::cleanup::discovery::StateHandle,
-    instruments: crate::ops::metrics::Instruments,
+    handles: Handles,
+    hooks: Hooks,
+    instruments: Instruments,
+    /// What the upstream serves (`upstream.protocols`, or learned).
+    protocols: UpstreamProtocols,
     started: tokio::time::Instant,
     /// Who this sidecar is in the slot table.
     holder: String,
-    /// Statuses wait for their reservation's row (see [`App::statuses_without_slots`]).
-    slots_required: bool,
-    /// Where the backup destination's `AWS_*` settings come from; `None`: the process environment.
-    backup_env: Option<Vec<(String, String)>>,
     /// The TLS files the config names, once read ([`App::reloader`]); [`App::run`] reads them if nobody did.
-    tls: Option<crate::net::tls::Tls>,
-    /// What the upstream serves (`upstream.protocols`, or learned).
-    protocols: crate::streamer::protocols::UpstreamProtocols,
-    /// See [`App::log_unwritten_after`]; `None`: [`crate::cleanup::unservable::LOG_UNWRITTEN_AFTER`].
-    log_unwritten_after: Option<std::time::Duration>,
+    tls: Option<Tls>,
+}
+
+/// What every long-lived component of a running sidecar is handed, built once in [`App::run`]: the shared handles,
+/// the instruments, what the upstream serves, and the shutdown every task watches and the tracker the drain waits
+/// for. Each component takes what it needs from it, with its own config section whole.
+struct Runtime {
+    handles: Handles,
+    instruments: Instruments,
+    protocols: UpstreamProtocols,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
 }
 
 impl App {
     /// The components; what the shard remembers (slots, the learned cleanup delay, the last purge) is read from
     /// the change DB once [`App::run`] has connected.
     pub fn new(config: Config) -> Self {
-        let instruments = crate::ops::metrics::Instruments::default();
+        let instruments = Instruments::default();
         let registry = Registry::with_durations(
             config.cleanup.initial_delay,
             instruments.reservation_seconds.clone(),
         );
-        let status = crate::cleanup::status::StatusHandle::default();
+        let status = StatusHandle::default();
         // Until the keeper has read the shard's memory, nothing is known of the restores in flight.
-        status.update(|s| {
-            s.memory = crate::cleanup::Memory::Loading;
-        });
-        let subscribers = Subscribers::default();
+        status.update(|s| s.memory = Memory::Loading);
         // A status waits for a listing that finds something to restore.
         if config.backup.verify {
             registry.set_restorable(false);
         }
         Self {
-            backup_env: None,
-            tls: None,
-            protocols: crate::streamer::protocols::UpstreamProtocols::new(
-                &config.upstream.protocols,
-            ),
-            log_unwritten_after: None,
-            holder: holder(),
-            slots_required: true,
+            handles: Handles {
+                registry,
+                subscribers: Subscribers::default(),
+                status,
+                discovery: discovery::StateHandle::default(),
+            },
+            hooks: Hooks::default(),
+            protocols: UpstreamProtocols::new(&config.upstream.protocols),
             instruments,
-            config,
-            registry,
-            subscribers,
-            status,
-            discovery: crate::cleanup::discovery::StateHandle::default(),
             started: tokio::time::Instant::now(),
+            holder: holder(),
+            tls: None,
+            config,
         }
     }
 
@@ -136,7 +148,7 @@ impl App {
     /// How long a relayed commit may stay out of the change log before the sidecar refuses the deployment as one
     /// whose log Zero does not write; tests shorten it instead of waiting.
     pub fn log_unwritten_after(mut self, after: std::time::Duration) -> Self {
-        self.log_unwritten_after = Some(after);
+        self.hooks.log_unwritten_after = after;
         self
     }
 
@@ -145,27 +157,27 @@ impl App {
     /// reservation that only this process knows, which is what slots exist to prevent, and on a log nobody checked
     /// it can catch up from.
     pub fn statuses_without_slots(mut self) -> Self {
-        self.slots_required = false;
+        self.hooks.statuses_without_slots = true;
         self
     }
 
     /// Takes the destination's `AWS_*` settings (credentials, region, endpoint) from `env` instead of the process
     /// environment: tests run side by side in one process.
     pub fn backup_env(mut self, env: Vec<(String, String)>) -> Self {
-        self.backup_env = Some(env);
+        self.hooks.backup_env = Some(env);
         self
     }
 
-    pub fn status(&self) -> &crate::cleanup::status::StatusHandle {
-        &self.status
+    pub fn status(&self) -> &StatusHandle {
+        &self.handles.status
     }
 
-    pub fn discovery(&self) -> &crate::cleanup::discovery::StateHandle {
-        &self.discovery
+    pub fn discovery(&self) -> &discovery::StateHandle {
+        &self.handles.discovery
     }
 
     pub fn registry(&self) -> &Registry {
-        &self.registry
+        &self.handles.registry
     }
 
     pub fn config(&self) -> &Config {
@@ -179,20 +191,20 @@ impl App {
 
     /// The relayed subscribers and their acknowledged watermarks.
     pub fn subscribers(&self) -> &Subscribers {
-        &self.subscribers
+        &self.handles.subscribers
     }
 
     /// The protocol versions the upstream serves, as far as the sidecar knows.
-    pub fn protocols(&self) -> &crate::streamer::protocols::UpstreamProtocols {
+    pub fn protocols(&self) -> &UpstreamProtocols {
         &self.protocols
     }
 
     /// Reads the TLS files the config names, now rather than in [`App::run`], so that a process can refuse to
     /// start on them; the handle re-reads them (SIGHUP) while the app runs.
-    pub fn reloader(&mut self) -> Result<Reloader, crate::net::tls::TlsError> {
+    pub fn reloader(&mut self) -> Result<Reloader, TlsError> {
         let tls = match &self.tls {
             Some(tls) => tls.clone(),
-            None => crate::net::tls::Tls::load(
+            None => Tls::load(
                 self.config.server.tls.as_ref(),
                 self.config.upstream.tls.as_ref(),
             )?,
@@ -220,35 +232,40 @@ impl App {
     ) -> Result<(), Error> {
         let tls = match self.tls.clone() {
             Some(tls) => tls,
-            None => crate::net::tls::Tls::load(
+            None => Tls::load(
                 self.config.server.tls.as_ref(),
                 self.config.upstream.tls.as_ref(),
             )
             .map_err(Error::Tls)?,
         };
-        let tracker = TaskTracker::new();
+        let rt = Runtime {
+            handles: self.handles.clone(),
+            instruments: self.instruments.clone(),
+            protocols: self.protocols.clone(),
+            shutdown: shutdown.clone(),
+            tracker: TaskTracker::new(),
+        };
         // The change DB connection outlives the other tasks: it is closed after the drain below.
         let db_shutdown = CancellationToken::new();
-        let change_db = crate::cleanup::change_db::ChangeDb::start(
+        let change_db = ChangeDb::start(
             self.config.change_db.url.clone(),
             &self.config.zero,
-            crate::cleanup::change_db::Options::default(),
+            change_db::Options::default(),
             db_shutdown.clone(),
         );
-        self.spawn_proxy(proxy_listeners, &change_db, &shutdown, &tracker)?;
-        self.spawn_cleanup(&change_db, &shutdown, &tracker);
+        self.spawn_proxy(&rt, proxy_listeners, &change_db)?;
+        self.spawn_cleanup(&rt, &change_db);
 
-        let admission = crate::net::admission::Admission::new(
+        let admission = Admission::new(
             self.config.server.max_connections,
-            self.instruments.connections_refused.clone(),
+            rt.instruments.connections_refused.clone(),
         );
-        let context =
-            Arc::new(self.router(&tls, change_db, admission.clone(), &shutdown, &tracker));
-        if !self.protocols.is_fixed() {
-            tracker.spawn(
-                crate::streamer::relay::probe::run(
+        let context = Arc::new(self.router(&rt, &tls, change_db, admission.clone()));
+        if !rt.protocols.is_fixed() {
+            rt.tracker.spawn(
+                relay::probe::run(
                     context.relay.settings.clone(),
-                    self.protocols.clone(),
+                    rt.protocols.clone(),
                     shutdown.clone(),
                 )
                 .instrument(info_span!("probe", upstream = %self.config.upstream.address)),
@@ -260,8 +277,8 @@ impl App {
         crate::ops::notify::ready("listening");
         {
             let context = context.clone();
-            let status = self.status.clone();
-            tracker.spawn(
+            let status = rt.handles.status.clone();
+            rt.tracker.spawn(
                 crate::ops::notify::run(shutdown.clone(), move || {
                     let missing = context.readiness.missing();
                     status.read(|s| status_line(&missing, s))
@@ -273,15 +290,16 @@ impl App {
             listener,
             tls.server.as_ref().map(|server| server.acceptor()),
             context.clone(),
-            crate::server::Limits::from_config(&self.config.server, admission),
+            Limits::from_config(&self.config.server, admission),
             shutdown.clone(),
-            tracker.clone(),
+            rt.tracker.clone(),
         )
         .instrument(info_span!("server", %addr))
         .await;
         context.readiness.set_listening(false);
         crate::ops::notify::stopping();
 
+        let tracker = rt.tracker;
         tracker.close();
         let grace = self.config.server.shutdown_grace;
         if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
@@ -300,13 +318,12 @@ impl App {
     /// nothing on it can take places from view-syncers (it only ever serves the local replication-manager).
     fn spawn_proxy(
         &self,
+        rt: &Runtime,
         listeners: Vec<TcpListener>,
-        change_db: &crate::cleanup::change_db::ChangeDb,
-        shutdown: &CancellationToken,
-        tracker: &TaskTracker,
+        change_db: &ChangeDb,
     ) -> Result<(), Error> {
         let litestream = &self.config.litestream;
-        let scraper = crate::net::client::HttpClient::new(
+        let scraper = HttpClient::new(
             litestream.metrics_url.clone(),
             litestream.scrape_timeout,
             litestream.max_page_bytes,
@@ -316,30 +333,30 @@ impl App {
             scraper,
             mode: litestream.proxy_mode,
             filter: litestream.filter.clone(),
-            status: self.status.clone(),
+            status: rt.handles.status.clone(),
             change_db: Some(change_db.clone()),
             fallback: crate::litestream::filter::Fallback {
                 name: replica_type(&litestream.backup_url),
             },
         });
-        let limits = crate::server::Limits::from_config(
+        let limits = Limits::from_config(
             &self.config.server,
-            crate::net::admission::Admission::new(
+            Admission::new(
                 PROXY_MAX_CONNECTIONS,
-                self.instruments.connections_refused.clone(),
+                rt.instruments.connections_refused.clone(),
             ),
         );
         for listener in listeners {
             let addr = listener.local_addr().map_err(Error::Listener)?;
             info!(%addr, "metrics proxy listening");
-            tracker.spawn(
+            rt.tracker.spawn(
                 crate::server::serve_http(
                     listener,
                     None,
                     proxy.clone(),
                     limits.clone(),
-                    shutdown.clone(),
-                    tracker.clone(),
+                    rt.shutdown.clone(),
+                    rt.tracker.clone(),
                 )
                 .instrument(info_span!("proxy", %addr)),
             );
@@ -347,140 +364,117 @@ impl App {
         Ok(())
     }
 
-    /// The cleanup loop, the state file's keeper and discovery: `[cleanup]`, `[discovery]`, `[litestream]`,
-    /// `[backup]`, and the upstream's advertised address.
-    fn spawn_cleanup(
-        &self,
-        change_db: &crate::cleanup::change_db::ChangeDb,
-        shutdown: &CancellationToken,
-        tracker: &TaskTracker,
-    ) {
+    /// The cleanup loop, the drills, the keeper of slots and the shard's memory, and discovery.
+    fn spawn_cleanup(&self, rt: &Runtime, change_db: &ChangeDb) {
         let config = &self.config;
         let (resumed, resumed_from) = tokio::sync::watch::channel(None);
-        let monitor = crate::cleanup::monitor::Monitor::new(
-            crate::cleanup::monitor::MonitorConfig {
+        let monitor = Monitor::new(
+            MonitorConfig {
                 cleanup: &config.cleanup,
                 litestream: &config.litestream,
                 backup: &config.backup,
                 discovery: &config.discovery,
                 upstream_address: &config.upstream.advertised_address,
             },
-            self.registry.clone(),
-            self.subscribers.clone(),
+            &rt.handles,
             change_db.clone(),
-            self.status.clone(),
             self.started,
-            self.discovery.clone(),
+            &self.hooks,
         )
         .resuming_from(resumed_from);
-        let monitor = match self.backup_env.clone() {
-            Some(env) => monitor.with_backup_env(env),
-            None => monitor,
-        };
-        let monitor = match self.log_unwritten_after {
-            Some(after) => monitor.with_log_unwritten_after(after),
-            None => monitor,
-        };
-        tracker.spawn(
+        rt.tracker.spawn(
             monitor
-                .run(shutdown.clone())
+                .run(rt.shutdown.clone())
                 .instrument(info_span!("monitor")),
         );
         let mut drill = config.backup.drill(&config.litestream.backup_url);
-        if let Some(env) = self.backup_env.clone() {
+        if let Some(env) = self.hooks.backup_env.clone() {
             drill.env = env;
         }
-        let drills = crate::cleanup::drills::Drills::new(
+        let drills = Drills::new(
             drill,
             config.backup.drill_interval,
-            config.cleanup.requires == crate::cleanup::config::Requires::Restore,
+            config.cleanup.requires == Requires::Restore,
             config.backup.location.is_some(),
-            self.status.clone(),
+            rt.handles.status.clone(),
         );
-        tracker.spawn(
+        rt.tracker.spawn(
             drills
-                .run(shutdown.clone())
+                .run(rt.shutdown.clone())
                 .instrument(info_span!("drills")),
         );
-        let keeper = crate::cleanup::keeper::Keeper {
+        let keeper = Keeper {
             db: change_db.clone(),
             holder: self.holder.clone(),
-            registry: self.registry.clone(),
-            subscribers: self.subscribers.clone(),
-            reconnect_grace: config.cleanup.reconnect_grace,
-            restore_limit: config.cleanup.restore_limit,
-            status: self.status.clone(),
-            import_from: config.cleanup.state_file.clone(),
+            handles: rt.handles.clone(),
+            cleanup: config.cleanup.clone(),
             resumed,
         };
         // Statuses wait for the keeper's writes from the first one on (the server is not listening yet).
-        if self.slots_required {
-            self.registry.kept_on_disk();
+        if !self.hooks.statuses_without_slots {
+            rt.handles.registry.kept_on_disk();
         }
-        tracker.spawn(keeper.run(shutdown.clone()).instrument(info_span!("slots")));
-        let discovery = crate::cleanup::discovery::Discovery {
-            mode: config.discovery.mode,
-            ours: config.discovery.advertise_address.clone(),
+        rt.tracker.spawn(
+            keeper
+                .run(rt.shutdown.clone())
+                .instrument(info_span!("slots")),
+        );
+        let discovery = Discovery {
+            config: config.discovery.clone(),
             upstream: config.upstream.advertised_address.clone(),
-            interval: config.discovery.interval,
             db: change_db.clone(),
-            state: self.discovery.clone(),
+            state: rt.handles.discovery.clone(),
             started: self.started,
         };
-        tracker.spawn(
+        rt.tracker.spawn(
             discovery
-                .run(shutdown.clone())
+                .run(rt.shutdown.clone())
                 .instrument(info_span!("discovery")),
         );
     }
 
-    /// What the main listener's routes serve from: `[server]`, `[upstream]`, `[relay]` and the shared handles.
+    /// What the main listener's routes serve from: the runtime, and `[server]`, `[upstream]`, `[relay]`.
     fn router(
         &self,
-        tls: &crate::net::tls::Tls,
-        change_db: crate::cleanup::change_db::ChangeDb,
-        admission: crate::net::admission::Admission,
-        shutdown: &CancellationToken,
-        tracker: &TaskTracker,
+        rt: &Runtime,
+        tls: &Tls,
+        change_db: ChangeDb,
+        admission: Admission,
     ) -> Context {
         let config = &self.config;
         Context {
             metrics: crate::ops::metrics_page::MetricsSources {
-                instruments: self.instruments.clone(),
-                registry: self.registry.clone(),
-                subscribers: self.subscribers.clone(),
-                status: self.status.clone(),
+                instruments: rt.instruments.clone(),
+                registry: rt.handles.registry.clone(),
+                subscribers: rt.handles.subscribers.clone(),
+                status: rt.handles.status.clone(),
                 discovery_mode: config.discovery.mode,
-                discovery: self.discovery.clone(),
+                discovery: rt.handles.discovery.clone(),
                 admission: admission.clone(),
             },
             status: crate::ops::status::Sources {
-                registry: self.registry.clone(),
-                subscribers: self.subscribers.clone(),
-                status: self.status.clone(),
-                upstream: self.instruments.upstream.clone(),
+                handles: rt.handles.clone(),
+                upstream: rt.instruments.upstream.clone(),
                 upstream_address: config.upstream.address.clone(),
-                protocols: self.protocols.watch(),
-                protocols_fixed: self.protocols.is_fixed(),
-                cleanup_enabled: config.cleanup.enabled,
-                reconnect_grace: config.cleanup.reconnect_grace,
+                protocols: rt.protocols.watch(),
+                protocols_fixed: rt.protocols.is_fixed(),
+                cleanup: config.cleanup.clone(),
                 started: self.started,
             },
             snapshot: SnapshotContext {
-                registry: self.registry.clone(),
+                handles: rt.handles.clone(),
                 change_db: Some(change_db),
-                v3_without_log: !self.slots_required,
+                v3_without_log: self.hooks.statuses_without_slots,
                 backup_url: config.litestream.backup_url.as_str().into(),
-                status: self.status.clone(),
-                protocols: self.protocols.clone(),
+                protocols: rt.protocols.clone(),
                 protocols_wait: config.upstream.connect_timeout,
                 ping_interval: config.server.ping_interval,
                 peer_timeout: config.server.peer_timeout,
-                shutdown: shutdown.clone(),
+                shutdown: rt.shutdown.clone(),
             },
-            readiness: Readiness::new(config.discovery.mode, self.discovery.clone()),
+            readiness: Readiness::new(config.discovery.mode, rt.handles.discovery.clone()),
             relay: RelayContext {
-                settings: Arc::new(crate::streamer::relay::Settings {
+                settings: Arc::new(relay::Settings {
                     upstream: config.upstream.clone(),
                     upstream_tls: tls.upstream.clone(),
                     relay: config.relay.clone(),
@@ -488,16 +482,15 @@ impl App {
                     peer_timeout: config.server.peer_timeout,
                     max_message_bytes: config.server.max_message_bytes,
                 }),
-                registry: self.registry.clone(),
-                subscribers: self.subscribers.clone(),
-                instruments: self.instruments.clone(),
-                protocols: self.protocols.clone(),
-                shutdown: shutdown.clone(),
+                handles: rt.handles.clone(),
+                instruments: rt.instruments.clone(),
+                protocols: rt.protocols.clone(),
+                shutdown: rt.shutdown.clone(),
             },
             allow: config.server.allow.clone(),
             admission,
-            shutdown: shutdown.clone(),
-            tracker: tracker.clone(),
+            shutdown: rt.shutdown.clone(),
+            tracker: rt.tracker.clone(),
         }
     }
 }
@@ -505,8 +498,8 @@ impl App {
 /// Re-reads the TLS files of a running [`App`] (SIGHUP), counting each outcome in its metrics.
 #[derive(Clone)]
 pub struct Reloader {
-    tls: crate::net::tls::Tls,
-    instruments: crate::ops::metrics::Instruments,
+    tls: Tls,
+    instruments: Instruments,
 }
 
 impl Reloader {

@@ -20,13 +20,12 @@ use tracing::{debug, error, info, warn};
 use crate::cleanup::change_db::{
     ChangeDb, ReservationWrite, ShardMemory, SlotWrites, SlotWritten, SubscriberRow,
 };
-use crate::cleanup::config::RestoreLimit;
+use crate::cleanup::config::CleanupConfig;
+use crate::cleanup::handles::Handles;
 use crate::cleanup::monitor::Resumed;
-use crate::cleanup::reservations::{Registry, Written};
+use crate::cleanup::reservations::Written;
 use crate::cleanup::slots::{subscriber_grace, HEARTBEAT};
 use crate::cleanup::state::{self, Saved};
-use crate::cleanup::status::StatusHandle;
-use crate::cleanup::subscribers::Subscribers;
 use crate::cleanup::{LastPurge, Memory};
 use crate::litestream::drill::{Failure, Proof};
 
@@ -39,14 +38,11 @@ pub struct Keeper {
     pub db: ChangeDb,
     /// Who this sidecar is in the slot table.
     pub holder: String,
-    pub registry: Registry,
-    pub subscribers: Subscribers,
-    /// `cleanup.reconnect_grace`: which departed subscribers are still tracked.
-    pub reconnect_grace: Duration,
-    pub restore_limit: RestoreLimit,
-    pub status: StatusHandle,
-    /// A state file an earlier release may have left (`cleanup.state_file`), imported at the first start.
-    pub import_from: Option<PathBuf>,
+    pub handles: Handles,
+    /// `[cleanup]`: which departed subscribers are still tracked (`reconnect_grace`), how long a reservation lives
+    /// (`restore_limit`), and the state file an earlier release may have left (`state_file`), imported at the
+    /// first start.
+    pub cleanup: CleanupConfig,
     /// Where the cleanup loop learns the shard's memory, once read.
     pub resumed: tokio::sync::watch::Sender<Option<Resumed>>,
 }
@@ -165,7 +161,9 @@ impl Keeper {
     /// Starts (schema, import, memory), then writes until `shutdown`, then once more, so that a clean stop leaves
     /// every socket it closed marked closed.
     pub async fn run(self, shutdown: CancellationToken) {
-        self.status.update(|s| s.holder = self.holder.clone());
+        self.handles
+            .status
+            .update(|s| s.holder = self.holder.clone());
         let mut backoff = Duration::from_millis(250);
         let mut said: Option<String> = None;
         // The latest drill proof the change DB holds as this sidecar knows it: a new one is written once.
@@ -188,7 +186,7 @@ impl Keeper {
                         error!(error = %problem, "the sidecar's schema in the change DB cannot be used yet: cleanup \
                                holds and snapshot statuses wait; retrying");
                     }
-                    self.status.update(|s| {
+                    self.handles.status.update(|s| {
                         s.memory = Memory::Unreadable;
                         s.state_problem = Some(problem.clone());
                     });
@@ -201,7 +199,7 @@ impl Keeper {
             }
             backoff = (backoff * 2).min(Duration::from_secs(10));
         }
-        let mut changes = self.registry.changes();
+        let mut changes = self.handles.registry.changes();
         let mut written: HashMap<String, WrittenReservation> = HashMap::new();
         let mut subscribers_written: Option<Vec<SubscriberRow>> = None;
         let mut last_heartbeat: Option<Instant> = None;
@@ -229,17 +227,19 @@ impl Keeper {
                         last_heartbeat = Some(now);
                     }
                     self.settle(outcome, &mut written);
-                    self.registry.set_written(Written::Through(version));
+                    self.handles.registry.set_written(Written::Through(version));
                     if std::mem::take(&mut failing) {
                         info!("slots written to the change DB again; cleanup may resume");
                     }
-                    self.status.update(|s| {
+                    self.handles.status.update(|s| {
                         s.memory = Memory::Kept;
                         s.state_problem = None;
                     });
                 }
                 Err(problem) => {
-                    self.registry.put_back_subscribed(writes.subscribed, now);
+                    self.handles
+                        .registry
+                        .put_back_subscribed(writes.subscribed, now);
                     if !std::mem::replace(&mut failing, true) {
                         warn!(
                             error = %problem,
@@ -247,14 +247,14 @@ impl Keeper {
                              retrying every second"
                         );
                     }
-                    self.status.update(|s| {
+                    self.handles.status.update(|s| {
                         s.memory = Memory::Unwritable;
                         s.state_problem = Some(problem);
                     });
                 }
             }
             // A restore that reached less than a kept proof unmakes it: a restart must not stand on it.
-            let less = self.status.read(|s| s.drills.restored_less.clone());
+            let less = self.handles.status.read(|s| s.drills.restored_less.clone());
             if less != less_forgotten {
                 if let Some(Failure::RestoredLess {
                     restored,
@@ -278,7 +278,7 @@ impl Keeper {
                     less_forgotten = less;
                 }
             }
-            let proof = self.status.read(|s| s.drills.last_proof.clone());
+            let proof = self.handles.status.read(|s| s.drills.last_proof.clone());
             if let Some(new) = proof.as_ref().filter(|_| proof != proof_written) {
                 let wrote =
                     tokio::time::timeout(WRITE_TIMEOUT, self.db.write_proof(new, &self.holder))
@@ -330,6 +330,7 @@ impl Keeper {
         now: Instant,
     ) -> (SlotWrites, Vec<SubscriberRow>) {
         let (replica_version, db_bytes) = self
+            .handles
             .status
             .read(|s| (s.replica_version.clone(), s.db_bytes));
         let rows = self.subscriber_rows(now);
@@ -340,10 +341,11 @@ impl Keeper {
                     .zip(&rows)
                     .any(|(a, b)| a.key != b.key || a.connected != b.connected)
         });
-        let subscribed = self.registry.take_subscribed(now);
+        let subscribed = self.handles.registry.take_subscribed(now);
         // Taken before the open ones are read: a reservation that closes between the two reads is closed, as any
         // whose status went out (more protection, never less).
         let unsent: Vec<(String, u64)> = self
+            .handles
             .registry
             .take_released()
             .into_iter()
@@ -353,13 +355,13 @@ impl Keeper {
         let writes = SlotWrites {
             reservations: reservation_writes(
                 written,
-                &self.registry.for_slots(),
+                &self.handles.registry.for_slots(),
                 &unsent,
                 replica_version.as_deref(),
-                self.restore_limit.known_for(db_bytes),
+                self.cleanup.restore_limit.known_for(db_bytes),
             ),
             subscribers: (heartbeat || changed || !subscribed.is_empty())
-                .then(|| (rows.clone(), subscriber_grace(self.reconnect_grace))),
+                .then(|| (rows.clone(), subscriber_grace(self.cleanup.reconnect_grace))),
             subscribed,
             heartbeat,
         };
@@ -368,8 +370,9 @@ impl Keeper {
 
     fn subscriber_rows(&self, now: Instant) -> Vec<SubscriberRow> {
         let mut rows: Vec<SubscriberRow> = self
+            .handles
             .subscribers
-            .for_slots(now, self.reconnect_grace)
+            .for_slots(now, self.cleanup.reconnect_grace)
             .into_iter()
             .map(|(n, view)| SubscriberRow {
                 key: format!("{}#{n}", self.holder),
@@ -396,7 +399,7 @@ impl Keeper {
     /// sidecar's reservations whose rows another sidecar ended.
     fn settle(&self, outcome: SlotWritten, written: &mut HashMap<String, WrittenReservation>) {
         for (task_id, holder, held, connected) in outcome.ended {
-            self.registry.learned(held);
+            self.handles.registry.learned(held);
             // The relay logs the end of a reservation whose socket it holds; this one's socket is elsewhere or
             // closed (another sidecar's, this one's before a restart, or one whose view-syncer closed it).
             if holder != self.holder || !connected {
@@ -406,7 +409,7 @@ impl Keeper {
         if let Some(own) = outcome.own_reservations {
             written.retain(|task, w| {
                 let there = own.iter().any(|(t, lease)| t == task && *lease as u64 == w.lease);
-                if !there && self.registry.ended_elsewhere(task, w.lease) {
+                if !there && self.handles.registry.ended_elsewhere(task, w.lease) {
                     info!(task_id = %task, "reservation ended: its task subscribed through another sidecar");
                 }
                 there
@@ -417,7 +420,7 @@ impl Keeper {
     /// This sidecar's view of the shard's memory.
     fn memory(&self) -> ShardMemory {
         let (last_purge, highest_backup, replica_version, restores_unknown_since) =
-            self.status.read(|s| {
+            self.handles.status.read(|s| {
                 (
                     s.last_purge.clone(),
                     s.highest_backup.clone(),
@@ -429,7 +432,7 @@ impl Keeper {
             replica_version,
             last_purge: last_purge.and_then(|p| Some((p.before, p.backed_up_at?))),
             highest_backup,
-            cleanup_delay: self.registry.cleanup_delay(),
+            cleanup_delay: self.handles.registry.cleanup_delay(),
             restores_unknown_since,
             imported_from: None,
         }
@@ -470,7 +473,7 @@ impl Keeper {
             memory = self.db.shard_memory().await.map_err(|e| e.to_string())?;
         }
         let memory = memory.ok_or("the shard's memory was written but reads back empty")?;
-        self.registry.learned(memory.cleanup_delay);
+        self.handles.registry.learned(memory.cleanup_delay);
         info!(
             schema = %self.db.sidecar_schema(),
             version,
@@ -491,7 +494,7 @@ impl Keeper {
                 "the newest restore drill proof read from the change DB"
             );
         }
-        self.status.update(|s| {
+        self.handles.status.update(|s| {
             s.memory = Memory::Kept;
             s.state_problem = None;
             if let Some(proof) = kept.clone().filter(|_| s.drills.last_proof.is_none()) {
@@ -517,7 +520,7 @@ impl Keeper {
     /// once. A file that cannot be read is left where it is and imports nothing: which restores were in flight is
     /// then unknown, and cleanup holds for `cleanup.hold_without_state`.
     async fn import(&self) -> Result<Option<ShardMemory>, String> {
-        let Some(path) = self.import_from.clone() else {
+        let Some(path) = self.cleanup.state_file.clone() else {
             return Ok(None);
         };
         let read = {
@@ -584,7 +587,10 @@ impl Keeper {
                 .write_slots(
                     &format!("{}/imported", self.holder),
                     &SlotWrites {
-                        subscribers: Some((subscribers, subscriber_grace(self.reconnect_grace))),
+                        subscribers: Some((
+                            subscribers,
+                            subscriber_grace(self.cleanup.reconnect_grace),
+                        )),
                         ..SlotWrites::default()
                     },
                 )

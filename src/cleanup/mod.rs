@@ -22,6 +22,7 @@
 //! - [`reservations`]: the registry of snapshot reservations.
 //! - [`subscribers`]: the relay's subscribers and their acknowledged watermarks.
 //! - [`discovery`]: whether the replication manager is registered and the change DB answers.
+//! - [`handles`]: those handles bundled for every component that reads them, and the hooks tests set.
 //! - [`state`] and [`keeper`]: the state file that carries the policy's memory across restarts, and its writer.
 //! - [`change_db`]: the change DB: reads, the purge, the purger lock, TLS toward PostgreSQL.
 //! - [`unservable`]: deployments the sidecar refuses to serve (Zero 1.10's v5 backups, a change log Zero does not
@@ -31,6 +32,7 @@ pub mod change_db;
 pub mod config;
 pub mod discovery;
 pub mod drills;
+pub mod handles;
 pub mod keeper;
 pub mod monitor;
 pub mod reservations;

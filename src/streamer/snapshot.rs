@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, info_span, warn};
 
-use crate::cleanup::reservations::{EndReason, Lease, Registry};
+use crate::cleanup::reservations::{EndReason, Lease};
 use crate::net::http::{accept_upgrade, plain, spawn_upgraded};
 use crate::net::ws::{
     self, Assembler, CloseWith, Inbox, Liveness, Outbox, OwnedFrame, PeerClose, ReadError, Reads,
@@ -36,15 +36,14 @@ use crate::protocol::{self, close, Version};
 /// Everything a snapshot connection needs besides its socket.
 #[derive(Clone)]
 pub struct SnapshotContext {
-    pub registry: Registry,
+    /// The registry the reservation is opened in; the status, where the replica's size and drills are read.
+    pub handles: crate::cleanup::handles::Handles,
     /// Where every status reads the change log's start, and v4+'s `replicaVersion` and `minWatermark`.
     pub change_db: Option<crate::cleanup::change_db::ChangeDb>,
     /// v3 statuses go out without reading the change log: set only for tests of the protocol that run without a
     /// database ([`crate::App::statuses_without_slots`]), where v3's status is all there is to serve.
     pub v3_without_log: bool,
     pub backup_url: Arc<str>,
-    /// Where v4+ statuses read the replica's size (`litestream_db_size`).
-    pub status: crate::cleanup::status::StatusHandle,
     /// What the upstream serves, which bounds the versions given a status.
     pub protocols: crate::streamer::protocols::UpstreamProtocols,
     /// Longest a request waits for a probe under way while the upstream's range is unknown
@@ -203,7 +202,7 @@ async fn status_frame(
     // The view-syncer restores once it has the status: from then on its reservation must bound every purge of
     // every sidecar of the shard, so its row must have committed. Without the change DB no status goes out: the
     // handler tries again, and the view-syncer waits or retries.
-    if !ctx.registry.durable(DURABLE_WAIT).await {
+    if !ctx.handles.registry.durable(DURABLE_WAIT).await {
         return Err(Withheld::ChangeDb);
     }
     Ok(status)
@@ -217,12 +216,16 @@ async fn build_status(
     version: u64,
     lease: &mut Lease,
 ) -> Result<String, Withheld> {
-    let facts = ctx.registry.status_facts();
+    let facts = ctx.handles.registry.status_facts();
     let newest = facts.newest_backup.ok_or(Withheld::NoBackup)?;
     if !facts.restorable {
         return Err(Withheld::NotRestorable);
     }
-    if ctx.status.read(|s| s.drills.restored_less.is_some()) {
+    if ctx
+        .handles
+        .status
+        .read(|s| s.drills.restored_less.is_some())
+    {
         return Err(Withheld::RestoredLess);
     }
     if version < 4 {
@@ -256,7 +259,11 @@ async fn build_status(
     }
     lease.set_floor(Some(newest.min(min_watermark.clone())));
     // `litestream_db_size` is 0 until litestream's first sync: no size is better than a wrong one.
-    let replica_size = ctx.status.read(|s| s.db_bytes).filter(|bytes| *bytes > 0);
+    let replica_size = ctx
+        .handles
+        .status
+        .read(|s| s.db_bytes)
+        .filter(|bytes| *bytes > 0);
     Ok(protocol::snapshot_status_v4(
         &ctx.backup_url,
         &replica_version,
@@ -347,7 +354,10 @@ async fn handle_snapshot<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let mut lease = ctx.registry.open_for(&task_id, version, Instant::now());
+    let mut lease = ctx
+        .handles
+        .registry
+        .open_for(&task_id, version, Instant::now());
     info!(
         floor = lease.floor().unwrap_or_default(),
         "reservation opened"

@@ -9,8 +9,6 @@
 //! `verify` (the default) never writes, and `adopt` writes only when the schema's data version shows the row-lock
 //! storer (Zero 0.26+, `dataVersion >= 6`).
 
-use std::time::Duration;
-
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -140,12 +138,10 @@ pub struct State {
 pub type StateHandle = crate::shared::Cell<State>;
 
 pub struct Discovery {
-    pub mode: DiscoveryMode,
-    /// The sidecar's advertise address.
-    pub ours: String,
+    /// `[discovery]`: the mode, the sidecar's advertise address (`ours` below), how often to read.
+    pub config: DiscoveryConfig,
     /// The co-located change-streamer's advertised address (what Zero writes when not told otherwise).
     pub upstream: String,
-    pub interval: Duration,
     pub db: ChangeDb,
     pub state: StateHandle,
     /// When the sidecar started: a registration found at the first reading counts from then.
@@ -155,7 +151,7 @@ pub struct Discovery {
 impl Discovery {
     /// Logs a change of registration, with the fix for the topology of the mode.
     fn log_registration(&self, current: &Registration, owner: Option<&str>) {
-        let owner_mode = self.mode == DiscoveryMode::Owner;
+        let owner_mode = self.config.mode == DiscoveryMode::Owner;
         match (current, owner_mode) {
             (Registration::Registered, true) => info!(
                 address = %self.upstream,
@@ -163,7 +159,7 @@ impl Discovery {
                 "the change log's owner is the replication-manager this sidecar fronts"
             ),
             (Registration::Registered, false) => {
-                info!(address = %self.ours, "registered as the change-streamer")
+                info!(address = %self.config.advertise_address, "registered as the change-streamer")
             }
             (Registration::Elsewhere(address), true) => warn!(
                 registered = %address,
@@ -174,13 +170,13 @@ impl Discovery {
             ),
             (Registration::Elsewhere(address), false) => warn!(
                 registered = %address,
-                ours = %self.ours,
+                ours = %self.config.advertise_address,
                 "ownerAddress names another address: view-syncers bypass the sidecar and cleanup is held. \
                  Fix: with Zero 0.20, set ZERO_CHANGE_STREAMER_ADDRESS={} on the replication-manager; with \
                  Zero 0.22 and later, point view-syncers at the sidecar with \
                  ZERO_CHANGE_STREAMER_URI=ws://{}/ and set discovery.mode = \"owner\"",
-                self.ours,
-                self.ours
+                self.config.advertise_address,
+                self.config.advertise_address
             ),
             (Registration::Unregistered, true) => info!(
                 "no owner registered yet (first start, a resync, or the replication-manager still \
@@ -196,7 +192,7 @@ impl Discovery {
     /// Reads the address table every `interval` until `shutdown`; in `adopt` mode puts the upstream's address
     /// back on the way out if the sidecar replaced it.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut every = crate::shared::Every::new(self.interval);
+        let mut every = crate::shared::Every::new(self.config.interval);
         let mut last_registration: Option<Registration> = None;
         let mut refused_logged = false;
         let mut adopted_from: Option<String> = None;
@@ -204,7 +200,7 @@ impl Discovery {
             let now = Instant::now();
             // `status` logs its own state changes (down, schema missing, up).
             let db_up = self.db.status().await == DbState::Up;
-            if self.mode == DiscoveryMode::Off {
+            if self.config.mode == DiscoveryMode::Off {
                 self.state.update(|s| s.db_up = db_up);
                 continue;
             }
@@ -233,16 +229,25 @@ impl Discovery {
 
             // Set when this reading wrote the sidecar's address: view-syncers find the sidecar from now on only.
             let mut adopted_now = false;
-            if self.mode == DiscoveryMode::Adopt {
+            if self.config.mode == DiscoveryMode::Adopt {
                 let data_version = self.db.data_version().await.ok().flatten();
-                match adopt(&observed, &self.ours, &self.upstream, data_version) {
+                match adopt(
+                    &observed,
+                    &self.config.advertise_address,
+                    &self.upstream,
+                    data_version,
+                ) {
                     Adopt::Nothing => {}
-                    Adopt::Write { from } => match self.db.adopt_address(&from, &self.ours).await {
+                    Adopt::Write { from } => match self
+                        .db
+                        .adopt_address(&from, &self.config.advertise_address)
+                        .await
+                    {
                         Ok(true) => {
-                            info!(from = %from, to = %self.ours, "ownerAddress adopted");
+                            info!(from = %from, to = %self.config.advertise_address, "ownerAddress adopted");
                             adopted_from = Some(from);
                             adopted_now = true;
-                            observed = Observed::Address(self.ours.clone());
+                            observed = Observed::Address(self.config.advertise_address.clone());
                         }
                         Ok(false) => {}
                         Err(err) => warn!(error = %err, "cannot adopt ownerAddress"),
@@ -263,15 +268,15 @@ impl Discovery {
             }
 
             let current = registration_in(
-                self.mode,
+                self.config.mode,
                 &observed,
                 ownership.owner.as_deref(),
-                &self.ours,
+                &self.config.advertise_address,
                 &self.upstream,
             );
             // Only mode `owner` follows the task: the purge checks it, and a new one restarts the wait.
             let owner = ownership.owner.filter(|_| {
-                self.mode == DiscoveryMode::Owner && current == Registration::Registered
+                self.config.mode == DiscoveryMode::Owner && current == Registration::Registered
             });
             if last_registration.as_ref() != Some(&current) {
                 self.log_registration(&current, owner.as_deref());
@@ -304,7 +309,11 @@ impl Discovery {
             });
         }
         if let Some(theirs) = adopted_from {
-            match self.db.restore_address(&self.ours, &theirs).await {
+            match self
+                .db
+                .restore_address(&self.config.advertise_address, &theirs)
+                .await
+            {
                 Ok(true) => info!(address = %theirs, "ownerAddress restored"),
                 Ok(false) => info!("ownerAddress no longer ours; left as is"),
                 Err(err) => warn!(error = %err, address = %theirs, "cannot restore ownerAddress"),
@@ -316,6 +325,7 @@ impl Discovery {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn addr(s: &str) -> Observed {
         Observed::Address(s.into())

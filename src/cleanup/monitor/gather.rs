@@ -40,7 +40,7 @@ impl Gathered {
 impl Monitor {
     /// Everything else the policy reads, at one instant.
     pub(super) fn gather(&self, now: Instant) -> Gathered {
-        let discovery = self.discovery.get();
+        let discovery = self.handles.discovery.get();
         let registered = discovery.registration == Some(Registration::Registered);
         // Registered but not yet stamped: counts as registered just now.
         let registered_since = registered.then(|| discovery.continuity.since().unwrap_or(now));
@@ -49,14 +49,15 @@ impl Monitor {
             (_, None) => Ownership::NotRegistered,
             (_, Some(since)) => Ownership::RegisteredSince(since),
         };
-        let mut reservations = self.registry.for_policy();
+        let mut reservations = self.handles.registry.for_policy();
         let mut subscribers = self
+            .handles
             .subscribers
             .for_policy(now, self.cleanup.reconnect_grace);
         // Every live slot of the shard too: another sidecar's reservations and subscribers, and this one's
         // reservations whose sockets closed. A floor of another replica, or of none known, protects every row here;
         // the purge batch names such a row.
-        let holder = self.status.read(|s| s.holder.clone());
+        let holder = self.handles.status.read(|s| s.holder.clone());
         let replica = self.knowledge.replica_version();
         for slot in self.knowledge.slots().iter().filter(|s| s.live) {
             let floor = match (slot.effective_floor(), replica) {
@@ -102,7 +103,7 @@ impl Monitor {
         Gathered {
             ownership,
             owner: discovery.owner,
-            cleanup_delay: self.registry.cleanup_delay(),
+            cleanup_delay: self.handles.registry.cleanup_delay(),
             reservations,
             subscribers,
             replica_version: replica.map(str::to_owned),
@@ -113,7 +114,7 @@ impl Monitor {
     pub(super) fn guards(&self, now: Instant) -> cleanup::Guards {
         let knowledge = &self.knowledge;
         // The keeper's and the drills' facts.
-        let (memory, restored_less, drill_disk) = self.status.read(|s| {
+        let (memory, restored_less, drill_disk) = self.handles.status.read(|s| {
             (
                 s.memory,
                 s.drills.restored_less.is_some(),

@@ -28,10 +28,10 @@ use tracing::debug;
 use crate::cleanup::change_db::ChangeDb;
 use crate::cleanup::config::{CleanupConfig, Requires};
 use crate::cleanup::discovery::DiscoveryConfig;
+use crate::cleanup::handles::{Handles, Hooks};
 use crate::cleanup::reservations::Registry;
-use crate::cleanup::status::StatusHandle;
 use crate::cleanup::subscribers::Subscribers;
-use crate::cleanup::unservable::{self, LogWatch};
+use crate::cleanup::unservable::LogWatch;
 use crate::cleanup::{self, Inputs, LastPurge};
 use crate::litestream::config::{BackupConfig, LitestreamConfig};
 use crate::litestream::destination;
@@ -82,10 +82,8 @@ pub struct MonitorConfig<'a> {
 }
 
 pub struct Monitor {
-    pub registry: Registry,
-    pub subscribers: Subscribers,
-    pub change_db: ChangeDb,
-    pub status: StatusHandle,
+    handles: Handles,
+    change_db: ChangeDb,
     cleanup: CleanupConfig,
     litestream: LitestreamConfig,
     backup: BackupConfig,
@@ -95,7 +93,6 @@ pub struct Monitor {
     scraper: HttpClient,
     /// When the sidecar started: restores that began before a restart are covered by waiting the cleanup delay.
     started: Instant,
-    discovery: crate::cleanup::discovery::StateHandle,
     /// Where the shard's memory comes from once the keeper has read it from the change DB; `None`: it is
     /// [`Monitor::resumed`] already.
     resumed_from: Option<tokio::sync::watch::Receiver<Option<Resumed>>>,
@@ -116,12 +113,10 @@ pub struct Monitor {
 impl Monitor {
     pub fn new(
         config: MonitorConfig<'_>,
-        registry: Registry,
-        subscribers: Subscribers,
+        handles: &Handles,
         change_db: ChangeDb,
-        status: StatusHandle,
         started: Instant,
-        discovery: crate::cleanup::discovery::StateHandle,
+        hooks: &Hooks,
     ) -> Self {
         let litestream = config.litestream;
         let scraper = HttpClient::new(
@@ -135,14 +130,15 @@ impl Monitor {
                 location,
                 &config.backup.s3,
                 config.backup.list_timeout,
-                std::env::vars(),
+                match &hooks.backup_env {
+                    Some(env) => env.clone(),
+                    None => std::env::vars().collect(),
+                },
             )
         });
         Self {
-            registry,
-            subscribers,
+            handles: handles.clone(),
             change_db,
-            status,
             cleanup: config.cleanup.clone(),
             litestream: litestream.clone(),
             backup: config.backup.clone(),
@@ -150,37 +146,15 @@ impl Monitor {
             upstream_address: config.upstream_address.to_string(),
             scraper,
             started,
-            discovery,
             resumed: Resumed::default(),
             resumed_from: None,
             anchor: (Instant::now(), SystemTime::now()),
             knowledge: Knowledge::new(destination.is_some()),
             destination,
-            log_unwritten_after: unservable::LOG_UNWRITTEN_AFTER,
+            log_unwritten_after: hooks.log_unwritten_after,
             said: Said::default(),
             log_watch: LogWatch::default(),
         }
-    }
-
-    /// Replaces how long a relayed commit may stay out of the change log before the log counts as not written
-    /// (tests shorten it instead of waiting).
-    pub fn with_log_unwritten_after(mut self, after: Duration) -> Self {
-        self.log_unwritten_after = after;
-        self
-    }
-
-    /// Replaces the destination's client, built with `env` instead of the process environment (tests give their
-    /// S3 credentials this way).
-    pub fn with_backup_env(mut self, env: Vec<(String, String)>) -> Self {
-        if let Some(location) = self.backup.location.as_ref() {
-            self.destination = Some(destination::Destination::open(
-                location,
-                &self.backup.s3,
-                self.backup.list_timeout,
-                env,
-            ));
-        }
-        self
     }
 
     /// Continues from what the previous run left in the state file.
@@ -264,7 +238,7 @@ impl Monitor {
             self.publish();
             self.act(decision, &observed, &shutdown).await;
             self.read_size().await;
-            self.status.update(|s| s.checks += 1);
+            self.handles.status.update(|s| s.checks += 1);
         }
     }
 
@@ -282,6 +256,6 @@ impl Monitor {
 
     /// Hands what the loop knows to its readers, in one write.
     fn publish(&self) {
-        self.status.update(|s| self.knowledge.publish(s));
+        self.handles.status.update(|s| self.knowledge.publish(s));
     }
 }

@@ -49,7 +49,7 @@ impl Monitor {
         else {
             return;
         };
-        self.registry.replica_reset();
+        self.handles.registry.replica_reset();
         warn!(
             old_replica_version = %old,
             replica_version = %version,
@@ -66,7 +66,7 @@ impl Monitor {
         let parsed = match scrape(&self.scraper, &self.litestream.filter).await {
             Ok(parsed) => parsed,
             Err(err) => {
-                self.status.update(|s| s.scrape_errors += 1);
+                self.handles.status.update(|s| s.scrape_errors += 1);
                 // A bad URL, a 404 or a foreign page will not fix itself; litestream restarting will.
                 let level = if err.is_transient() {
                     Level::WARN
@@ -116,7 +116,7 @@ impl Monitor {
 
     /// `cleanup.requires = "restore"`: the latest drill's proof, as the drill task recorded it, in place of the page.
     pub(super) fn take_proofs(&mut self) {
-        let (failure, proof) = self.status.read(|s| {
+        let (failure, proof) = self.handles.status.read(|s| {
             (
                 s.drills.backup_failure().cloned(),
                 s.drills.last_proof.clone(),
@@ -129,7 +129,7 @@ impl Monitor {
     /// Passes a change of litestream's position on to the registry (which pins reservations at it) and the log;
     /// `found_says` is the line for a position known again.
     fn position_changed(&self, seen: PositionSeen, found_says: &str) {
-        let lowered = seen.pass_on(&self.registry);
+        let lowered = seen.pass_on(&self.handles.registry);
         if let Some(why) = &seen.lost {
             warn!(why = %why, "litestream's backed-up position unknown; cleanup holds until its page shows it");
         }
@@ -264,7 +264,7 @@ impl Monitor {
             Ok(Err(err)) => Err(err.to_string()),
             Err(_) => Err(format!("no answer within {READ_TIMEOUT:?}")),
         };
-        self.status.update(|s| match result {
+        self.handles.status.update(|s| match result {
             Ok(size) => {
                 s.change_log = Some(ChangeLogReading {
                     size,
@@ -301,7 +301,7 @@ impl Monitor {
                     now,
                 );
                 self.knowledge.on_listing_failed(err);
-                self.registry.set_restorable(false);
+                self.handles.registry.set_restorable(false);
                 return DestinationCheck::Unreadable;
             }
         };
@@ -327,7 +327,9 @@ impl Monitor {
                 .layout_problem
                 .succeeded("backup destination restores again (by its names)"),
         }
-        self.registry.set_restorable(listing.is_restorable());
+        self.handles
+            .registry
+            .set_restorable(listing.is_restorable());
         let fact = match self.cleanup.requires {
             // A drill's proof was restored from the destination: it needs no object to stand behind it, only a
             // destination that still restores.

@@ -29,11 +29,12 @@ impl Monitor {
         observed: &Gathered,
         shutdown: &CancellationToken,
     ) {
-        self.status
+        self.handles
+            .status
             .update(|s| s.last_decision = Some(decision.clone()));
         let (before, bound) = match decision {
             Decision::Hold(reason) => {
-                self.status.update(|s| {
+                self.handles.status.update(|s| {
                     *s.holds.entry(reason).or_default() += 1;
                     if s.held_since.as_ref().is_none_or(|h| h.reason != reason) {
                         s.held_since = Some(HeldSince {
@@ -52,7 +53,7 @@ impl Monitor {
             Decision::Purge { before, bound } => (before, bound),
         };
         self.said.last_hold = None;
-        self.status.update(|s| s.held_since = None);
+        self.handles.status.update(|s| s.held_since = None);
         if !self.cleanup.enabled {
             info!(before = %before, %bound, "cleanup would purge (cleanup.enabled = false)");
             return;
@@ -73,7 +74,7 @@ impl Monitor {
                     owner: observed.owner.as_deref(),
                 }),
             };
-            let holder = this.status.read(|s| s.holder.clone());
+            let holder = this.handles.status.read(|s| s.holder.clone());
             // Litestream can restart or go back while a long purge runs: its gauge is read again before every
             // batch, and anything but a steady gauge stops the purge (the next check decides afresh).
             let gauge = this.knowledge.gauge_watch();
@@ -114,7 +115,7 @@ impl Monitor {
             return self.purge_failed(&err, &outcome);
         }
         let mut failed_before = 0;
-        self.status.update(|s| {
+        self.handles.status.update(|s| {
             failed_before = s.purge_failures.succeeded();
             s.purges += 1;
             s.purged_rows += outcome.rows;
@@ -184,7 +185,7 @@ impl Monitor {
     ) -> cleanup::Ceiling {
         let verdict = match self.cleanup.requires {
             Requires::Restore => {
-                let (failure, proof) = self.status.read(|s| {
+                let (failure, proof) = self.handles.status.read(|s| {
                     (
                         s.drills.backup_failure().cloned(),
                         s.drills.last_proof.clone(),
@@ -197,15 +198,15 @@ impl Monitor {
                 gauge.judge_page(page.as_ref().map_err(ToString::to_string))
             }
         };
-        verdict.pass_on(&self.registry);
+        verdict.pass_on(&self.handles.registry);
         if let Some(why) = verdict.moved {
             *stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
             return cleanup::Ceiling::Everything;
         }
         purge_limit(
             self.cleanup.reservations,
-            &self.registry,
-            &self.subscribers,
+            &self.handles.registry,
+            &self.handles.subscribers,
             self.cleanup.reconnect_grace,
         )
     }
@@ -217,7 +218,7 @@ impl Monitor {
         let failure = PurgeFailure::of(err);
         let mut loudness = Loudness::Quiet;
         let mut consecutive = 0;
-        self.status.update(|s| {
+        self.handles.status.update(|s| {
             loudness = s.purge_failures.failed(failure.clone());
             consecutive = s.purge_failures.consecutive;
             s.purged_rows += done.rows;

@@ -39,7 +39,7 @@ impl Monitor {
             )),
         }
         let refused = self.knowledge.on_refusal(reason, found, SystemTime::now());
-        self.registry.set_unservable(refused);
+        self.handles.registry.set_unservable(refused);
     }
 
     /// Reads the upstream's `replicas` table where the change DB's connection sees it: a replica recorded with a
@@ -83,7 +83,7 @@ impl Monitor {
             return;
         };
         self.log_watch.for_replica(&version);
-        let relayed = self.subscribers.newest_commit_of(&version);
+        let relayed = self.handles.subscribers.newest_commit_of(&version);
         let relayed = relayed.as_ref().map(|(w, at)| (w.as_str(), *at));
         let Some(probe) = self
             .log_watch

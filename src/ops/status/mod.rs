@@ -775,34 +775,33 @@ fn cleanup(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Cleanup
 
 /// What `/status` reads: the handles of the state the loops keep, and the configuration it reports.
 pub struct Sources {
-    pub registry: crate::cleanup::reservations::Registry,
-    pub subscribers: crate::cleanup::subscribers::Subscribers,
-    pub status: crate::cleanup::status::StatusHandle,
+    pub handles: crate::cleanup::handles::Handles,
     pub upstream: crate::shared::Cell<UpstreamHealth>,
     pub upstream_address: String,
     /// What is known of the upstream's protocol versions, as the relay and the probe learn it.
     pub protocols: tokio::sync::watch::Receiver<crate::protocol::versions::Known>,
     /// `upstream.protocols` is a fixed range.
     pub protocols_fixed: bool,
-    pub cleanup_enabled: bool,
-    pub reconnect_grace: Duration,
+    /// `[cleanup]`: whether it purges (`enabled`), which departed subscribers it still tracks (`reconnect_grace`).
+    pub cleanup: crate::cleanup::config::CleanupConfig,
     pub started: Instant,
 }
 
 impl Sources {
     /// The state now, without I/O: every source is in memory.
     pub fn gather(&self, now: Instant) -> ReportInputs {
+        let handles = &self.handles;
         ReportInputs {
-            status: self.status.get(),
-            reservations: self.registry.open_reservations(),
-            subscribers: self.subscribers.view(now, self.reconnect_grace),
-            newest_commit: self.subscribers.newest_commit(),
+            status: handles.status.get(),
+            reservations: handles.registry.open_reservations(),
+            subscribers: handles.subscribers.view(now, self.cleanup.reconnect_grace),
+            newest_commit: handles.subscribers.newest_commit(),
             upstream: self.upstream.get(),
             upstream_address: self.upstream_address.clone(),
             protocols: self.protocols.borrow().clone(),
             protocols_fixed: self.protocols_fixed,
-            cleanup_enabled: self.cleanup_enabled,
-            cleanup_delay: self.registry.cleanup_delay(),
+            cleanup_enabled: self.cleanup.enabled,
+            cleanup_delay: handles.registry.cleanup_delay(),
             started: self.started,
         }
     }

@@ -26,7 +26,7 @@ pub(super) fn track(ctx: &RelayContext, subscription: &SubscriberContext) -> Opt
         watermark = %watermark,
         "subscribed"
     );
-    let handle = ctx.subscribers.connect(SubscriberInfo {
+    let handle = ctx.handles.subscribers.connect(SubscriberInfo {
         id: id.clone(),
         task_id: subscription.task_id.clone(),
         mode: subscription.mode,

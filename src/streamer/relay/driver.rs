@@ -52,7 +52,7 @@ pub async fn serve(
     let query = req.uri().query();
     let subscription = protocol::parse_subscriber_context(query);
     // Taken before anything can wait: only reservations open by now are this subscription's to end.
-    let requested = ctx.registry.ticket();
+    let requested = ctx.handles.registry.ticket();
     let target = upstream_target(
         req.uri().path(),
         query,
@@ -72,12 +72,12 @@ pub async fn serve(
     .await
     {
         Ok(upstream) => {
-            ctx.subscribers.upstream_reached(Instant::now());
+            ctx.handles.subscribers.upstream_reached(Instant::now());
             ctx.instruments.upstream.update(|u| u.attempted(None));
             upstream
         }
         Err(err) => {
-            ctx.subscribers.upstream_lost();
+            ctx.handles.subscribers.upstream_lost();
             ctx.protocols.recheck();
             ctx.instruments.upstream_connect_errors.inc();
             ctx.instruments
@@ -274,7 +274,7 @@ pub(super) async fn handle_changes(
     let outcome = relay.outcome.take().unwrap_or(SubscriptionEnd::ClientGone);
     if outcome.is_upstreams() {
         // Its other subscribers are likely dropped too, and back off before they return.
-        ctx.subscribers.upstream_lost();
+        ctx.handles.subscribers.upstream_lost();
     }
     if outcome.may_change_upstream() {
         ctx.protocols.recheck();

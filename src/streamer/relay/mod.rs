@@ -51,8 +51,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::cleanup::reservations::{Registry, Ticket};
-use crate::cleanup::subscribers::Subscribers;
+use crate::cleanup::reservations::Ticket;
 use crate::net::ws::{self, Assembler, CloseWith, Inbox, Outbox, PeerClose};
 use crate::protocol::inspect::{inspect, Downstream};
 use crate::protocol::{self, close, SubscriberContext};
@@ -74,8 +73,8 @@ const ACK_BATCH_BYTES: usize = 4 << 10;
 #[derive(Clone)]
 pub struct RelayContext {
     pub settings: Arc<Settings>,
-    pub registry: Registry,
-    pub subscribers: Subscribers,
+    /// The registry a subscription ends its task's reservation in; the subscribers its acks are tracked in.
+    pub handles: crate::cleanup::handles::Handles,
     /// Relayed frames and bytes, counted once per read.
     pub instruments: crate::ops::metrics::Instruments,
     /// What the upstream serves: checked before a dial, taught by its refusals.
@@ -777,9 +776,10 @@ impl<'a> Relay<'a> {
 fn on_subscribed(ctx: &RelayContext, subscription: &SubscriberContext, requested: Ticket) {
     if subscription.initial {
         if let Some(task_id) = &subscription.task_id {
-            if let Some(held) = ctx
-                .registry
-                .end_by_subscription(task_id, requested, Instant::now())
+            if let Some(held) =
+                ctx.handles
+                    .registry
+                    .end_by_subscription(task_id, requested, Instant::now())
             {
                 info!(task_id = %task_id, held = ?held, "reservation ended by its subscription");
             }

@@ -3,7 +3,7 @@
 use super::acks::merge_half;
 use super::upstream::upstream_target;
 use super::*;
-use crate::cleanup::subscribers::SubscriberInfo;
+use crate::cleanup::subscribers::{SubscriberInfo, Subscribers};
 use crate::net::ws::Reads;
 use std::collections::VecDeque;
 
@@ -145,8 +145,12 @@ fn context() -> RelayContext {
             peer_timeout: Duration::from_secs(4),
             max_message_bytes: MAX_MESSAGE,
         }),
-        registry: Registry::new(Duration::ZERO),
-        subscribers: Subscribers::default(),
+        handles: crate::cleanup::handles::Handles {
+            registry: crate::cleanup::reservations::Registry::new(Duration::ZERO),
+            subscribers: crate::cleanup::subscribers::Subscribers::default(),
+            status: Default::default(),
+            discovery: Default::default(),
+        },
         instruments: crate::ops::metrics::Instruments::default(),
         protocols: crate::streamer::protocols::UpstreamProtocols::new(
             &crate::streamer::config::Protocols::Auto,
@@ -661,12 +665,12 @@ async fn a_relayed_connection_answers_each_event() {
     for row in rows() {
         let name = row.name;
         let ctx = context();
-        let _lease = ctx.registry.open("t1", Instant::now());
+        let _lease = ctx.handles.registry.open("t1", Instant::now());
         let mut relay = Relay::new(
             &ctx,
             3,
             protocol::parse_subscriber_context(Some(row.query)),
-            ctx.registry.ticket(),
+            ctx.handles.registry.ticket(),
         );
         let mut from_client = Inbox::new(true, MAX_MESSAGE, Reads::Bulk);
         let mut from_upstream = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
@@ -735,9 +739,13 @@ async fn a_relayed_connection_answers_each_event() {
             .iter()
             .map(|(id, w)| (id.to_string(), w.to_string()))
             .collect();
-        assert_eq!(ctx.subscribers.acked_by_id(), acked, "{name}: acked");
         assert_eq!(
-            ctx.registry.len() == 1,
+            ctx.handles.subscribers.acked_by_id(),
+            acked,
+            "{name}: acked"
+        );
+        assert_eq!(
+            ctx.handles.registry.len() == 1,
             row.reservation_held,
             "{name}: reservation"
         );
@@ -758,8 +766,8 @@ fn a_check_during_the_handover_sees_the_reservation_or_the_subscriber() {
             let mut checks = 0u64;
             while !done.load(SeqCst) {
                 let covered = opened.load(SeqCst);
-                let reservations = ctx.registry.for_policy().len() as u64;
-                let subscribers = ctx.subscribers.connected() as u64;
+                let reservations = ctx.handles.registry.for_policy().len() as u64;
+                let subscribers = ctx.handles.subscribers.connected() as u64;
                 assert!(
                     reservations + subscribers >= covered,
                     "after {covered} restores a check saw {reservations} reservations and {subscribers} \
@@ -771,12 +779,12 @@ fn a_check_during_the_handover_sees_the_reservation_or_the_subscriber() {
         });
         let mut tracked = Vec::new();
         for round in 0..ROUNDS {
-            let lease = ctx.registry.open("t1", Instant::now());
+            let lease = ctx.handles.registry.open("t1", Instant::now());
             opened.fetch_add(1, SeqCst);
             let query =
                 format!("taskID=t1&id=s{round}&replicaVersion=01&watermark=0a&initial=true");
             let subscription = protocol::parse_subscriber_context(Some(&query));
-            let requested = ctx.registry.ticket();
+            let requested = ctx.handles.registry.ticket();
             let relay = Relay::new(&ctx, 3, subscription.clone(), requested);
             on_subscribed(&ctx, &subscription, requested);
             tracked.push(relay.acks);
@@ -784,7 +792,7 @@ fn a_check_during_the_handover_sees_the_reservation_or_the_subscriber() {
         }
         done.store(true, SeqCst);
         assert!(checker.join().unwrap() > 0);
-        assert_eq!(ctx.subscribers.connected() as u64, ROUNDS);
+        assert_eq!(ctx.handles.subscribers.connected() as u64, ROUNDS);
     });
 }
 
@@ -793,7 +801,12 @@ async fn relayed_frames_are_not_re_encoded() {
     // A 5-byte payload under a 16-bit length, which no encoder writes: passed on exactly as it came.
     let odd = [&[0x81u8, 126, 0, 5][..], b"hello"].concat();
     let ctx = context();
-    let mut relay = Relay::new(&ctx, 3, SubscriberContext::default(), ctx.registry.ticket());
+    let mut relay = Relay::new(
+        &ctx,
+        3,
+        SubscriberContext::default(),
+        ctx.handles.registry.ticket(),
+    );
     let mut inbox = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
     inbox.fill(&mut &odd[..]).await.unwrap();
     relay.on_read(Side::Upstream, &mut inbox);
@@ -828,7 +841,7 @@ async fn with_no_ack_batch_window_each_reads_acks_leave_at_once() {
         &ctx,
         3,
         protocol::parse_subscriber_context(None),
-        ctx.registry.ticket(),
+        ctx.handles.registry.ticket(),
     );
     let mut from_client = Inbox::new(true, MAX_MESSAGE, Reads::Bulk);
     let mut from_upstream = Inbox::new(false, MAX_MESSAGE, Reads::Bulk);
@@ -924,7 +937,7 @@ async fn an_upstreams_refusal_of_the_version_teaches_its_range() {
             &ctx,
             version,
             SubscriberContext::default(),
-            ctx.registry.ticket(),
+            ctx.handles.registry.ticket(),
         );
         let mut bytes = Vec::new();
         if answered_first {
