@@ -40,6 +40,61 @@ where
     }
 }
 
+/// Reads with `read` until `check` holds of the reading, and returns that reading; a hang guard, not a timing
+/// assertion. A test waits here for a fact, not for the log line that reports it: the line is written before or
+/// after the fact becomes visible, while `/status` and `/metrics` are the fact. On timeout the panic shows the last
+/// reading, so a failure says what the sidecar reported instead.
+pub async fn until<T, F, Fut>(
+    what: &str,
+    guard: Duration,
+    mut read: F,
+    check: impl Fn(&T) -> bool,
+) -> T
+where
+    T: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + guard;
+    loop {
+        let reading = read().await;
+        if check(&reading) {
+            return reading;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {guard:?} waiting for {what}; the last reading:\n{reading:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `GET /status` of the sidecar at `addr`, parsed.
+pub async fn status_at(addr: SocketAddr) -> serde_json::Value {
+    let (status, body) = http(addr, "GET", "/status").await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("/status is JSON")
+}
+
+/// Polls `GET /status` at `addr` until `check` holds of it ([`until`]), and returns that document.
+pub async fn wait_for_status(
+    addr: SocketAddr,
+    what: &str,
+    guard: Duration,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    until(what, guard, || status_at(addr), check).await
+}
+
+/// Waits until a process started on a port of its config answers `GET /status` there: it listens, and serves.
+pub async fn wait_until_serving(addr: SocketAddr, guard: Duration) -> serde_json::Value {
+    within("the sidecar to listen", guard, || async {
+        TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+    status_at(addr).await
+}
+
 /// The monitor's decision once it has checked `ticks` more times.
 pub async fn decisions(sidecar: &Sidecar, ticks: u64) -> Decision {
     let target = sidecar.status.get().checks + ticks;
