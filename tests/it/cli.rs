@@ -568,27 +568,20 @@ async fn status_prints_the_running_daemons_reservations_subscribers_and_hold_rea
             upstream.addr
         ),
     );
-    let mut child = Reaped(
+    let _child = Reaped(
         std::process::Command::new(BIN)
             .args(["--config", &path])
             .env_clear()
             .env("LITESTREAM_SIDECAR__CLEANUP__STATE_FILE", "none")
-            .stderr(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    loop {
-        let mut line = String::new();
-        assert!(
-            stderr.read_line(&mut line).unwrap() > 0,
-            "exited before listening"
-        );
-        if line.contains("\"listening\"") && !line.contains("metrics proxy") {
-            break;
-        }
-    }
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    crate::support::wait_until_serving(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        Duration::from_secs(30),
+    )
+    .await;
 
     let _reservation = crate::support::connect(&format!(
         "ws://127.0.0.1:{port}/replication/v3/snapshot?taskID=restore-42"

@@ -179,3 +179,21 @@ pub fn progress_page(samples: &[(&str, f64)]) -> String {
     }
     page
 }
+
+/// A backup time `secs` seconds ago, for metrics pages.
+pub fn seconds_ago(secs: f64) -> f64 {
+    epoch_now() - secs
+}
+
+/// Backed up two minutes ago: older than the 30 s minimum cleanup delay.
+pub fn aged() -> f64 {
+    seconds_ago(120.0)
+}
+
+/// Now as epoch seconds, for backup times in metrics pages.
+pub fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}

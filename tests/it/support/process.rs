@@ -266,10 +266,11 @@ impl Process {
             .collect()
     }
 
-    /// Waits until the process has logged `message` at least `count` times, and returns the latest such event. The
-    /// log is read from stderr by a thread of its own, so a line can come after what the process served: a test
-    /// that saw the effect (a status, a metric) waits here for the line rather than reading [`Process::logged`] at
-    /// once.
+    /// Waits until the process has logged `message` at least `count` times, and returns the latest such event: for
+    /// tests of what a line says (an operator is told X), never to learn that something happened, which `/status`
+    /// or `/metrics` says ([`Process::wait_for_status`]). The log is read from stderr by a thread of its own, so a
+    /// line can come after what the process served: a test that saw the effect waits here for the line rather than
+    /// reading [`Process::logged`] at once.
     pub async fn wait_logged(&self, message: &str, count: usize) -> serde_json::Value {
         let what = format!("{count} log lines {message:?}");
         super::eventually(&what, || self.logged(message).len() >= count).await;
@@ -288,9 +289,17 @@ impl Process {
 
     /// `GET /status`, parsed.
     pub async fn status(&self) -> serde_json::Value {
-        let (status, body) = super::http(self.addr, "GET", "/status").await;
-        assert_eq!(status, 200, "{body}");
-        serde_json::from_str(&body).expect("/status is JSON")
+        super::status_at(self.addr).await
+    }
+
+    /// Polls `/status` until `check` holds of it, and returns that document ([`super::until`]).
+    pub async fn wait_for_status(
+        &self,
+        what: &str,
+        guard: Duration,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        super::wait_for_status(self.addr, what, guard, check).await
     }
 
     /// `GET /metrics`.
@@ -298,6 +307,16 @@ impl Process {
         let (status, page) = super::http(self.addr, "GET", "/metrics").await;
         assert_eq!(status, 200, "{page}");
         page
+    }
+
+    /// Polls `/metrics` until `check` holds of the page, and returns that page ([`super::until`]).
+    pub async fn wait_for_metrics(
+        &self,
+        what: &str,
+        guard: Duration,
+        check: impl Fn(&str) -> bool,
+    ) -> String {
+        super::until(what, guard, || self.metrics(), |page: &String| check(page)).await
     }
 }
 

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// The status message a stand-in upstream sends first (in Zero's msg-first frame: [`UpstreamConn::send_msg`]).
+pub const UPSTREAM_STATUS: &str = r#"["status",{"tag":"status"}]"#;
+
 /// Limits for the stand-in upstream and test clients: above the sidecar's 128 MiB, so the sidecar's limit is
 /// the one tested.
 pub fn large_ws_config() -> WebSocketConfig {

@@ -34,10 +34,7 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
 
     install(dir.path(), &b);
     hangup(&process);
-    let reloaded = process
-        .wait_logged("TLS certificate reloaded; new connections get it", 1)
-        .await;
-    assert_eq!(reloaded["level"], "INFO", "{reloaded}");
+    reloads_counted(process.addr, both, "ok", 1.0).await;
     let (mut new, presented) = wss(process.addr, "/replication/v3/snapshot?taskID=new", both).await;
     assert_eq!(presented, b.der, "a new connection got the old certificate");
     assert_eq!(text_of(&mut new).await, V3_STATUS);
@@ -58,10 +55,12 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
         .collect();
     assert_eq!(tasks, ["old", "new"], "{json:#}");
 
-    // A renewal gone wrong: a key that is not the certificate's. The previous pair stays in service.
+    // A renewal gone wrong: a key that is not the certificate's. The previous pair stays in service, and the
+    // operator is told at error which file, where, is wrong.
     const NOT_RELOADED: &str = "TLS certificate not reloaded; still serving the previous one";
     replace(&key, &ca_a.leaf("stray").key_pem);
     hangup(&process);
+    reloads_counted(process.addr, both, "error", 1.0).await;
     let failed = process.wait_logged(NOT_RELOADED, 1).await;
     assert_eq!(failed["level"], "ERROR", "{failed}");
     let error = failed["error"].as_str().unwrap();
@@ -73,6 +72,7 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
     // A key file that is gone is reported the same way.
     std::fs::remove_file(&key).unwrap();
     hangup(&process);
+    reloads_counted(process.addr, both, "error", 2.0).await;
     let failed = process.wait_logged(NOT_RELOADED, 2).await;
     assert!(
         failed["error"].as_str().unwrap().contains("No such file"),
@@ -99,6 +99,19 @@ async fn sighup_gives_new_connections_the_new_certificate_and_keeps_open_ones() 
         Some(2.0),
         "{page}"
     );
+}
+
+/// Waits until the metrics page (over TLS, trusting `cas`) counts `count` re-reads of TLS files with `result`:
+/// each is counted once the re-read has ended, its new pair in service or the previous one kept.
+async fn reloads_counted(addr: SocketAddr, cas: &[&Ca], result: &str, count: f64) {
+    let series = format!("litestream_sidecar_tls_reloads_total{{result=\"{result}\"}}");
+    until(
+        &format!("{series} {count}"),
+        Duration::from_secs(10),
+        || async { https(addr, "/metrics", cas).await.1 },
+        |page: &String| crate::support::process::metric(page, &series) == Some(count),
+    )
+    .await;
 }
 
 #[tokio::test]
