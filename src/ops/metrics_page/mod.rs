@@ -18,6 +18,8 @@ use crate::cleanup::HoldReason;
 use super::metrics::Instruments;
 
 #[cfg(test)]
+mod golden;
+#[cfg(test)]
 mod tests;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
