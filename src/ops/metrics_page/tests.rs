@@ -1,5 +1,39 @@
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use super::*;
+use crate::cleanup::change_db::FailureClass;
+use crate::cleanup::status::{BackupStatus, Status};
+use crate::cleanup::HoldReason;
+use crate::litestream::destination::Listing;
+use crate::litestream::layout::Layout;
 use crate::ops::metrics::Direction;
+
+/// A scrape at `wall`, `held_for` after the hold in force began at `since`.
+fn clock(wall: SystemTime, since: tokio::time::Instant, held_for: f64) -> Clock {
+    Clock {
+        wall,
+        now: since + Duration::from_secs_f64(held_for),
+    }
+}
+
+/// A page of `status` alone: the handles' figures at their defaults, the clock at the epoch.
+fn page(status: &Status) -> String {
+    render(
+        &Instruments::default(),
+        status,
+        &HandleFigures::default(),
+        clock(UNIX_EPOCH, tokio::time::Instant::now(), 0.0),
+    )
+}
+
+fn listing(newest: Option<SystemTime>, layout: Layout) -> Listing {
+    Listing {
+        objects: 3,
+        newest,
+        layout,
+        uploads: Default::default(),
+    }
+}
 
 fn parse(text: &str) -> prometheus_parse::Scrape {
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
@@ -43,46 +77,94 @@ fn rendered_values_parse_back() {
     instruments.tls_reloaded(true);
     instruments.tls_reloaded(false);
     instruments.tls_reloaded(false);
-    let snapshot = Snapshot {
-        reservations_open: 2,
-        subscribers: 3,
-        newest_backup: Some(("718sh0nk8".into(), 42.5)),
-        cleanup_delay_seconds: 45.0,
-        purge_runs: 4,
+    let since = tokio::time::Instant::now();
+    let mut status = Status {
+        newest_backup: Some(("718sh0nk8".into(), at(1_750_000_000.0))),
+        purges: 4,
         purged_rows: 12345,
-        purge_failures: 9,
-        purge_consecutive_failures: 3,
-        purge_failing: Some(FailureClass::Permission),
+        purge_failures: crate::cleanup::status::PurgeFailures {
+            total: 9,
+            consecutive: 3,
+            last: Some(crate::cleanup::status::PurgeFailure {
+                class: FailureClass::Permission,
+                sqlstate: Some("42501".into()),
+                message: "permission denied".into(),
+            }),
+        },
         holds: [(HoldReason::NoSubscribers, 7)].into_iter().collect(),
-        registered: Some(true),
-        change_db_up: true,
         scrape_errors: 1,
-        held: Some((HoldReason::SubscriberBehind, 95.5)),
-        change_log_rows: Some(1234),
-        upstream_up: false,
-        last_purge_timestamp: Some(1_750_000_000.0),
-        backup: Some(BackupFigures {
+        held_since: Some(crate::cleanup::status::HeldSince {
+            reason: HoldReason::SubscriberBehind,
+            since,
+            since_wall: at(1_749_999_947.0),
+        }),
+        change_log: Some(crate::cleanup::status::ChangeLogReading {
+            size: crate::cleanup::change_db::ChangeLogSize {
+                rows: 1234,
+                exact: true,
+            },
+            read_at: at(1_750_000_000.0),
+        }),
+        last_purge: Some(crate::cleanup::LastPurge {
+            before: "0a".into(),
+            backed_up_at: None,
+            run: Some(crate::cleanup::PurgeRun {
+                bound: "backup".into(),
+                rows: 12345,
+                completed_at: at(1_750_000_000.0),
+            }),
+        }),
+        backup: BackupStatus {
+            verifying: true,
             verified: false,
-            newest_object: Some(1_746_600_000.5),
-            stale: true,
+            listing: Some(listing(
+                Some(at(1_746_600_000.5)),
+                Layout::Restorable(crate::litestream::layout::Chain {
+                    generation: "6876d0f712825346".into(),
+                    snapshot_index: 0,
+                    last_index: 1,
+                    newest: at(1_746_600_000.5),
+                    objects: 2,
+                }),
+            )),
+            stale: Some((Some(at(1_746_600_000.5)), at(1_750_000_000.0))),
             errors: [(crate::litestream::destination::ErrorKind::Timeout, 2)]
                 .into_iter()
                 .collect(),
-            layout: Some("restorable"),
-        }),
+            failing: None,
+        },
+        // Another sidecar purges.
+        standby: Some(true),
+        memory: crate::cleanup::Memory::Kept,
+        // One reservation slot closed here: kept.
+        slots: vec![slot(
+            crate::cleanup::slots::SlotKind::Reservation,
+            "us",
+            false,
+            60,
+        )],
+        holder: "us".into(),
+        backup_unknown: Some("litestream restarted".into()),
+        backup_below_purge: Some(("0a".into(), "09".into())),
+        ..Status::default()
+    };
+    refuse(&mut status, crate::cleanup::unservable::Reason::Ltx);
+    let handles = HandleFigures {
+        reservations_open: 2,
+        cleanup_delay: Duration::from_secs(45),
+        subscribers: 3,
+        registered: Some(true),
+        change_db_up: true,
+        upstream_up: false,
         connections_open: 17,
         max_connections: 16384,
-        purger: Some(false),
-        state_kept: true,
-        reservations_kept: 1,
-        slots: Vec::new(),
-        slot_malformed: false,
-        backup_position_known: false,
-        backup_below_last_purge: true,
-        drills: DrillFigures::default(),
-        unservable: vec![crate::cleanup::unservable::Reason::Ltx],
     };
-    let text = render(&instruments, &snapshot);
+    let text = render(
+        &instruments,
+        &status,
+        &handles,
+        clock(at(1_750_000_042.5), since, 95.5),
+    );
     let scrape = parse(&text);
     let v = |name: &str| value(&scrape, name, None);
     assert_eq!(v("litestream_sidecar_reservations_open"), 2.0);
@@ -254,7 +336,7 @@ fn rendered_values_parse_back() {
 
 #[test]
 fn unknown_state_is_left_out_rather_than_guessed() {
-    let text = render(&Instruments::default(), &Snapshot::default());
+    let text = page(&Status::default());
     assert!(!text.contains("backup_age_seconds"), "{text}");
     assert!(!text.contains("litestream_sidecar_registered"), "{text}");
     assert!(!text.contains("watermark=\""), "{text}");
@@ -313,13 +395,42 @@ fn proof(watermark: &str, finished: f64) -> crate::litestream::drill::Proof {
 }
 
 fn render_drills(drills: &crate::cleanup::status::DrillStatus) -> String {
-    render(
-        &Instruments::default(),
-        &Snapshot {
-            drills: DrillFigures::of(drills),
-            ..Snapshot::default()
-        },
-    )
+    page(&Status {
+        drills: drills.clone(),
+        ..Status::default()
+    })
+}
+
+/// A live slot opened `age` seconds ago, held by `holder`.
+fn slot(
+    kind: crate::cleanup::slots::SlotKind,
+    holder: &str,
+    connected: bool,
+    age: u64,
+) -> crate::cleanup::slots::Slot {
+    crate::cleanup::slots::Slot {
+        kind,
+        key: format!("{holder}-{age}"),
+        task_id: None,
+        subscriber_id: None,
+        floor: Some("0a".into()),
+        replica_version: Some("01".into()),
+        holder: holder.into(),
+        connected,
+        age: Duration::from_secs(age),
+        since_heartbeat: Duration::from_secs(1),
+        restore_limit: None,
+        live: true,
+    }
+}
+
+/// Refuses the deployment for `reason`.
+fn refuse(status: &mut Status, reason: crate::cleanup::unservable::Reason) {
+    let found = crate::cleanup::unservable::Unservable {
+        reason,
+        detail: "found".into(),
+    };
+    status.unservable.set(reason, Some(found), UNIX_EPOCH);
 }
 
 /// Every kind of failure has a series of both families from the start, 0 unless `counted` says otherwise, and
@@ -468,31 +579,38 @@ fn after_a_drill_that_failed() {
 
 #[test]
 fn the_layout_has_a_series_per_kind_once_listed() {
-    let with_backup = |backup: Option<BackupFigures>| {
-        render(
-            &Instruments::default(),
-            &Snapshot {
-                backup,
-                ..Snapshot::default()
-            },
-        )
+    let with_backup = |backup: BackupStatus| {
+        page(&Status {
+            backup,
+            ..Status::default()
+        })
+    };
+    let verifying = BackupStatus {
+        verifying: true,
+        ..Default::default()
     };
     let help = "# HELP litestream_sidecar_backup_layout 1 for what the last listing of the backup destination says of a restore of its newest generation (empty, restorable, no_snapshot, index_gap, unreadable_name, ltx), 0 for the others; no series before a listing.";
     let kind = "# TYPE litestream_sidecar_backup_layout gauge";
 
     // backup.verify off: no family.
-    assert!(!with_backup(None).contains("backup_layout"));
+    assert!(!with_backup(BackupStatus::default()).contains("backup_layout"));
     // Nothing listed yet: no series (and prometheus-client leaves a family without one out).
-    let text = with_backup(Some(BackupFigures::default()));
+    let text = with_backup(verifying.clone());
     assert!(
         !has_sample(&text, "litestream_sidecar_backup_layout"),
         "{text}"
     );
     // Listed: 1 for the current kind, 0 for every other.
-    let text = with_backup(Some(BackupFigures {
-        layout: Some("index_gap"),
-        ..BackupFigures::default()
-    }));
+    let text = with_backup(BackupStatus {
+        listing: Some(listing(
+            None,
+            Layout::Broken {
+                generation: "0123456789abcdef".into(),
+                problem: crate::litestream::layout::Problem::IndexGap { missing: 1 },
+            },
+        )),
+        ..verifying
+    });
     assert_lines(
         &text,
         &[
@@ -542,47 +660,52 @@ fn every_layout_is_a_label_of_backup_layout() {
         }
     }
     let kinds: Vec<_> = layouts.iter().map(Layout::kind).collect();
-    assert_eq!(kinds, LAYOUTS);
+    assert_eq!(kinds, destination::LAYOUTS);
 }
 
 #[test]
-fn the_backup_figures_read_the_listing_s_layout() {
-    use crate::cleanup::status::BackupStatus;
-    use crate::litestream::destination::Listing;
-    use crate::litestream::layout::Layout;
+fn the_destination_metrics_read_the_listing() {
     let unlisted = BackupStatus {
         verifying: true,
         ..Default::default()
     };
-    assert_eq!(BackupFigures::of(&unlisted).layout, None);
+    let text = page(&Status {
+        backup: unlisted.clone(),
+        ..Status::default()
+    });
+    assert!(
+        !has_sample(&text, "litestream_sidecar_backup_layout"),
+        "{text}"
+    );
     let listed = BackupStatus {
-        listing: Some(Listing {
-            objects: 3,
-            newest: Some(at(1_746_600_000.5)),
-            layout: Layout::Ltx,
-            uploads: Default::default(),
-        }),
+        listing: Some(listing(Some(at(1_746_600_000.5)), Layout::Ltx)),
         ..unlisted
     };
-    let figures = BackupFigures::of(&listed);
-    assert_eq!(figures.layout, Some("ltx"));
-    assert_eq!(figures.newest_object, Some(1_746_600_000.5));
+    let text = page(&Status {
+        backup: listed,
+        ..Status::default()
+    });
+    assert_lines(
+        &text,
+        &[
+            "litestream_sidecar_backup_layout{layout=\"ltx\"} 1",
+            "litestream_sidecar_backup_destination_newest_timestamp_seconds 1746600000.5",
+        ],
+    );
 }
 
 #[test]
 fn every_unservable_reason_has_a_series_and_only_those_in_force_are_1() {
     use crate::cleanup::unservable::Reason;
-    let page = |unservable: Vec<Reason>| {
-        render(
-            &Instruments::default(),
-            &Snapshot {
-                unservable,
-                ..Snapshot::default()
-            },
-        )
+    let refused = |unservable: Vec<Reason>| {
+        let mut status = Status::default();
+        for reason in unservable {
+            refuse(&mut status, reason);
+        }
+        page(&status)
     };
     assert_lines(
-        &page(vec![]),
+        &refused(vec![]),
         &[
             "# TYPE litestream_sidecar_unservable gauge",
             "litestream_sidecar_unservable{reason=\"ltx\"} 0",
@@ -591,7 +714,7 @@ fn every_unservable_reason_has_a_series_and_only_those_in_force_are_1() {
         ],
     );
     assert_lines(
-        &page(vec![Reason::BackupPath, Reason::LogNotWritten]),
+        &refused(vec![Reason::BackupPath, Reason::LogNotWritten]),
         &[
             "litestream_sidecar_unservable{reason=\"ltx\"} 0",
             "litestream_sidecar_unservable{reason=\"backup_path\"} 1",
@@ -603,18 +726,30 @@ fn every_unservable_reason_has_a_series_and_only_those_in_force_are_1() {
 #[test]
 fn live_slots_are_counted_by_kind_with_the_oldest_age() {
     use crate::cleanup::slots::SlotKind;
-    let page = render(
-        &Instruments::default(),
-        &Snapshot {
-            slots: vec![
-                (SlotKind::Reservation, 3, 7200.0),
-                (SlotKind::Subscriber, 0, 0.0),
-            ],
-            slot_malformed: true,
-            reservations_kept: 2,
-            ..Snapshot::default()
-        },
-    );
+    let text = page(&Status {
+        slots: vec![
+            // Open on this sidecar: not kept.
+            slot(SlotKind::Reservation, "us", true, 7200),
+            // Closed here, and another sidecar's: kept.
+            slot(SlotKind::Reservation, "us", false, 10),
+            slot(SlotKind::Reservation, "them", true, 20),
+            // No longer live: not counted.
+            crate::cleanup::slots::Slot {
+                live: false,
+                ..slot(SlotKind::Subscriber, "them", false, 9000)
+            },
+        ],
+        holder: "us".into(),
+        bounding_slot: Some(crate::cleanup::slots::SlotLimit::Malformed {
+            slot: crate::cleanup::slots::SlotName {
+                kind: SlotKind::Reservation,
+                key: "them-20".into(),
+                holder: "them".into(),
+            },
+            problem: "not a watermark".into(),
+        }),
+        ..Status::default()
+    });
     for line in [
         "litestream_sidecar_slots{kind=\"reservation\"} 3.0",
         "litestream_sidecar_slots{kind=\"subscriber\"} 0.0",
@@ -622,6 +757,63 @@ fn live_slots_are_counted_by_kind_with_the_oldest_age() {
         "litestream_sidecar_slot_malformed 1.0",
         "litestream_sidecar_reservations_kept 2.0",
     ] {
-        assert!(page.contains(line), "{line} in\n{page}");
+        assert!(text.contains(line), "{line} in\n{text}");
     }
+}
+
+#[tokio::test]
+async fn the_handle_figures_read_the_handles() {
+    use crate::cleanup::discovery::{DiscoveryMode, Registration};
+    let instruments = Instruments::default();
+    let registry = crate::cleanup::reservations::Registry::new(Duration::from_secs(45));
+    let _leases = [
+        registry.open("a", tokio::time::Instant::now()),
+        registry.open("b", tokio::time::Instant::now()),
+    ];
+    let subscribers = crate::cleanup::subscribers::Subscribers::default();
+    let _subscriber = subscribers.connect(crate::cleanup::subscribers::SubscriberInfo {
+        id: "s".into(),
+        task_id: None,
+        mode: Default::default(),
+        replica_version: "01".into(),
+        watermark: "0a".into(),
+    });
+    let discovery = crate::cleanup::discovery::StateHandle::default();
+    discovery.update(|d| {
+        d.db_up = true;
+        d.registration = Some(Registration::Elsewhere("10.0.0.9:4849".into()));
+    });
+    instruments.upstream.update(|u| u.up = false);
+    let mut sources = MetricsSources {
+        admission: crate::net::admission::Admission::new(
+            16384,
+            instruments.connections_refused.clone(),
+        ),
+        instruments,
+        registry,
+        subscribers,
+        status: Default::default(),
+        discovery_mode: DiscoveryMode::Verify,
+        discovery,
+    };
+    assert_eq!(
+        sources.handle_figures(),
+        HandleFigures {
+            reservations_open: 2,
+            cleanup_delay: Duration::from_secs(45),
+            subscribers: 1,
+            registered: Some(false),
+            change_db_up: true,
+            upstream_up: false,
+            connections_open: 0,
+            max_connections: 16384,
+        }
+    );
+    sources
+        .discovery
+        .update(|d| d.registration = Some(Registration::Registered));
+    assert_eq!(sources.handle_figures().registered, Some(true));
+    // Discovery off: nothing is read, so nothing is said.
+    sources.discovery_mode = DiscoveryMode::Off;
+    assert_eq!(sources.handle_figures().registered, None);
 }
