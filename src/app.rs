@@ -445,11 +445,8 @@ impl App {
         Context {
             metrics: crate::ops::metrics_page::MetricsSources {
                 instruments: rt.instruments.clone(),
-                registry: rt.handles.registry.clone(),
-                subscribers: rt.handles.subscribers.clone(),
-                status: rt.handles.status.clone(),
+                handles: rt.handles.clone(),
                 discovery_mode: config.discovery.mode,
-                discovery: rt.handles.discovery.clone(),
                 admission: admission.clone(),
             },
             status: crate::ops::status::Sources {

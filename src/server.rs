@@ -396,7 +396,7 @@ fn keepalive(ctx: &Context) -> Response<Full<Bytes>> {
     }
     // Still ready while purges fail: reservations and subscriptions are served as before, and taking the sidecar
     // out of rotation would cut view-syncers off. The body says what is wrong.
-    match ctx.metrics.status.read(|s| s.cleanup_problem()) {
+    match ctx.metrics.handles.status.read(|s| s.cleanup_problem()) {
         None => plain(StatusCode::OK, "OK"),
         Some(problem) => plain(StatusCode::OK, format!("OK; {problem}\n")),
     }

@@ -70,11 +70,8 @@ impl Clock {
 /// Where a scrape reads its figures: the instruments, the status and the handles of [`HandleFigures`].
 pub struct MetricsSources {
     pub instruments: Instruments,
-    pub registry: crate::cleanup::reservations::Registry,
-    pub subscribers: crate::cleanup::subscribers::Subscribers,
-    pub status: crate::cleanup::status::StatusHandle,
+    pub handles: crate::cleanup::handles::Handles,
     pub discovery_mode: crate::cleanup::discovery::DiscoveryMode,
-    pub discovery: crate::cleanup::discovery::StateHandle,
     /// The main listener's connection counts.
     pub admission: crate::net::admission::Admission,
 }
@@ -82,7 +79,7 @@ pub struct MetricsSources {
 impl MetricsSources {
     /// The handles' figures, read now.
     pub fn handle_figures(&self) -> HandleFigures {
-        let (registered, change_db_up) = self.discovery.read(|discovery| {
+        let (registered, change_db_up) = self.handles.discovery.read(|discovery| {
             let registered = (self.discovery_mode != crate::cleanup::discovery::DiscoveryMode::Off)
                 .then(|| {
                     discovery.registration
@@ -91,9 +88,9 @@ impl MetricsSources {
             (registered, discovery.db_up)
         });
         HandleFigures {
-            reservations_open: self.registry.len(),
-            cleanup_delay: self.registry.cleanup_delay(),
-            subscribers: self.subscribers.connected(),
+            reservations_open: self.handles.registry.len(),
+            cleanup_delay: self.handles.registry.cleanup_delay(),
+            subscribers: self.handles.subscribers.connected(),
             registered,
             change_db_up,
             upstream_up: self.instruments.upstream.read(|upstream| upstream.up),
@@ -104,7 +101,7 @@ impl MetricsSources {
 
     /// The page `GET /metrics` serves.
     pub fn render(&self) -> String {
-        let status = self.status.get();
+        let status = self.handles.status.get();
         let handles = self.handle_figures();
         render(&self.instruments, &status, &handles, Clock::now())
     }

@@ -790,11 +790,13 @@ async fn the_handle_figures_read_the_handles() {
             instruments.connections_refused.clone(),
         ),
         instruments,
-        registry,
-        subscribers,
-        status: Default::default(),
+        handles: crate::cleanup::handles::Handles {
+            registry,
+            subscribers,
+            status: Default::default(),
+            discovery,
+        },
         discovery_mode: DiscoveryMode::Verify,
-        discovery,
     };
     assert_eq!(
         sources.handle_figures(),
@@ -810,6 +812,7 @@ async fn the_handle_figures_read_the_handles() {
         }
     );
     sources
+        .handles
         .discovery
         .update(|d| d.registration = Some(Registration::Registered));
     assert_eq!(sources.handle_figures().registered, Some(true));
