@@ -439,7 +439,7 @@ impl Keeper {
     }
 
     /// Migrates the schema, imports a state file if one is there, and reads the shard's memory and the newest drill
-    /// proof kept (which the drills' status takes unless a drill of this run proved first).
+    /// proof kept (the status's last proof until a drill of this run proves).
     async fn start(&self) -> Result<(Resumed, Option<Proof>), String> {
         let version = self.db.migrate().await.map_err(|e| e.to_string())?;
         let mut memory = self.db.shard_memory().await.map_err(|e| e.to_string())?;
@@ -497,10 +497,7 @@ impl Keeper {
         self.handles.status.update(|s| {
             s.memory = Memory::Kept;
             s.state_problem = None;
-            if let Some(proof) = kept.clone().filter(|_| s.drills.last_proof.is_none()) {
-                s.drills.last_proof = Some(proof);
-                s.drills.proof_kept = true;
-            }
+            s.kept_proof = kept.clone();
         });
         let resumed = Resumed {
             last_purge: memory.last_purge.map(|(before, backed_up_at)| LastPurge {

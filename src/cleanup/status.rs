@@ -84,6 +84,9 @@ pub struct Status {
     pub slots_problem: Option<String>,
     /// Which sidecar this is in the slot table.
     pub holder: String,
+    /// The newest drill proof kept in the change DB when this run read the shard's memory (proved by an earlier
+    /// run, or by another sidecar of the shard). The keeper writes it; the drills' own record stays theirs.
+    pub kept_proof: Option<Proof>,
 }
 
 /// A hold reason in force, and since when.
@@ -116,11 +119,8 @@ pub struct DrillStatus {
     pub next_at: Option<SystemTime>,
     /// The latest drill's outcome.
     pub last: Option<DrillOutcome>,
-    /// The latest drill that proved the backup.
+    /// The latest drill of this run that proved the backup ([`Status::last_proof`] adds the one kept from before).
     pub last_proof: Option<Proof>,
-    /// `last_proof` is one kept in the change DB (by an earlier run, or another sidecar of the shard), not a drill
-    /// of this run.
-    pub proof_kept: bool,
     pub runs: u64,
     /// Failed drills, by [`Failure::kind`].
     pub failures: std::collections::HashMap<&'static str, u64>,
@@ -176,7 +176,6 @@ impl DrillStatus {
                     self.restored_less = None;
                 }
                 self.last_proof = Some(proof.clone());
-                self.proof_kept = false;
             }
             DrillOutcome::Failed { failure, .. } => {
                 *self.failures.entry(failure.kind()).or_default() += 1;
@@ -224,6 +223,16 @@ pub fn layout_problem(layout: &Layout) -> Option<String> {
 }
 
 impl Status {
+    /// The latest proof of the backup: this run's drill's, else the one kept in the change DB.
+    pub fn last_proof(&self) -> Option<&Proof> {
+        self.drills.last_proof.as_ref().or(self.kept_proof.as_ref())
+    }
+
+    /// [`Status::last_proof`] is the kept one: no drill of this run has proved the backup yet.
+    pub fn proof_is_kept(&self) -> bool {
+        self.drills.last_proof.is_none() && self.kept_proof.is_some()
+    }
+
     /// What the backup claims now, for a drill that starts now to reach ([`Claims`]): the newest watermark of
     /// litestream's gauge that the destination's listing covers (any, with `backup.verify` off), never above where
     /// the gauge is now (a gauge that went back is its own hold); and the last proof, which binds a restore of its
@@ -253,7 +262,7 @@ impl Status {
                     })
             })
             .flatten();
-        let proof = self.drills.last_proof.as_ref().map(|proof| Claim {
+        let proof = self.last_proof().map(|proof| Claim {
             watermark: proof.watermark.clone(),
             generation: proof.generation.clone(),
         });

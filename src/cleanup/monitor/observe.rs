@@ -116,12 +116,10 @@ impl Monitor {
 
     /// `cleanup.requires = "restore"`: the latest drill's proof, as the drill task recorded it, in place of the page.
     pub(super) fn take_proofs(&mut self) {
-        let (failure, proof) = self.handles.status.read(|s| {
-            (
-                s.drills.backup_failure().cloned(),
-                s.drills.last_proof.clone(),
-            )
-        });
+        let (failure, proof) = self
+            .handles
+            .status
+            .read(|s| (s.drills.backup_failure().cloned(), s.last_proof().cloned()));
         let seen = self.knowledge.on_proof(failure.as_ref(), proof.as_ref());
         self.position_changed(seen, "a restore drill proved the backup again");
     }

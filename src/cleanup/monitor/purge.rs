@@ -185,12 +185,10 @@ impl Monitor {
     ) -> cleanup::Ceiling {
         let verdict = match self.cleanup.requires {
             Requires::Restore => {
-                let (failure, proof) = self.handles.status.read(|s| {
-                    (
-                        s.drills.backup_failure().cloned(),
-                        s.drills.last_proof.clone(),
-                    )
-                });
+                let (failure, proof) = self
+                    .handles
+                    .status
+                    .read(|s| (s.drills.backup_failure().cloned(), s.last_proof().cloned()));
                 gauge.judge_proof(failure.as_ref(), proof.as_ref())
             }
             Requires::Listing => {

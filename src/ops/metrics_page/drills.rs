@@ -7,11 +7,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 
 use crate::cleanup::status::{DrillOutcome, DrillStatus};
-use crate::litestream::drill::Failure;
+use crate::litestream::drill::{Failure, Proof};
 
 use super::{epoch_seconds, KindLabel, Page};
 
-pub(super) fn register(page: &mut Page, drills: &DrillStatus) {
+pub(super) fn register(page: &mut Page, drills: &DrillStatus, last_proof: Option<&Proof>) {
     page.gauge(
         "drill_interval_seconds",
         "backup.drill_interval: how often a restore drill runs; 0 when drills run only on demand (\"off\")",
@@ -62,13 +62,11 @@ pub(super) fn register(page: &mut Page, drills: &DrillStatus) {
         "drill_last_success_timestamp_seconds",
         "Wall-clock time (epoch seconds) the latest restore drill that proved the backup finished; 0 before the \
          first of this run",
-        drills
-            .last_proof
-            .as_ref()
+        last_proof
             .and_then(|proof| epoch_seconds(proof.finished))
             .unwrap_or(0.0),
     );
-    if let Some(proof) = &drills.last_proof {
+    if let Some(proof) = last_proof {
         page.add(
             "drill_proven_watermark",
             "What the latest restore drill that proved the backup restored (value 1; the labels are the restored \

@@ -123,7 +123,7 @@ pub fn render(
     if status.backup.verifying {
         destination::register(&mut page, &status.backup);
     }
-    drills::register(&mut page, &status.drills);
+    drills::register(&mut page, &status.drills, status.last_proof());
 
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &page.0)

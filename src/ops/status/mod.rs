@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::cleanup::reservations::Reservation;
-use crate::cleanup::status::{DrillOutcome, DrillStatus, Status};
+use crate::cleanup::status::{DrillOutcome, Status};
 use crate::cleanup::subscribers::SubscriberView;
 use crate::cleanup::{Backup, Decision};
 use crate::litestream::drill::Proof;
@@ -558,7 +558,7 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
         backups_tracked: status.backups_tracked,
         replica_bytes: status.db_bytes,
         destination: destination_entry(&status.backup, wall_now),
-        drills: Some(drills_entry(&status.drills, wall_now)),
+        drills: Some(drills_entry(status, wall_now)),
         backup_regressed: status
             .backup_regressed
             .as_ref()
@@ -659,7 +659,8 @@ fn destination_entry(
     })
 }
 
-fn drills_entry(drills: &DrillStatus, wall_now: SystemTime) -> DrillsEntry {
+fn drills_entry(status: &Status, wall_now: SystemTime) -> DrillsEntry {
+    let drills = &status.drills;
     let proved = |proof: &Proof| DrillEntry {
         ok: true,
         started_at: Some(rfc3339(proof.started)),
@@ -696,8 +697,8 @@ fn drills_entry(drills: &DrillStatus, wall_now: SystemTime) -> DrillsEntry {
                 ..DrillEntry::default()
             },
         }),
-        last_proof: drills.last_proof.as_ref().map(|proof| DrillEntry {
-            kept: drills.proof_kept,
+        last_proof: status.last_proof().map(|proof| DrillEntry {
+            kept: status.proof_is_kept(),
             ..proved(proof)
         }),
         restored_less: match &drills.restored_less {
