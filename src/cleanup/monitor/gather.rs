@@ -37,6 +37,22 @@ impl Gathered {
     }
 }
 
+/// What the policy hears of the shard's memory: the keeper's word (`kept`), unless the loop has not taken the memory
+/// in yet (the keeper says "kept" a moment before it hands the memory over, and a check in between would decide
+/// without the last purge and the highest backup), or the slots cannot be read (they are memory too: nothing says
+/// which restores are in flight).
+pub(super) fn memory_guard(
+    kept: cleanup::Memory,
+    resumed: bool,
+    slots_unread: bool,
+) -> cleanup::Memory {
+    match kept {
+        cleanup::Memory::Kept if !resumed => cleanup::Memory::Loading,
+        cleanup::Memory::Kept if slots_unread => cleanup::Memory::Unreadable,
+        memory => memory,
+    }
+}
+
 impl Monitor {
     /// Everything else the policy reads, at one instant.
     pub(super) fn gather(&self, now: Instant) -> Gathered {
@@ -121,12 +137,7 @@ impl Monitor {
                 s.drills.drives_cleanup && s.drills.disk_short().is_some(),
             )
         });
-        // Slots that cannot be read are memory that cannot be read: nothing says which restores are in flight.
-        let memory = if knowledge.slots_unread() && memory == cleanup::Memory::Kept {
-            cleanup::Memory::Unreadable
-        } else {
-            memory
-        };
+        let memory = memory_guard(memory, knowledge.resumed(), knowledge.slots_unread());
         let (anchor, anchor_wall) = self.anchor;
         // While the replica's size is unknown, "auto" has no end to give the hold: a restore of a replica of
         // unknown size may still be running.

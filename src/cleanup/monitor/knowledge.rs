@@ -32,6 +32,9 @@ pub struct Knowledge {
     restores_unknown_since: Option<SystemTime>,
     /// `Some(true)` while another sidecar holds the shard's purger lock; `None` before the first answer.
     standby: Option<bool>,
+    /// The shard's memory has been taken in ([`Knowledge::on_resumed`]): until then the last purge and the highest
+    /// backup are unknown, whatever the keeper's status already says.
+    resumed: bool,
     slots: Slots,
     backup: BackupStatus,
     refusals: Refusals,
@@ -202,6 +205,10 @@ impl Knowledge {
         self.standby
     }
 
+    pub fn resumed(&self) -> bool {
+        self.resumed
+    }
+
     pub fn restores_unknown_since(&self) -> Option<SystemTime> {
         self.restores_unknown_since
     }
@@ -243,6 +250,7 @@ impl Knowledge {
     /// cleanup as a resync seen live does. Returns `(remembered, current)` replica versions in that case.
     pub fn on_resumed(&mut self, resumed: &Resumed, at: SystemTime) -> Option<(String, String)> {
         self.litestream.first = true;
+        self.resumed = true;
         self.restores_unknown_since = resumed.restores_unknown_since;
         match (&self.replica.version, &resumed.replica_version) {
             (Some(now), Some(then)) if now != then => {

@@ -409,3 +409,21 @@ fn a_purge_is_kept_in_one_form_and_published_with_what_it_did() {
         "the backup at the purge stays tracked"
     );
 }
+
+#[test]
+fn the_policy_hears_the_memory_kept_only_once_the_loop_has_taken_it_in() {
+    use super::gather::memory_guard;
+    use crate::cleanup::Memory;
+    // The keeper says "kept" before it hands the memory over: a check in between holds as while loading.
+    assert_eq!(memory_guard(Memory::Kept, false, false), Memory::Loading);
+    assert_eq!(memory_guard(Memory::Kept, true, false), Memory::Kept);
+    assert_eq!(memory_guard(Memory::Kept, true, true), Memory::Unreadable);
+    assert_eq!(
+        memory_guard(Memory::Unwritable, false, true),
+        Memory::Unwritable
+    );
+    let mut k = Knowledge::new(false);
+    assert!(!k.resumed());
+    k.on_resumed(&Resumed::default(), at(0));
+    assert!(k.resumed());
+}

@@ -350,9 +350,9 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     loop {
-        let next = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        let next = tokio::time::timeout(Duration::from_secs(60), ws.next())
             .await
-            .expect("no message within 10s");
+            .expect("no message within 60s");
         match next {
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
             Some(Ok(message)) => return Some(message),
