@@ -3,6 +3,8 @@
 // binary from SIDECAR_BIN, the real litestream from LITESTREAM_BIN (through lib/litestream-gauge.mjs). The
 // scenarios share one deployment and run in order; each one's assertions stand alone, but a later scenario relies on
 // the state an earlier one left (rows, purges, processes). The last four each start a fresh deployment of their own.
+// A run may hold only some of them (a shard of `make test`, INTEROP_ONLY: lib/selection.mjs): the main deployment
+// starts only for scenarios 1 to 8, the groups lib/versions.mjs keeps together.
 // The sidecar runs with its default `proxy_mode` ("clamp") everywhere but in the cold start (9), which hides the gauge.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
@@ -13,9 +15,10 @@ import {
   StrayLines, field, httpGet, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
 } from '../lib/util.mjs';
 import {
-  APP_ID, CDC, CLEANUP_DELAY_MS, SHARD_NUM, LITESTREAM_GAUGE, RECONNECT_GRACE_MS, Topology, ZERO_CLI, assertGaugeNeverAhead, eventually,
-  progressSamples,
+  APP_ID, CDC, CLEANUP_DELAY_MS, SHARD_NUM, LITESTREAM_GAUGE, RECONNECT_GRACE_MS, Topology, ZERO_CLI, ZERO_VERSION,
+  assertGaugeNeverAhead, eventually, progressSamples,
 } from '../lib/topology.mjs';
+import {selection} from '../lib/selection.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
 import {
   ZERO_READ, assertProxyNeverAboveLog, assertProxyShowsBackupSoonAfter, assertZeroCleanupHarmless, describeWatch,
@@ -221,7 +224,11 @@ function keepWriting(first, interval = 1_000, topo = t) {
   }};
 }
 
+/** The scenarios this run registers (lib/selection.mjs: its shard, INTEROP_ONLY). */
+const selected = selection(ZERO_VERSION);
+
 function scenario(name, fn, {timeout = 180_000, skip} = {}) {
+  if (!selected.take(name)) return;
   test(name, {timeout, skip}, async ctx => {
     strays.mark();
     try {
@@ -234,7 +241,11 @@ function scenario(name, fn, {timeout = 180_000, skip} = {}) {
   });
 }
 
+// The main deployment, for the scenarios that use it (every other one starts its own).
 before(async () => {
+  // Node runs this as it is declared, before the scenarios below are: they are, once it yields to the event loop.
+  await sleep(0);
+  if (!selected.main) return;
   try {
     await t.prepare();
     // The sidecar first: a view-syncer reserves its snapshot through it.
