@@ -7,11 +7,15 @@
 #
 # Phases, each with its output in a log file of its own (target/test-logs/PHASE.log; a failed phase's log is printed
 # in full at the end):
-#   build       the sidecar binary (debug: what the interop suites run); the interop suites' npm packages are
-#               installed meanwhile, the real litestream binaries (scripts/install-litestream.sh) and moto
-#               (scripts/moto.sh: the backup tests and the interop suites' S3 deployments use it), every
-#               major's PostgreSQL binaries (scripts/with-postgres.sh --install) and haproxy (scripts/haproxy.sh:
-#               the interop suite's pair of sidecars is reached through it)
+#   build       the sidecar binary (debug: what the interop suites run), with the benchmark example, so that its
+#               dependencies get the features the tests' dependencies add (tokio's test-util and the rest): the
+#               tests' build then reuses them, rather than compiling tokio and every crate above it (hyper,
+#               tokio-postgres, object_store, …) a second time, and leaves the binary the interop suites run as it
+#               is. Meanwhile the interop suites' npm packages are installed, the real litestream binaries
+#               (scripts/install-litestream.sh) and moto (scripts/moto.sh: the backup tests and the interop
+#               suites' S3 deployments use it), every major's PostgreSQL binaries (scripts/with-postgres.sh
+#               --install) and haproxy (scripts/haproxy.sh: the interop suite's pair of sidecars is reached
+#               through it)
 #   build-tests the tests, examples and benchmarks (so a change cannot break `make bench` unnoticed)
 #   alerts      the alerting rules' unit tests (scripts/test-alerts.sh), once
 #   rust-unit   `cargo test --lib --bins`, once
@@ -25,12 +29,12 @@
 # equal time (INTEROP_SHARD=k/n, lib/versions.mjs `shardOf`), and every major runs one shard of every suite, the
 # suites turned by one major each so that every major runs some suite's main deployment. Every scenario runs once,
 # every major runs Zero of every version, and the sidecar's SQL is tested on every major by rust-pg-M.
-# After the build, the Rust lane (build-tests, then, side by side, alerts, rust-unit and rust-it one after the
-# other, and rust-pg-M for every major) and every zero-V-M run side by side, each phase that needs PostgreSQL on a
-# throwaway cluster of its own (scripts/with-postgres.sh). The tests mostly wait (on sockets, timers, the database;
-# the interop suites on Zero's and the sidecar's timers), so they cost little beside each other: the longest of the
-# two lanes decides the run's time (build-tests and rust-pg-M, or the longest shard, Zero 1.9's of about 5
-# minutes). Every phase runs even when an earlier one failed.
+# After the build, the Rust lane (alerts beside build-tests, as a fresh checkout's alerts mostly wait on
+# promtool's download; then rust-unit, rust-it, and rust-pg-M for every major side by side) and every zero-V-M run
+# side by side, each phase that needs PostgreSQL on a throwaway cluster of its own (scripts/with-postgres.sh). The
+# tests mostly wait (on sockets, timers, the database; the interop suites on Zero's and the sidecar's timers), so
+# they cost little beside each other, and the two lanes take about as long: about 5 minutes, Zero 1.9's longest
+# shard. Every phase runs even when an earlier one failed.
 #
 # The last lines: a table of the phases (seconds, result), the test counts of the tests that run once, of each major
 # and of the whole run, then what failed: the tests each failed phase names, or its log's last lines. Exits non-zero
@@ -118,7 +122,9 @@ build() {
     && scripts/haproxy.sh >"$LOGS/haproxy.path") &
   local pgs=$!
   local rc=0
-  $CARGO build --locked --bin litestream-sidecar || rc=$?
+  # (An example that does not compile fails build-tests, not this: the binary alone then.)
+  $CARGO build --locked --bin litestream-sidecar --example bench \
+    || $CARGO build --locked --bin litestream-sidecar || rc=$?
   for pid in "${installs[@]}"; do wait "$pid" || rc=$?; done
   wait $ils || rc=$?
   wait $moto || rc=$?
@@ -145,17 +151,12 @@ export MOTO_SERVER HAPROXY_BIN
 
 if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
   rust_lane() {
+    phase alerts scripts/test-alerts.sh &
+    local pids=($!)
     phase build-tests build_tests
-    # Then the tests that need no database, one phase after the other, beside every major's: most of them wait,
-    # and one after the other they took longer than the interop suites. (The build above leaves each `cargo test`
-    # nothing to compile, so none waits on another's lock.)
-    local pids=()
-    (
-      phase alerts scripts/test-alerts.sh
-      phase rust-unit $CARGO test --locked --no-fail-fast --lib --bins
-      phase rust-it $CARGO test --locked --no-fail-fast "${RUST_NOPG[@]}"
-    ) &
-    pids+=($!)
+    phase rust-unit $CARGO test --locked --no-fail-fast --lib --bins
+    phase rust-it $CARGO test --locked --no-fail-fast "${RUST_NOPG[@]}"
+    # The majors side by side: these tests mostly wait.
     for major in "${majors[@]}"; do
       phase "rust-pg-$major" scripts/with-postgres.sh --pg "$major" $CARGO test --locked --no-fail-fast "${RUST_PG[@]}" &
       pids+=($!)
