@@ -75,7 +75,7 @@ cd "$ROOT/tests/interop/zero-$VERSION"
 lib_tests=none
 [[ $INTEROP_SHARD_LIB_TESTS == 0 || -z $INTEROP_LIB_TESTS ]] || lib_tests=$INTEROP_LIB_TESTS
 echo "interop $VERSION: shard $INTEROP_SHARD: scenarios ${INTEROP_SHARD_SCENARIOS:-none}; the harness's tests:" \
-  "$lib_tests; about $INTEROP_SHARD_SECONDS s on a quiet machine" >&2
+  "$lib_tests; about $INTEROP_SHARD_SECONDS s when run alone" >&2
 start=$(date +%s)
 status=0
 if [[ $INTEROP_SHARD_LIB_TESTS == 1 ]]; then

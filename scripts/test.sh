@@ -33,7 +33,7 @@
 # promtool's download; then rust-unit, rust-it, and rust-pg-M for every major side by side) and every zero-V-M run
 # side by side, each phase that needs PostgreSQL on a throwaway cluster of its own (scripts/with-postgres.sh). The
 # tests mostly wait (on sockets, timers, the database; the interop suites on Zero's and the sidecar's timers), so
-# they cost little beside each other, and the two lanes take about as long: about 5 minutes, Zero 1.9's longest
+# they cost little beside each other, and the two lanes take about as long: 5 to 6 minutes, Zero 1.9's longest
 # shard. Every phase runs even when an earlier one failed.
 #
 # The last lines: a table of the phases (seconds, result), the test counts of the tests that run once, of each major

@@ -51,7 +51,7 @@ function nodeFirstTelemetryOff() {
  * - `suite`: its scenarios by number, in the groups `make test` splits the suite by (`shardOf`, below): `main`, the
  *   scenarios of the suite's main deployment, which run in this order in one process (each relies on what the ones
  *   before it left: rows, purges, processes); `own`, every other scenario, each starting a deployment of its own;
- *   `libTests`, the tests above. `seconds`: what each took on a quiet machine (the node test runner's
+ *   `libTests`, the tests above. `seconds`: what each took in a run of the suite alone (the node test runner's
  *   `duration_ms`; the main group's with the `before` that starts its deployment). A scenario in no group fails
  *   the suite (lib/selection.mjs): no shard would run it.
  * - `profile`: names (so that suites can share a PostgreSQL cluster), task IDs, and the environment Zero's
