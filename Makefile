@@ -18,9 +18,10 @@ run: build
 	./target/release/litestream-sidecar --config $(CONFIG)
 
 # Every test (scripts/test.sh): the alerting rules' unit tests and the Rust tests that need no database once; the
-# Rust tests that need PostgreSQL and both interop suites against real Zero 0.20 and 1.9 (tests/interop) on every
-# major in $(PG), each on a throwaway cluster, side by side. Ends with each phase's time and the test counts; the
-# phases' logs are in target/test-logs.
+# Rust tests that need PostgreSQL on every major in $(PG); both interop suites against real Zero 0.20 and 1.9
+# (tests/interop) spread over those majors, every major running one shard of each suite (every scenario runs once).
+# Each on a throwaway cluster, side by side. Ends with each phase's time and the test counts; the phases' logs are
+# in target/test-logs.
 test:
 	CARGO="$(CARGO)" scripts/test.sh $(PG)
 

@@ -16,6 +16,12 @@
 # The suite starts and stops every process itself; whatever still carries this run's marker when it ends (also on
 # failure or interruption) is killed here. Several runs may share one PostgreSQL cluster (each deployment has
 # databases of its own).
+#
+# INTEROP_SHARD=k/n runs shard k of n of the suite (`make test` runs a suite's shards side by side, one on each
+# PostgreSQL major): the table's groups of scenarios (the main deployment's, in order; each one that starts a
+# deployment of its own; the harness's tests) dealt out by their measured seconds (lib/versions.mjs `shardOf`).
+# INTEROP_ONLY='^11\.' runs only the scenarios whose names match (for working on one scenario); either way the
+# main deployment starts only if a scenario that uses it runs (lib/selection.mjs).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +30,10 @@ CARGO=${CARGO:-cargo}
 # INTEROP_LIB_TESTS and the rest of the version's entry (refused here when the table cannot run it).
 settings=$(node "$ROOT/tests/interop/lib/versions.mjs" --shell "$VERSION") || exit 2
 eval "$settings"
+# INTEROP_SHARD_SCENARIOS, INTEROP_SHARD_LIB_TESTS, INTEROP_SHARD_SECONDS: what this run's shard holds.
+shard=$(node "$ROOT/tests/interop/lib/versions.mjs" --shard "$VERSION" "${INTEROP_SHARD:-1/1}") || exit 2
+eval "$shard"
+export INTEROP_SHARD=${INTEROP_SHARD:-1/1}
 
 : "${SIDECAR_TEST_DATABASE_URL:?run under scripts/with-postgres.sh, or point it at a PostgreSQL with wal_level=logical}"
 
@@ -61,16 +71,20 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 cd "$ROOT/tests/interop/zero-$VERSION"
+# scripts/test.sh reads the scenarios from this line.
+lib_tests=none
+[[ $INTEROP_SHARD_LIB_TESTS == 0 || -z $INTEROP_LIB_TESTS ]] || lib_tests=$INTEROP_LIB_TESTS
+echo "interop $VERSION: shard $INTEROP_SHARD: scenarios ${INTEROP_SHARD_SCENARIOS:-none}; the harness's tests:" \
+  "$lib_tests; about $INTEROP_SHARD_SECONDS s when run alone" >&2
 start=$(date +%s)
 status=0
-for lib_test in $INTEROP_LIB_TESTS; do
-  "$NODE" --test --test-reporter=tap --test-timeout=120000 "../lib/$lib_test" || status=$?
-done
-# INTEROP_ONLY='^11\.' runs only the scenarios whose names match (node's --test-name-pattern; `before` and `after`
-# still run): for working on one scenario.
-only=()
-[[ -z ${INTEROP_ONLY:-} ]] || only=(--test-name-pattern="$INTEROP_ONLY")
-"$NODE" --test --test-reporter=tap --test-concurrency=1 --test-timeout=900000 ${only[@]+"${only[@]}"} interop.test.mjs \
-  || status=$?
-echo "interop $VERSION: suite took $(( $(date +%s) - start )) s (node $("$NODE" --version))" >&2
+if [[ $INTEROP_SHARD_LIB_TESTS == 1 ]]; then
+  for lib_test in $INTEROP_LIB_TESTS; do
+    "$NODE" --test --test-reporter=tap --test-timeout=120000 "../lib/$lib_test" || status=$?
+  done
+fi
+if [[ -n $INTEROP_SHARD_SCENARIOS ]]; then
+  "$NODE" --test --test-reporter=tap --test-concurrency=1 --test-timeout=900000 interop.test.mjs || status=$?
+fi
+echo "interop $VERSION: shard $INTEROP_SHARD took $(( $(date +%s) - start )) s (node $("$NODE" --version))" >&2
 exit $status

@@ -1,28 +1,40 @@
 #!/usr/bin/env bash
-# `make test`: every test, with the tests that need PostgreSQL on every major in $PG:
+# `make test`: every test, the Rust tests that need PostgreSQL on every major in $PG and the interop suites spread
+# over those majors:
 #
 #   scripts/test.sh              # PostgreSQL 15 and 17 (or the majors in $PG)
-#   scripts/test.sh 18           # only PostgreSQL 18
+#   scripts/test.sh 18           # only PostgreSQL 18 (which then runs every interop suite whole)
 #
 # Phases, each with its output in a log file of its own (target/test-logs/PHASE.log; a failed phase's log is printed
 # in full at the end):
-#   build       the sidecar binary (debug: what the interop suites run); the interop suites' npm packages are
-#               installed meanwhile, the real litestream binaries (scripts/install-litestream.sh) and moto
-#               (scripts/moto.sh: the backup tests and the interop suites' S3 deployments use it), every
-#               major's PostgreSQL binaries (scripts/with-postgres.sh --install) and haproxy (scripts/haproxy.sh:
-#               the interop suite's pair of sidecars is reached through it)
+#   build       the sidecar binary (debug: what the interop suites run), with the benchmark example, so that its
+#               dependencies get the features the tests' dependencies add (tokio's test-util and the rest): the
+#               tests' build then reuses them, rather than compiling tokio and every crate above it (hyper,
+#               tokio-postgres, object_store, …) a second time, and leaves the binary the interop suites run as it
+#               is. Meanwhile the interop suites' npm packages are installed, the real litestream binaries
+#               (scripts/install-litestream.sh) and moto (scripts/moto.sh: the backup tests and the interop
+#               suites' S3 deployments use it), every major's PostgreSQL binaries (scripts/with-postgres.sh
+#               --install) and haproxy (scripts/haproxy.sh: the interop suite's pair of sidecars is reached
+#               through it)
 #   build-tests the tests, examples and benchmarks (so a change cannot break `make bench` unnoticed)
 #   alerts      the alerting rules' unit tests (scripts/test-alerts.sh), once
 #   rust-unit   `cargo test --lib --bins`, once
 #   rust-it     the integration tests that need no database (`--test it -- --skip pg::`), once
 #   rust-pg-M   the integration tests that do (`--test it -- pg::`), on PostgreSQL M
-#   zero-V-M    the interop suite with real Zero V (each version tests/interop/lib/versions.mjs can install: 0.20
-#               and 1.9; scripts/interop.sh) on PostgreSQL M
-# After the build, the Rust lane (build-tests, alerts, rust-unit, rust-it, then rust-pg-M for every major side by
-# side) and every zero-V-M run side by side, each phase that needs PostgreSQL on a throwaway cluster of its own
-# (scripts/with-postgres.sh). The interop suites mostly wait on Zero's and the sidecar's timers (Zero 1.9's takes
-# about 10 minutes, nearly all of it waiting), so they cost little beside the Rust tests, and one after the other
-# they would not fit in 15 minutes. Every phase runs even when an earlier one failed.
+#   zero-V-M    the share of the interop suite with real Zero V (each version tests/interop/lib/versions.mjs can
+#               install: 0.20 and 1.9; scripts/interop.sh) that runs on PostgreSQL M
+# Each interop suite is spread over the majors, not run whole on each: with n majors, its scenarios, in the groups
+# the version's table keeps together (the main deployment's, which rely on one another; each that starts a
+# deployment of its own; the harness's own tests), are dealt out by their measured seconds into n shards of about
+# equal time (INTEROP_SHARD=k/n, lib/versions.mjs `shardOf`), and every major runs one shard of every suite, the
+# suites turned by one major each so that every major runs some suite's main deployment. Every scenario runs once,
+# every major runs Zero of every version, and the sidecar's SQL is tested on every major by rust-pg-M.
+# After the build, the Rust lane (alerts beside build-tests, as a fresh checkout's alerts mostly wait on
+# promtool's download; then rust-unit, rust-it, and rust-pg-M for every major side by side) and every zero-V-M run
+# side by side, each phase that needs PostgreSQL on a throwaway cluster of its own (scripts/with-postgres.sh). The
+# tests mostly wait (on sockets, timers, the database; the interop suites on Zero's and the sidecar's timers), so
+# they cost little beside each other, and the two lanes take about as long: 5 to 6 minutes, Zero 1.9's longest
+# shard. Every phase runs even when an earlier one failed.
 #
 # The last lines: a table of the phases (seconds, result), the test counts of the tests that run once, of each major
 # and of the whole run, then what failed: the tests each failed phase names, or its log's last lines. Exits non-zero
@@ -110,7 +122,9 @@ build() {
     && scripts/haproxy.sh >"$LOGS/haproxy.path") &
   local pgs=$!
   local rc=0
-  $CARGO build --locked --bin litestream-sidecar || rc=$?
+  # (An example that does not compile fails build-tests, not this: the binary alone then.)
+  $CARGO build --locked --bin litestream-sidecar --example bench \
+    || $CARGO build --locked --bin litestream-sidecar || rc=$?
   for pid in "${installs[@]}"; do wait "$pid" || rc=$?; done
   wait $ils || rc=$?
   wait $moto || rc=$?
@@ -137,12 +151,12 @@ export MOTO_SERVER HAPROXY_BIN
 
 if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
   rust_lane() {
+    phase alerts scripts/test-alerts.sh &
+    local pids=($!)
     phase build-tests build_tests
-    phase alerts scripts/test-alerts.sh
     phase rust-unit $CARGO test --locked --no-fail-fast --lib --bins
     phase rust-it $CARGO test --locked --no-fail-fast "${RUST_NOPG[@]}"
-    # The majors side by side: by now the interop suites are mostly done, and these tests mostly wait too.
-    local pids=()
+    # The majors side by side: these tests mostly wait.
     for major in "${majors[@]}"; do
       phase "rust-pg-$major" scripts/with-postgres.sh --pg "$major" $CARGO test --locked --no-fail-fast "${RUST_PG[@]}" &
       pids+=($!)
@@ -151,9 +165,15 @@ if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
   }
   rust_lane &
   LANES+=($!)
-  for major in "${majors[@]}"; do
-    for version in "${ZERO_VERSIONS[@]}"; do
-      phase "zero-$version-$major" scripts/with-postgres.sh --pg "$major" scripts/interop.sh "$version" &
+  # Shard k of n of the v-th suite (from 0) on major (k - 1 + v) mod n: every major runs one shard of every suite,
+  # and suite v's shard 1 (the one with the main deployment, the longest group) runs on the v-th major.
+  for vi in "${!ZERO_VERSIONS[@]}"; do
+    version=${ZERO_VERSIONS[$vi]}
+    for mi in "${!majors[@]}"; do
+      major=${majors[$mi]}
+      shard="$(((mi - vi % ${#majors[@]} + ${#majors[@]}) % ${#majors[@]} + 1))/${#majors[@]}"
+      phase "zero-$version-$major" env INTEROP_SHARD="$shard" \
+        scripts/with-postgres.sh --pg "$major" scripts/interop.sh "$version" &
       LANES+=($!)
     done
   done
@@ -210,7 +230,10 @@ for major in "${majors[@]}"; do
   for version in "${ZERO_VERSIONS[@]}"; do
     # shellcheck disable=SC2046
     read -r _ _ zp zf < <(count $(logs_of "zero-$version-$major"))
-    zero+="; zero $version $zp passed, $zf failed"
+    # The scenarios of its shard, as scripts/interop.sh names them ("interop 1.9: shard 1/2: scenarios 1-8; …").
+    scenarios=$(sed -nE 's/^interop [^:]+: shard [0-9]+\/[0-9]+: scenarios ([^;]*);.*/\1/p' \
+      "$LOGS/zero-$version-$major.log" 2>/dev/null | head -n 1)
+    zero+="; zero $version [${scenarios:-?}] $zp passed, $zf failed"
   done
   echo "PostgreSQL $major: rust $rp passed, $rf failed$zero"
   total_passed=$((total_passed + rp + ip)) total_failed=$((total_failed + rf + if_))

@@ -665,11 +665,18 @@ backend proxies
     return rows.map(r => [r.id, r.label, r.big]);
   }
 
-  /** Stops everything; on success also drops the databases and removes the temp directory (kept on failure). */
+  /**
+   * Stops everything; on success also drops the databases and removes the temp directory (kept on failure). A
+   * deployment never prepared (a run whose scenarios do not use it) leaves nothing behind.
+   */
   async close({keep = false} = {}) {
     await this.procs.stopAll();
     await Promise.all(this.sqls.map(s => s.end({timeout: 2}).catch(() => {})));
-    if (keep || process.env.INTEROP_KEEP || !this.dbs) return;
+    if (keep || process.env.INTEROP_KEEP) return;
+    if (!this.dbs) {
+      rmSync(this.dir, {recursive: true, force: true});
+      return;
+    }
     const admin = postgres(this.baseURL.toString(), {max: 1, onnotice: () => {}});
     try {
       for (const db of Object.values(this.dbs)) {

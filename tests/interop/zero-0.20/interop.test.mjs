@@ -5,7 +5,9 @@
 // earlier one left (rows, subscribers, processes). The last one starts a second, fresh deployment beside the first,
 // backing up to S3 (its replication-manager's initial sync drops the first one's replication slot, which ends the
 // first replication-manager: nothing after it uses the first deployment). The main deployment's sidecar runs with its
-// default `proxy_mode` ("clamp"); the second one's hides the gauge from Zero.
+// default `proxy_mode` ("clamp"); the second one's hides the gauge from Zero. A run may hold only some of them (a
+// shard of `make test`, INTEROP_ONLY: lib/selection.mjs): the main deployment starts only for scenarios 0 to 6, the
+// groups lib/versions.mjs keeps together.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
 import {setTimeout as sleep} from 'node:timers/promises';
@@ -13,7 +15,8 @@ import {listeners, connections, markedPids, tcpCounters, treePids} from '../lib/
 import {
   RESERVATION_ENDS, StrayLines, field, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
 } from '../lib/util.mjs';
-import {PROFILE, Topology, assertGaugeNeverAhead, eventually, progressSamples} from '../lib/topology.mjs';
+import {PROFILE, Topology, ZERO_VERSION, assertGaugeNeverAhead, eventually, progressSamples} from '../lib/topology.mjs';
+import {selection} from '../lib/selection.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
 import {
   assertProxyNeverAboveLog, assertProxyShowsBackupSoonAfter, assertZeroCleanupHarmless, describeWatch, watchProxy,
@@ -218,7 +221,11 @@ async function changeLogWatermarks() {
   return (await t.changeLog()).map(r => r.watermark);
 }
 
+/** The scenarios this run registers (lib/selection.mjs: its shard, INTEROP_ONLY). */
+const selected = selection(ZERO_VERSION);
+
 function scenario(name, fn, timeout = 180_000) {
+  if (!selected.take(name)) return;
   test(name, {timeout}, async ctx => {
     strays.mark();
     try {
@@ -231,7 +238,11 @@ function scenario(name, fn, timeout = 180_000) {
   });
 }
 
+// The main deployment, for the scenarios that use it (every other one starts its own).
 before(async () => {
+  // Node runs this as it is declared, before the scenarios below are: they are, once it yields to the event loop.
+  await sleep(0);
+  if (!selected.main) return;
   try {
     await t.prepare();
     await t.viewSyncer(VS);

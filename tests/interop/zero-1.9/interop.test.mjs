@@ -3,6 +3,8 @@
 // binary from SIDECAR_BIN, the real litestream from LITESTREAM_BIN (through lib/litestream-gauge.mjs). The
 // scenarios share one deployment and run in order; each one's assertions stand alone, but a later scenario relies on
 // the state an earlier one left (rows, purges, processes). The last four each start a fresh deployment of their own.
+// A run may hold only some of them (a shard of `make test`, INTEROP_ONLY: lib/selection.mjs): the main deployment
+// starts only for scenarios 1 to 8, the groups lib/versions.mjs keeps together.
 // The sidecar runs with its default `proxy_mode` ("clamp") everywhere but in the cold start (9), which hides the gauge.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
@@ -13,9 +15,10 @@ import {
   StrayLines, field, httpGet, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
 } from '../lib/util.mjs';
 import {
-  APP_ID, CDC, CLEANUP_DELAY_MS, SHARD_NUM, LITESTREAM_GAUGE, RECONNECT_GRACE_MS, Topology, ZERO_CLI, assertGaugeNeverAhead, eventually,
-  progressSamples,
+  APP_ID, CDC, CLEANUP_DELAY_MS, SHARD_NUM, LITESTREAM_GAUGE, RECONNECT_GRACE_MS, Topology, ZERO_CLI, ZERO_VERSION,
+  assertGaugeNeverAhead, eventually, progressSamples,
 } from '../lib/topology.mjs';
+import {selection} from '../lib/selection.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
 import {
   ZERO_READ, assertProxyNeverAboveLog, assertProxyShowsBackupSoonAfter, assertZeroCleanupHarmless, describeWatch,
@@ -221,7 +224,11 @@ function keepWriting(first, interval = 1_000, topo = t) {
   }};
 }
 
+/** The scenarios this run registers (lib/selection.mjs: its shard, INTEROP_ONLY). */
+const selected = selection(ZERO_VERSION);
+
 function scenario(name, fn, {timeout = 180_000, skip} = {}) {
+  if (!selected.take(name)) return;
   test(name, {timeout, skip}, async ctx => {
     strays.mark();
     try {
@@ -234,7 +241,11 @@ function scenario(name, fn, {timeout = 180_000, skip} = {}) {
   });
 }
 
+// The main deployment, for the scenarios that use it (every other one starts its own).
 before(async () => {
+  // Node runs this as it is declared, before the scenarios below are: they are, once it yields to the event loop.
+  await sleep(0);
+  if (!selected.main) return;
   try {
     await t.prepare();
     // The sidecar first: a view-syncer reserves its snapshot through it.
@@ -520,6 +531,9 @@ scenario('5. a view-syncer on a permanent volume restarts after purges: keeps it
   await zeroCleanupHarmless();
 }, {timeout: 240_000});
 
+/** The row scenario 6's sidecar purged below: the change log's oldest until scenario 8 writes again. */
+let uriPurgedTo;
+
 scenario('6. URI topology: view-syncers use ZERO_CHANGE_STREAMER_URI, the sidecar purges alone and safely', async () => {
   // The replication-manager advertises itself (ownerAddress stays its own); the sidecar checks that it is the
   // one it relays to (discovery.mode = "owner") and never writes the row.
@@ -556,6 +570,7 @@ scenario('6. URI topology: view-syncers use ZERO_CHANGE_STREAMER_URI, the sideca
     {timeout: 90_000, interval: 500});
   const min = (await t.changeLogWatermarks())[0];
   for (const cfg of [old, fresh]) assert.ok(min <= t.replicaItems(cfg.replica).stateVersion, 'never past a view-syncer');
+  uriPurgedTo = w;
   assert.equal(await t.ownerAddress(), t.rmAddress, 'the sidecar never wrote ownerAddress');
   // Its restore drill (at start, once the destination lists a restorable backup) ran the real litestream the
   // harness installed, from the S3 destination, and proved a watermark.
@@ -570,24 +585,26 @@ scenario('6. URI topology: view-syncers use ZERO_CHANGE_STREAMER_URI, the sideca
 }, {timeout: 300_000});
 
 scenario("7. clamp: Zero reads the change log's oldest watermark from the proxy and purges below it, deleting nothing", async () => {
-  // The URI topology of scenario 6, the proxy clamping the gauge as the sidecar does by default. A new row, backed
-  // up and aged: the sidecar purges below it, and the change log starts at it.
-  const w = await t.insert([[80, 'eighty', 80]]);
-  await t.waitBackedUp(w);
-  await eventually(`the sidecar to purge below ${w}`, () => events('change log purged').some(e => field(e, 'before') === w),
-    {timeout: 150_000, interval: 500});
+  // The URI topology of scenario 6, the proxy clamping the gauge as the sidecar does by default. Scenario 6's
+  // sidecar purged below its row, backed up and aged: the change log starts at that row, and nothing is written
+  // until scenario 8, so it stays the oldest and the proxy shows it.
+  const w = uriPurgedTo;
+  assert.ok(w, 'scenario 6 purged');
   const clamped = await clampedPage();
   assert.equal(clamped.min, w, 'the change log starts at the row the sidecar kept');
   assert.deepEqual(clamped.samples.map(x => x.watermark), [w], 'the proxy shows it');
   const kept = [...await t.changeLog()];
 
-  // Zero's BackupMonitor reads the proxy every 60 s: it reads w, schedules a purge below it once its backup time is
-  // older than the cleanup delay, and 30 s later purges: nothing is left below w, so nothing goes.
+  // Zero's BackupMonitor reads the proxy every 60 s from the replication-manager's start (in scenario 6): at its
+  // first check that finds w it reads w, schedules a purge below it once its backup time is older than the cleanup
+  // delay, and 30 s later purges: nothing is left below w, so nothing goes. Nothing new is written meanwhile, so
+  // the check right after scenario 6's purge finds w; a new row instead, purged below only 30 s after its backup,
+  // would wait for the check after that (60 s more). That check may come before this scenario begins: the read is
+  // looked for in the whole log of the replication-manager's run, and the purge after it.
   const rm = t.procs.get('replication-manager');
-  const readFrom = rm.text.length;
-  await rm.waitFor(new RegExp(`replicated watermark=${w} `), {timeout: 150_000, what: `Zero to read ${w}`});
-  const purged = await rm.waitFor(new RegExp(`Purged \\d+ changes before ${w}\\b`), {from: readFrom, timeout: 240_000,
-    what: `its purge below ${w}`});
+  const read = await rm.waitFor(new RegExp(`replicated watermark=${w} `), {timeout: 150_000, what: `Zero to read ${w}`});
+  const purged = await rm.waitFor(new RegExp(`Purged \\d+ changes before ${w}\\b`),
+    {from: rm.text.indexOf(read), timeout: 240_000, what: `its purge below ${w}`});
   assert.match(purged, /Purged 0 changes before /, purged);
   assert.deepEqual([...await t.changeLog()], kept, "Zero's purges deleted no row");
   const zero = await zeroCleanupHarmless(t, {minReads: 1});
