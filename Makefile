@@ -31,8 +31,8 @@ demo:
 
 # Only the interop suites (tests/interop, scripts/interop.sh) with real Zero processes of each version in $(ZERO)
 # (npm ci, the sidecar build, Zero, the real litestream, moto), on the first major in $(PG): `make interop ZERO=1.9`.
-# By default every version tests/interop/lib/versions.mjs can install.
-ZERO ?= $(shell node tests/interop/lib/versions.mjs --list)
+# By default every version tests/interop/lib/versions.mjs can install (0.20, 1.9 and 1.10).
+ZERO ?= $(shell node tests/interop/lib/versions.mjs --list-interop)
 interop:
 	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" sh -c \
 	  'status=0; for v in $(ZERO); do scripts/interop.sh $$v || status=1; done; exit $$status'
