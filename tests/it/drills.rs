@@ -433,6 +433,7 @@ async fn a_slow_restore_times_out_under_a_fixed_timeout_and_proves_the_backup_un
         timeout,
         reserve: 0,
         check: CheckLevel::Quick,
+        restore_with: Default::default(),
         env: Vec::new(),
     };
     let bytes = Some(rig.replica.bytes());
