@@ -24,9 +24,11 @@ import {
   sampleEvery, trailingJSON, zeroCleanupHarmless,
 } from '../lib/suite.mjs';
 
-const t = new Topology('main', {destination: 's3'});
+// Its sidecar's drills restore with what view-syncers restore with: litestream 0.5 (`backup.restore_with = "0.5"`).
+const t = new Topology('main', {destination: 's3', drillLitestream: process.env.LITESTREAM_V5_BIN, restoreWith: '0.5',
+  drillInterval: '5s'});
 t.discovery = 'owner';
-const suite = new Suite([t]);
+const suite = new Suite([t]); // every deployment started and not yet closed
 const scenario = (...args) => suite.scenario(...args);
 const events = (message, fields = {}, topo = t) => sidecarEventsWith(topo.procs, message, fields);
 const logLines = (name, pattern, topo = t) => logLinesOf(topo, name, pattern);
@@ -151,3 +153,258 @@ scenario('2. a view-syncer reserves at the sidecar, restores the v0.3 backup wit
   assertTelemetryOff();
   await assertLoopbackOnly({'view-syncer sync port': cfg.ports.sync});
 }, {timeout: 240_000});
+
+scenario("3. the sidecar purges below an aged backup, its drills restore with litestream 0.5; Zero reads the clamped watermark and its purges delete nothing", async ctx => {
+  const cfg = await t.viewSyncer(VS);
+  const w = await t.insert([[30, 'thirty', 30]]);
+  await t.waitBackedUp(w);
+  await eventually(`the sidecar to purge below ${w}`, () => events('change log purged').some(e => field(e, 'before') === w),
+    {timeout: 120_000, interval: 500});
+  assert.equal((await t.changeLogWatermarks())[0], w, "the backup's own rows are kept");
+  assert.ok((t.tryReplicaItems(cfg.replica)?.stateVersion ?? '') >= w, 'the view-syncer is past the purge');
+  // The drills ran litestream 0.5 and proved the backup; 0.5 named the generation it restored (at debug level).
+  const drills = await eventually('a drill to prove the backup at or past the purge', async () => {
+    const {drills: d} = await t.sidecarStatus();
+    return d.last_proof && d.last_proof.proven_watermark >= w ? d : null;
+  }, {timeout: 60_000});
+  assert.equal(drills.failures, 0, JSON.stringify(drills));
+  assert.match(drills.last_proof.generation ?? '', /^[0-9a-f]{16}$/, JSON.stringify(drills));
+  const {generations} = await t.listDestination();
+  assert.ok(generations.some(g => g.generation === drills.last_proof.generation), JSON.stringify(generations));
+  // Zero 1.10's poller reads the proxy every 10 s and purges 30 s after a new watermark: below the sidecar's.
+  const rm = t.procs.get('replication-manager');
+  await rm.waitFor(new RegExp(`replicated watermark=${w} `), {timeout: 120_000, what: `Zero to read ${w}`});
+  // (1.10.0 says "PG changes": it can also keep a change log in SQLite, off by default.)
+  const purged = await rm.waitFor(new RegExp(`Purged \\d+ PG changes before ${w}\\b`), {timeout: 120_000,
+    what: `its purge below ${w}`});
+  assert.match(purged, /Purged 0 PG changes before /, purged);
+  const zero = await zeroCleanupHarmless(t, {minReads: 1});
+  assertProxyNeverAboveLog(mainWatch);
+  ctx.diagnostic(`drill proof ${JSON.stringify(drills.last_proof)}; Zero's purges ${zero.purges.length}`);
+}, {timeout: 360_000});
+
+/** An upgrade the sidecar refuses before it: `{status, body}` of its HTTP answer. */
+function refusedUpgrade(url) {
+  return new Promise((resolve, reject) => {
+    const sub = new RawSubscriber(url, 'refused');
+    sub.opened.catch(() => {}); // refused: answered below
+    const {ws} = sub;
+    ws.once('unexpected-response', (_req, res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', c => (body += c));
+      res.on('end', () => resolve({status: res.statusCode, body}));
+    });
+    ws.once('open', () => reject(new Error(`${url} was upgraded`)));
+    ws.on('error', () => {});
+  });
+}
+
+scenario("4. a v3 client is refused with Zero's own text, before any status and without a reservation", async () => {
+  const {replicaVersion} = await t.replicationState();
+  // Zero 1.10's own answer to a v3 subscriber: a close after the upgrade.
+  const direct = new RawSubscriber(`ws://${t.rmAddress}/replication/v3/changes?${changesQuery({
+    taskID: 'interop110-v3-direct', id: 'v3-direct', watermark: replicaVersion, replicaVersion})}`, 'v3 direct');
+  await direct.opened;
+  const closed = await direct.closedP;
+  assert.equal(closed.code, 1002, JSON.stringify(closed));
+  assert.equal(closed.reason, 'Error: Cannot service client at protocol v3. Supported protocols: [v4 ... v6]');
+  // The sidecar's: the same text as an HTTP 400 before the upgrade, on both routes.
+  const snapshot = await refusedUpgrade(`ws://${t.sidecarAddress}/replication/v3/snapshot?taskID=interop110-v3`);
+  assert.deepEqual({status: snapshot.status, body: snapshot.body.trim()}, {status: 400, body: closed.reason});
+  const changes = await refusedUpgrade(`ws://${t.sidecarAddress}/replication/v3/changes?${changesQuery({
+    taskID: 'interop110-v3', id: 'v3', watermark: replicaVersion, replicaVersion})}`);
+  assert.deepEqual({status: changes.status, body: changes.body.trim()}, {status: 400, body: closed.reason});
+  assert.deepEqual(events('reservation opened', {task_id: 'interop110-v3'}), [], 'no reservation, so no status');
+});
+
+/** The real litestream replicate the replication-manager's gauge exporter runs (its pid). */
+function litestreamReplicate(topo) {
+  for (const pid of treePids('replication-manager', topo.procs.deployment)) {
+    try {
+      const argv = cmdline(pid);
+      if (argv[0] === topo.litestreamBin && argv[1] === 'replicate') return pid;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return null;
+}
+
+scenario('5. statuses wait while the change log starts past the backup; the view-syncer that gets one catches up', async ctx => {
+  const pid = await eventually("the replication-manager's litestream", () => litestreamReplicate(t), {timeout: 30_000});
+  const name = 'vs-wait';
+  const cfg = await t.viewSyncer(name, {uri: `ws://${t.sidecarAddress}/`});
+  // Uploads stop (litestream's page stops answering too: the sidecar and Zero keep what they read last).
+  const backup = await t.backedUp();
+  process.kill(pid, 'SIGSTOP');
+  let stopped = true;
+  try {
+    const w1 = await t.insert([[50, 'fifty', 50]]);
+    const w2 = await t.insert([[51, 'fifty-one', 51]]);
+    assert.ok(backup < w1 && w1 < w2);
+    // Rows below w2 leave the change log (another purger, or one that trusted a backup that is gone): the log now
+    // starts past every backup there is.
+    await t.change.unsafe(`DELETE FROM ${CDC}."changeLog" WHERE watermark < $1`, [w2]);
+    assert.equal(await t.changeLogMin(), w2);
+    const vs = await t.startViewSyncer(name);
+    const timeline = () => reservationTimeline(t.procs, cfg.taskID);
+    await eventually('the reservation and its withheld status', () => timeline().withheld, {timeout: 60_000});
+    assert.match(timeline().withheld.message, /the change log's oldest watermark is past the newest backup/);
+    await sleep(8_000);
+    assert.equal(timeline().pinned, null, 'no status while the log starts past the backup');
+    assert.deepEqual(vs.matching(/starting litestream restore|restoring backup from/), [], 'nothing restored');
+    process.kill(pid, 'SIGCONT');
+    stopped = false;
+    await t.waitBackedUp(w2);
+    await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 90_000});
+    await eventually(`${name} to subscribe through the sidecar`,
+      () => events('subscribed', {task_id: cfg.taskID, mode: 'serving'}).length > 0, {timeout: 60_000});
+    const w3 = await t.insert([[52, 'fifty-two', 52]]);
+    await eventually(`${name} to catch up to ${w3}`, () => (t.tryReplicaItems(cfg.replica)?.stateVersion ?? '') >= w3,
+      {timeout: 60_000});
+    assert.deepEqual(t.replicaItems(cfg.replica).rows, await t.upstreamItems());
+    assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), []);
+    assert.equal(vs.matching(/\[litestream-gauge \d+\] argv: \["restore"/).length, 1, 'one restore');
+    ctx.diagnostic(`status withheld for ${(timeline().waitMs / 1000).toFixed(1)} s`);
+  } finally {
+    if (stopped) process.kill(pid, 'SIGCONT');
+  }
+  await t.stopViewSyncer(name);
+}, {timeout: 240_000});
+
+/** A raw subscriber that acks every message as it arrives, as a view-syncer keeping up does. */
+function promptSubscriber(url, name) {
+  const sub = new RawSubscriber(url, name);
+  sub.ws.on('message', data => {
+    try {
+      sub.ack(JSON.parse(data.toString('utf8')).id);
+    } catch {
+      // not a message with an id
+    }
+  });
+  return sub;
+}
+
+scenario('6. under load, subscribers relayed by the sidecar are not dropped as too far behind (StreamTooFarBehind) beside direct ones', async ctx => {
+  // Zero 1.10 times a subscriber's acks once more than half of its subscribers have acked, from three on: two direct
+  // and two relayed subscribers, beside the view-syncer, all keeping up, for longer than its 30 s grace period.
+  const {replicaVersion} = await t.replicationState();
+  const [{max: from}] = await t.change.unsafe(`SELECT max(watermark) AS max FROM ${CDC}."changeLog"`);
+  const subs = [];
+  for (const [via, n] of [['direct', 1], ['direct', 2], ['relayed', 1], ['relayed', 2]]) {
+    const host = via === 'direct' ? t.rmAddress : t.sidecarAddress;
+    const id = `${via}-${n}`;
+    subs.push(promptSubscriber(`ws://${host}/replication/v6/changes?${changesQuery({
+      taskID: `interop110-load-${id}`, id, watermark: from, replicaVersion})}`, id));
+  }
+  await Promise.all(subs.map(s => s.opened));
+  const writes = keepWriting(t, 1000, 20);
+  let last;
+  try {
+    await sleep(45_000);
+  } finally {
+    await writes.stop();
+  }
+  last = await t.stored([writes.rows.at(-1).id]);
+  for (const s of subs) await s.untilCommit(last, 60_000);
+  const errors = subs.flatMap(s => s.messages().filter(m => m.msg?.[0] === 'error').map(m => `${s.name}: ${JSON.stringify(m.msg)}`));
+  assert.deepEqual(errors, [], 'no subscriber was sent an error');
+  assert.deepEqual(subs.filter(s => s.closed).map(s => `${s.name}: ${JSON.stringify(s.closed)}`), [], 'none was closed');
+  assert.deepEqual(logLines('replication-manager', /StreamTooFarBehind|too far behind/i), []);
+  const vs = t.procs.get(VS);
+  assert.ok(vs.running && vs.matching(SUBSCRIPTION_REFUSED).length === 0, 'the view-syncer kept up too');
+  const commits = subs.map(s => `${s.name} ${s.messages().filter(m => m.msg?.[0] === 'commit').length}`);
+  ctx.diagnostic(`${writes.rows.length} transactions in 45 s; commits received: ${commits.join(', ')}`);
+  for (const s of subs) await s.close();
+}, {timeout: 240_000});
+
+scenario('7. a view-syncer mid-restore across a sidecar SIGKILL and restart catches up without WatermarkTooOld', async ctx => {
+  // As in the 1.9 suite: the restarted sidecar may purge some 36 s after its start; the restore lasts 20 s longer.
+  const KILL_AFTER_MS = 20_000;
+  const RESTORE_MS = KILL_AFTER_MS + RECONNECT_GRACE_MS + CLEANUP_DELAY_MS + 20_000;
+  const name = 'vs-restore';
+  const cfg = await t.viewSyncer(name, {uri: `ws://${t.sidecarAddress}/`,
+    litestreamEnv: {INTEROP_LITESTREAM_RESTORE_DELAY_MS: String(RESTORE_MS)}});
+  const writes = keepWriting(t, 100);
+  const samplers = [];
+  try {
+    const vs = await t.startViewSyncer(name);
+    await vs.waitFor(/starting litestream restore/, {timeout: 90_000, what: 'its restore starting'});
+    const restoreStarted = Date.now();
+    assert.equal(events('reservation opened', {task_id: cfg.taskID}).length, 1);
+    const changeLogMin = sampleEvery(500, () => t.changeLogMin());
+    samplers.push(changeLogMin);
+    await sleep(KILL_AFTER_MS - (Date.now() - restoreStarted));
+    await t.stopSidecar({signal: 'SIGKILL'});
+    const killedAt = Date.now();
+    await t.startSidecar();
+    const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/,
+      {timeout: RESTORE_MS + 30_000, what: 'the end of the restore'});
+    const took = vs.matching(/\[litestream-gauge \d+\] restore: took the backup at watermark=\S+;/);
+    assert.equal(took.length, 1, 'one restore');
+    const w0 = took[0].match(/watermark=(\S+);/)[1];
+    assert.ok(accepted.includes(`and watermark ${w0} is compatible`), accepted);
+    assert.ok(await t.backedUp() > w0, 'the destination moved on during the restore');
+    const subscribed = await eventually('the restored view-syncer to subscribe through the restarted sidecar', () => {
+      const found = events('subscribed', {task_id: cfg.taskID, mode: 'serving'})[0];
+      if (!found && (!vs.running || vs.matching(SUBSCRIPTION_REFUSED).length > 0)) {
+        throw Object.assign(new Error(`${name} cannot go on: ${vs.matching(SUBSCRIPTION_REFUSED).slice(0, 2)}`), {fatal: true});
+      }
+      return found;
+    }, {timeout: 60_000});
+    await changeLogMin.stop();
+    assert.equal(field(subscribed, 'watermark'), w0, 'it subscribed from the watermark it restored');
+    await writes.stop();
+    const w = await t.insert([[99, 'ninety-nine', 99]]);
+    await eventually(`${name} to catch up to ${w}`, () => (t.tryReplicaItems(cfg.replica)?.stateVersion ?? '') >= w,
+      {timeout: 60_000});
+    const upstream = await t.upstreamItems();
+    assert.deepEqual(t.replicaItems(cfg.replica).rows, upstream);
+    assert.ok(writes.rows.filter(r => r.at > killedAt).length > 0, 'rows were written after the restart');
+    assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), [], 'no WatermarkTooOld');
+    assert.ok(vs.running);
+    assert.equal(vs.matching(/connecting to change-streamer@\S+\/replication\/v6\/snapshot/).length, 1, 'reserved once');
+    const gone = changeLogMin.samples.filter(s => !(s.value <= w0));
+    assert.ok(changeLogMin.samples.length > 50, 'the change log was sampled during the restore');
+    assert.deepEqual(gone.map(s => `+${((s.at - restoreStarted) / 1000).toFixed(1)} s: min ${s.value}`), [],
+      `the change log kept ${w0} and above until ${name} subscribed`);
+    const purgedAfter = events('change log purged').filter(e => Date.parse(e.timestamp) > Date.parse(subscribed.timestamp));
+    ctx.diagnostic(`restored ${w0}, killed at +${((killedAt - restoreStarted) / 1000).toFixed(1)} s, subscribed at ` +
+      `+${((Date.parse(subscribed.timestamp) - restoreStarted) / 1000).toFixed(1)} s; ${purgedAfter.length} purges after`);
+    await zeroCleanupHarmless(t);
+  } finally {
+    await writes.stop().catch(() => {});
+    for (const s of samplers) await s.stop();
+  }
+  await t.stopViewSyncer(name);
+}, {timeout: 360_000});
+
+scenario('8. proxy_mode = "hide": the replication-manager never becomes ready after its initial sync, and the sidecar says why', async ctx => {
+  const hide = new Topology('hide', {});
+  hide.discovery = 'owner';
+  hide.proxyMode = 'hide';
+  suite.topologies.push(hide);
+  await hide.prepare();
+  await hide.startSidecar();
+  const rm = hide.startReplicationManager();
+  await rm.waitFor(/awaiting initial backup/, {timeout: 120_000, what: 'the readiness gate'});
+  await eventually('the first backup', () => hide.backedUp(), {timeout: 90_000});
+  const warning = await eventually("the sidecar's /status to say why", async () =>
+    (await hide.sidecarStatus()).upstream?.readiness_warning, {timeout: 30_000});
+  assert.match(warning, /proxy_mode = "hide"/);
+  assert.match(warning, /v4\.\.v6/);
+  assert.equal(sidecarEventsWith(hide.procs, 'the replication-manager will not become ready').length, 1, 'logged once');
+  // Three of its backup checks (every 10 s) after the first upload: still not ready.
+  await sleep(35_000);
+  assert.equal((await rmGet(hide, '/keepalive')).status, 0, '/keepalive does not answer');
+  assert.equal((await rmGet(hide, '/')).status, 0, '/ does not answer');
+  assert.deepEqual(rm.matching(/initial backup confirmed/), []);
+  assert.doesNotMatch((await hide.proxyPage()).body, /litestream_replica_progress/);
+  assert.ok(rm.running, 'it runs, unready');
+  // The clamping sidecar beside it says nothing of the kind.
+  assert.equal((await t.sidecarStatus()).upstream.readiness_warning ?? null, null);
+  ctx.diagnostic(warning);
+  await hide.close();
+  suite.topologies.splice(suite.topologies.indexOf(hide), 1);
+}, {timeout: 300_000});
