@@ -453,3 +453,46 @@ async fn a_slow_restore_times_out_under_a_fixed_timeout_and_proves_the_backup_un
         Duration::from_secs(3 * 3600)
     );
 }
+
+/// A drill runs only the litestream release view-syncers restore with (`backup.restore_with`): the 0.3 binary under
+/// "0.5" is refused before anything is restored, and proves the backup under "0.3".
+#[tokio::test]
+async fn a_drill_refuses_a_litestream_of_another_release_than_restore_with() {
+    use litestream_sidecar::cleanup::config::RestoreLimit;
+    use litestream_sidecar::litestream::drill::{CheckLevel, Claims, Drill, Failure};
+    use litestream_sidecar::litestream::layout::Restorer;
+    let rig = Rig::start(Options::default(), 0);
+    let watermark = rig.apply(1, 1).await;
+    let drill = |restore_with| Drill {
+        litestream: rig.litestream.bin.clone(),
+        backup_url: rig.url.clone(),
+        s3: Default::default(),
+        dir: rig.drill_dir(),
+        timeout: RestoreLimit::Auto,
+        reserve: 0,
+        check: CheckLevel::Quick,
+        restore_with,
+        env: Vec::new(),
+    };
+    let bytes = Some(rig.replica.bytes());
+    match drill(Restorer::V05)
+        .run(bytes, None, &Claims::default())
+        .await
+    {
+        Err(Failure::Setup(text)) => assert!(
+            text.contains("is litestream v0.3") && text.contains("backup.restore_with = \"0.5\""),
+            "{text}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(list(&rig.drill_dir()), Vec::<String>::new());
+    let proof = drill(Restorer::V03)
+        .run(bytes, None, &Claims::default())
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!(proof.watermark, watermark);
+    assert!(
+        proof.generation.is_some(),
+        "0.3 names the generation it restored"
+    );
+}
