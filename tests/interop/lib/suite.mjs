@@ -6,7 +6,7 @@ import {test} from 'node:test';
 import assert from 'node:assert/strict';
 import {setTimeout as sleep} from 'node:timers/promises';
 import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets} from './procs.mjs';
-import {StrayLines, eventually} from './util.mjs';
+import {StrayLines, eventually, progressSamples} from './util.mjs';
 import {assertZeroCleanupHarmless} from './proxy-watch.mjs';
 
 /** Lines of every run of process `name` of a deployment matching `pattern`, oldest run first. */
@@ -22,6 +22,20 @@ export function logLines(topo, name, pattern) {
  */
 export function zeroCleanupHarmless(topo, opts = {}) {
   return assertZeroCleanupHarmless(topo, logLines(topo, 'replication-manager', /./), opts);
+}
+
+/**
+ * The proxy page and the change log's oldest watermark, read until the log read before the page and the one
+ * after it agree (no purge in between): `{page, samples, min}`.
+ */
+export function clampedPage(topo) {
+  return eventually("the proxy page between two equal reads of the change log's oldest watermark", async () => {
+    const before = await topo.changeLogMin();
+    const page = await topo.proxyPage();
+    const after = await topo.changeLogMin();
+    assert.equal(page.status, 200, page.body);
+    return before === after ? {page: page.body, samples: progressSamples(page.body), min: after} : null;
+  });
 }
 
 /**

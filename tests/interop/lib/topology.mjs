@@ -314,7 +314,7 @@ filter = "warn,litestream_sidecar=debug"
   /** The environment every Zero process of the tests runs with. */
   commonZeroEnv() {
     return {
-      ...PROFILE.env(),
+      ...PROFILE.env(this),
       NODE_OPTIONS: `--require=${LOOPBACK_PRELOAD}`,
       INTEROP_ZERO: ZERO_VERSION, // the exporter loads this version's packages
       ZERO_UPSTREAM_DB: this.upstreamURL,

@@ -53,7 +53,7 @@ function nodeFirstTelemetryOff() {
  *   one version only: the gauge exporter's with 0.20 (its suite is the shorter beside 1.9's in `make test`), the model
  *   of Zero 1.10's rules with 1.9 (whose scenario 11 relies on it; it takes a second).
  * - `profile`: names (so that suites can share a PostgreSQL cluster), task IDs, and the environment Zero's
- *   processes get on top of the harness's common one (lib/topology.mjs).
+ *   processes get on top of the harness's common one (lib/topology.mjs; `env` is given the deployment).
  */
 export const ZERO_VERSIONS = {
   '0.20': {
@@ -133,9 +133,11 @@ export const ZERO_VERSIONS = {
       tag: 'interop110',
       rmTaskID: topology => `interop110-${topology}-rm`,
       vsTaskID: (topology, vs) => `interop110-${topology}-${vs}`,
-      env: () => ({
+      // A deployment whose Zero runs a stock litestream (`zeroLitestream: 'stock'`) restores with the real 0.5 too.
+      env: topology => ({
         ...nodeFirstTelemetryOff(),
-        ZERO_LITESTREAM_EXECUTABLE_V5: join(here, 'litestream-v5.sh'),
+        ZERO_LITESTREAM_EXECUTABLE_V5: topology?.zeroLitestream === 'stock' && process.env.LITESTREAM_V5_BIN
+          ? process.env.LITESTREAM_V5_BIN : join(here, 'litestream-v5.sh'),
         ZERO_LITESTREAM_CONFIG_PATH_V5:
           join(here, '../zero-1.10/node_modules/@rocicorp/zero/out/zero-cache/src/services/litestream/config-v5.yml'),
         ...(process.env.LITESTREAM_V5_BIN ? {LITESTREAM_V5_BIN: process.env.LITESTREAM_V5_BIN} : {}),
