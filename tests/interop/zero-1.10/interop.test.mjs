@@ -12,23 +12,28 @@
 // lib/suite.mjs, lib/topology.mjs and lib/proxy-watch.mjs.
 import {after, before} from 'node:test';
 import assert from 'node:assert/strict';
-import {existsSync, readFileSync} from 'node:fs';
+import {existsSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
 import {cmdline, treePids} from '../lib/procs.mjs';
 import {field, httpGet, reservationTimeline, sidecarEventsWith} from '../lib/util.mjs';
-import {CDC, CLEANUP_DELAY_MS, RECONNECT_GRACE_MS, Topology, ZERO_CLI, eventually, progressSamples} from '../lib/topology.mjs';
+import {CDC, Topology, ZERO_CLI, eventually} from '../lib/topology.mjs';
 import {RawSubscriber, changesQuery} from '../lib/clients.mjs';
 import {ZERO_READ, assertProxyNeverAboveLog, watchProxy} from '../lib/proxy-watch.mjs';
 import {
   SUBSCRIPTION_REFUSED, Suite, assertLoopbackOnly, assertTelemetryOff, keepWriting, literally, logLines as logLinesOf,
-  sampleEvery, trailingJSON, zeroCleanupHarmless,
+  trailingJSON, zeroCleanupHarmless,
 } from '../lib/suite.mjs';
+import {
+  pairTakeover, replicationManagerRestarts, restoreAcrossSidecarKill, stockLitestream, viewSyncerRestartsAfterPurges,
+} from '../lib/scenarios.mjs';
 
 // Its sidecar's drills restore with what view-syncers restore with: litestream 0.5 (`backup.restore_with = "0.5"`).
 const t = new Topology('main', {destination: 's3', drillLitestream: process.env.LITESTREAM_V5_BIN, restoreWith: '0.5',
   drillInterval: '5s'});
 t.discovery = 'owner';
 const suite = new Suite([t]); // every deployment started and not yet closed
+const track = topo => suite.topologies.push(topo);
+const untrack = topo => suite.topologies.splice(suite.topologies.indexOf(topo), 1);
 const scenario = (...args) => suite.scenario(...args);
 const events = (message, fields = {}, topo = t) => sidecarEventsWith(topo.procs, message, fields);
 const logLines = (name, pattern, topo = t) => logLinesOf(topo, name, pattern);
@@ -154,7 +159,14 @@ scenario('2. a view-syncer reserves at the sidecar, restores the v0.3 backup wit
   await assertLoopbackOnly({'view-syncer sync port': cfg.ports.sync});
 }, {timeout: 240_000});
 
-scenario("3. the sidecar purges below an aged backup, its drills restore with litestream 0.5; Zero reads the clamped watermark and its purges delete nothing", async ctx => {
+scenario('3. the replication-manager restarts: streaming resumes, nothing lost or duplicated', async () => {
+  // Its replica is there: no initial sync, so no wait for a backup before it is ready (lib/scenarios.mjs).
+  await replicationManagerRestarts(t, {vs: VS, first: 40});
+  const rm = t.procs.get('replication-manager');
+  assert.deepEqual(rm.matching(/awaiting initial backup/), [], 'a restart with its replica does not wait for a backup');
+}, {timeout: 240_000});
+
+scenario("4. the sidecar purges below an aged backup, its drills restore with litestream 0.5; Zero reads the clamped watermark and its purges delete nothing", async ctx => {
   const cfg = await t.viewSyncer(VS);
   const w = await t.insert([[30, 'thirty', 30]]);
   await t.waitBackedUp(w);
@@ -183,6 +195,11 @@ scenario("3. the sidecar purges below an aged backup, its drills restore with li
   ctx.diagnostic(`drill proof ${JSON.stringify(drills.last_proof)}; Zero's purges ${zero.purges.length}`);
 }, {timeout: 360_000});
 
+scenario('5. a view-syncer on a permanent volume restarts after purges: keeps its replica, catches up', async () => {
+  // litestream 0.5 leaves an existing database alone without a word of its own (-if-db-not-exists).
+  await viewSyncerRestartsAfterPurges(t, {name: VS, first: 60, keptLine: null});
+}, {timeout: 240_000});
+
 /** An upgrade the sidecar refuses before it: `{status, body}` of its HTTP answer. */
 function refusedUpgrade(url) {
   return new Promise((resolve, reject) => {
@@ -200,7 +217,7 @@ function refusedUpgrade(url) {
   });
 }
 
-scenario("4. a v3 client is refused with Zero's own text, before any status and without a reservation", async () => {
+scenario("6. a v3 client is refused with Zero's own text, before any status and without a reservation", async () => {
   const {replicaVersion} = await t.replicationState();
   // Zero 1.10's own answer to a v3 subscriber: a close after the upgrade.
   const direct = new RawSubscriber(`ws://${t.rmAddress}/replication/v3/changes?${changesQuery({
@@ -231,7 +248,7 @@ function litestreamReplicate(topo) {
   return null;
 }
 
-scenario('5. statuses wait while the change log starts past the backup; the view-syncer that gets one catches up', async ctx => {
+scenario('7. statuses wait while the change log starts past the backup; the view-syncer that gets one catches up', async ctx => {
   const pid = await eventually("the replication-manager's litestream", () => litestreamReplicate(t), {timeout: 30_000});
   const name = 'vs-wait';
   const cfg = await t.viewSyncer(name, {uri: `ws://${t.sidecarAddress}/`});
@@ -286,7 +303,7 @@ function promptSubscriber(url, name) {
   return sub;
 }
 
-scenario('6. under load, subscribers relayed by the sidecar are not dropped as too far behind (StreamTooFarBehind) beside direct ones', async ctx => {
+scenario('8. under load, subscribers relayed by the sidecar are not dropped as too far behind (StreamTooFarBehind) beside direct ones', async ctx => {
   // Zero 1.10 times a subscriber's acks once more than half of its subscribers have acked, from three on: two direct
   // and two relayed subscribers, beside the view-syncer, all keeping up, for longer than its 30 s grace period.
   const {replicaVersion} = await t.replicationState();
@@ -319,72 +336,19 @@ scenario('6. under load, subscribers relayed by the sidecar are not dropped as t
   for (const s of subs) await s.close();
 }, {timeout: 240_000});
 
-scenario('7. a view-syncer mid-restore across a sidecar SIGKILL and restart catches up without WatermarkTooOld', async ctx => {
-  // As in the 1.9 suite: the restarted sidecar may purge some 36 s after its start; the restore lasts 20 s longer.
-  const KILL_AFTER_MS = 20_000;
-  const RESTORE_MS = KILL_AFTER_MS + RECONNECT_GRACE_MS + CLEANUP_DELAY_MS + 20_000;
-  const name = 'vs-restore';
-  const cfg = await t.viewSyncer(name, {uri: `ws://${t.sidecarAddress}/`,
-    litestreamEnv: {INTEROP_LITESTREAM_RESTORE_DELAY_MS: String(RESTORE_MS)}});
-  const writes = keepWriting(t, 100);
-  const samplers = [];
-  try {
-    const vs = await t.startViewSyncer(name);
-    await vs.waitFor(/starting litestream restore/, {timeout: 90_000, what: 'its restore starting'});
-    const restoreStarted = Date.now();
-    assert.equal(events('reservation opened', {task_id: cfg.taskID}).length, 1);
-    const changeLogMin = sampleEvery(500, () => t.changeLogMin());
-    samplers.push(changeLogMin);
-    await sleep(KILL_AFTER_MS - (Date.now() - restoreStarted));
-    await t.stopSidecar({signal: 'SIGKILL'});
-    const killedAt = Date.now();
-    await t.startSidecar();
-    const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/,
-      {timeout: RESTORE_MS + 30_000, what: 'the end of the restore'});
-    const took = vs.matching(/\[litestream-gauge \d+\] restore: took the backup at watermark=\S+;/);
-    assert.equal(took.length, 1, 'one restore');
-    const w0 = took[0].match(/watermark=(\S+);/)[1];
-    assert.ok(accepted.includes(`and watermark ${w0} is compatible`), accepted);
-    assert.ok(await t.backedUp() > w0, 'the destination moved on during the restore');
-    const subscribed = await eventually('the restored view-syncer to subscribe through the restarted sidecar', () => {
-      const found = events('subscribed', {task_id: cfg.taskID, mode: 'serving'})[0];
-      if (!found && (!vs.running || vs.matching(SUBSCRIPTION_REFUSED).length > 0)) {
-        throw Object.assign(new Error(`${name} cannot go on: ${vs.matching(SUBSCRIPTION_REFUSED).slice(0, 2)}`), {fatal: true});
-      }
-      return found;
-    }, {timeout: 60_000});
-    await changeLogMin.stop();
-    assert.equal(field(subscribed, 'watermark'), w0, 'it subscribed from the watermark it restored');
-    await writes.stop();
-    const w = await t.insert([[99, 'ninety-nine', 99]]);
-    await eventually(`${name} to catch up to ${w}`, () => (t.tryReplicaItems(cfg.replica)?.stateVersion ?? '') >= w,
-      {timeout: 60_000});
-    const upstream = await t.upstreamItems();
-    assert.deepEqual(t.replicaItems(cfg.replica).rows, upstream);
-    assert.ok(writes.rows.filter(r => r.at > killedAt).length > 0, 'rows were written after the restart');
-    assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), [], 'no WatermarkTooOld');
-    assert.ok(vs.running);
-    assert.equal(vs.matching(/connecting to change-streamer@\S+\/replication\/v6\/snapshot/).length, 1, 'reserved once');
-    const gone = changeLogMin.samples.filter(s => !(s.value <= w0));
-    assert.ok(changeLogMin.samples.length > 50, 'the change log was sampled during the restore');
-    assert.deepEqual(gone.map(s => `+${((s.at - restoreStarted) / 1000).toFixed(1)} s: min ${s.value}`), [],
-      `the change log kept ${w0} and above until ${name} subscribed`);
-    const purgedAfter = events('change log purged').filter(e => Date.parse(e.timestamp) > Date.parse(subscribed.timestamp));
-    ctx.diagnostic(`restored ${w0}, killed at +${((killedAt - restoreStarted) / 1000).toFixed(1)} s, subscribed at ` +
-      `+${((Date.parse(subscribed.timestamp) - restoreStarted) / 1000).toFixed(1)} s; ${purgedAfter.length} purges after`);
-    await zeroCleanupHarmless(t);
-  } finally {
-    await writes.stop().catch(() => {});
-    for (const s of samplers) await s.stop();
-  }
-  await t.stopViewSyncer(name);
+scenario('9. a view-syncer mid-restore across a sidecar SIGKILL and restart catches up without WatermarkTooOld', async () => {
+  // As in the 1.9 suite (lib/scenarios.mjs), the restore with litestream 0.5 held back by the gauge exporter.
+  const {w} = await restoreAcrossSidecarKill(t, {name: 'vs-restore', others: [VS], first: 100});
+  await t.waitBackedUp(w);
+  assertProxyNeverAboveLog(mainWatch);
+  await zeroCleanupHarmless(t);
 }, {timeout: 360_000});
 
-scenario('8. proxy_mode = "hide": the replication-manager never becomes ready after its initial sync, and the sidecar says why', async ctx => {
+scenario('10. proxy_mode = "hide": the replication-manager never becomes ready after its initial sync, and the sidecar says why', async ctx => {
   const hide = new Topology('hide', {});
   hide.discovery = 'owner';
   hide.proxyMode = 'hide';
-  suite.topologies.push(hide);
+  track(hide);
   await hide.prepare();
   await hide.startSidecar();
   const rm = hide.startReplicationManager();
@@ -406,5 +370,17 @@ scenario('8. proxy_mode = "hide": the replication-manager never becomes ready af
   assert.equal((await t.sidecarStatus()).upstream.readiness_warning ?? null, null);
   ctx.diagnostic(warning);
   await hide.close();
-  suite.topologies.splice(suite.topologies.indexOf(hide), 1);
+  untrack(hide);
 }, {timeout: 300_000});
+
+scenario('11. a stock litestream: restore drills (litestream 0.5) prove the backups, the sidecar purges only below what they proved, and the clamped gauge opens the readiness gate', async ctx => {
+  // Zero runs the real litestream 0.3.13 to back up (no gauge) and the real 0.5.17 to restore; the sidecar's drills
+  // run 0.5 too (lib/scenarios.mjs).
+  const v5 = process.env.LITESTREAM_V5_BIN;
+  await stockLitestream(ctx, {track, untrack, options: {drillLitestream: v5, restoreWith: '0.5'},
+    restore: {env: 'ZERO_LITESTREAM_EXECUTABLE_V5', bin: v5, line: RESTORED_WITH_V5}});
+}, {timeout: 300_000});
+
+scenario("12. two sidecars behind one health-checked address (haproxy): a view-syncer restoring through the purger keeps its rows across a takeover and that sidecar's shutdown, subscribes through the other and catches up with every row", async ctx => {
+  await pairTakeover(ctx, {track, untrack});
+}, {timeout: 420_000});
