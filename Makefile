@@ -18,9 +18,9 @@ run: build
 	./target/release/litestream-sidecar --config $(CONFIG)
 
 # Every test (scripts/test.sh): the alerting rules' unit tests and the Rust tests that need no database once; the
-# Rust tests that need PostgreSQL on every major in $(PG); both interop suites against real Zero 0.20 and 1.9
-# (tests/interop) spread over those majors, every major running one shard of each suite (every scenario runs once).
-# Each on a throwaway cluster, side by side. Ends with each phase's time and the test counts; the phases' logs are
+# Rust tests that need PostgreSQL on every major in $(PG); the interop suites against real Zero 0.20, 1.9 and 1.10
+# (tests/interop) whole on the first major, each split into shards by its measured time. Each on a throwaway
+# cluster, side by side. Ends with each phase's time and the test counts; the phases' logs are
 # in target/test-logs.
 test:
 	CARGO="$(CARGO)" scripts/test.sh $(PG)
@@ -31,12 +31,15 @@ demo:
 	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" scripts/demo.sh
 
 # Only the interop suites (tests/interop, scripts/interop.sh) with real Zero processes of each version in $(ZERO)
-# (npm ci, the sidecar build, Zero, the real litestream, moto), on the first major in $(PG): `make interop ZERO=1.9`.
-# By default every version tests/interop/lib/versions.mjs can install.
-ZERO ?= $(shell node tests/interop/lib/versions.mjs --list)
+# (npm ci, the sidecar build, Zero, the real litestream, moto), the full matrix: each whole, on every major in $(PG),
+# one after another: `make interop ZERO=1.9 PG=17`. By default every version tests/interop/lib/versions.mjs can
+# install (0.20, 1.9 and 1.10).
+ZERO ?= $(shell node tests/interop/lib/versions.mjs --list-interop)
 interop:
-	scripts/with-postgres.sh --pg $(firstword $(PG)) env CARGO="$(CARGO)" sh -c \
-	  'status=0; for v in $(ZERO); do scripts/interop.sh $$v || status=1; done; exit $$status'
+	@status=0; for pg in $(PG); do for v in $(ZERO); do \
+	  echo "== Zero $$v on PostgreSQL $$pg"; \
+	  scripts/with-postgres.sh --pg $$pg env CARGO="$(CARGO)" scripts/interop.sh $$v || status=1; \
+	done; done; exit $$status
 
 
 # The container image, localhost/litestream-sidecar:latest (scripts/image.sh): a base unpacked from Debian's

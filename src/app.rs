@@ -361,6 +361,11 @@ impl App {
                 .instrument(info_span!("proxy", %addr)),
             );
         }
+        rt.tracker.spawn(crate::ops::hidden_gauge::watch(
+            litestream.proxy_mode,
+            rt.protocols.watch(),
+            rt.shutdown.clone(),
+        ));
         Ok(())
     }
 
@@ -455,6 +460,7 @@ impl App {
                 upstream_address: config.upstream.address.clone(),
                 protocols: rt.protocols.watch(),
                 protocols_fixed: rt.protocols.is_fixed(),
+                proxy_mode: config.litestream.proxy_mode,
                 cleanup: config.cleanup.clone(),
                 started: self.started,
             },

@@ -163,12 +163,19 @@ keys::section! {
             /// Allow a plain http:// endpoint. Only for a loopback or otherwise trusted network.
             allow_http,
         },
-        /// Restore drills: the newest backup restored with this litestream executable (the one the host runs for Zero,
-        /// upstream 0.3 or Zero's fork), into a directory of drill_dir, at a low CPU and I/O priority (nice -n 10,
-        /// ionice -c 2 -n 7), then opened with SQLite: PRAGMA quick_check (drill_check = "full": integrity_check), and
-        /// the replica's stateVersion and replicaVersion read and compared with the change DB's. The outcome is in
-        /// /status, the metrics and `litestream-sidecar status`; `litestream-sidecar drill` runs one now. The scratch
-        /// directory is removed whatever happens.
+        /// The litestream release view-syncers restore with: "0.3" (Zero up to 1.9, and 1.10 with
+        /// ZERO_LITESTREAM_RESTORE_USING_V5=false), or "0.5" (Zero 1.10's default: its ZERO_LITESTREAM_EXECUTABLE_V5
+        /// restores the same v0.3 backup). The two restore a different generation when two litestreams write to one
+        /// path (0.3: the one updated last, its WAL counted; 0.5: the one with the newest snapshot), so the listing
+        /// behind statuses and cleanup is read as this release restores, and drills refuse a `litestream` whose
+        /// `litestream version` names another release.
+        restore_with: crate::litestream::layout::Restorer = key(crate::litestream::layout::Restorer::V03),
+        /// Restore drills: the newest backup restored with this litestream executable (the one view-syncers restore
+        /// with: upstream 0.3 or Zero's fork, or litestream 0.5 under restore_with = "0.5"), into a directory of
+        /// drill_dir, at a low CPU and I/O priority (nice -n 10, ionice -c 2 -n 7), then opened with SQLite: PRAGMA
+        /// quick_check (drill_check = "full": integrity_check), and the replica's stateVersion and replicaVersion
+        /// read and compared with the change DB's. The outcome is in /status, the metrics and `litestream-sidecar
+        /// status`; `litestream-sidecar drill` runs one now. The scratch directory is removed whatever happens.
         litestream: std::path::PathBuf = key("litestream", |text: String| match text.trim() {
             "" => Err("must name the litestream executable".to_string()),
             path => Ok(path.into()),
@@ -301,6 +308,7 @@ impl BackupConfig {
             timeout: self.drill_timeout,
             reserve: self.drill_reserve,
             check: self.drill_check,
+            restore_with: self.restore_with,
             env: Vec::new(),
         }
     }

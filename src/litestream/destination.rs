@@ -21,7 +21,7 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
 
-use crate::litestream::layout::{Layout, Object, Uploads};
+use crate::litestream::layout::{Layout, Object, Restorer, Uploads};
 
 /// Where litestream writes the replica, from `litestream.backup_url`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,11 +98,11 @@ impl Listing {
         self.layout.chain().map(|chain| chain.newest)
     }
 
-    fn of(objects: &[Object]) -> Listing {
+    fn of(objects: &[Object], restorer: Restorer) -> Listing {
         Listing {
             objects: objects.len() as u64,
             newest: objects.iter().map(|o| o.modified).max(),
-            layout: Layout::read(objects),
+            layout: Layout::read_for(objects, restorer),
             uploads: Uploads::read(objects),
         }
     }
@@ -197,6 +197,8 @@ pub struct Destination {
     /// `None` for a local directory: it is opened at each listing, as it may not exist yet.
     store: Option<Arc<dyn ObjectStore>>,
     timeout: Duration,
+    /// Whose restore the listing's layout is read for (`backup.restore_with`).
+    restorer: Restorer,
 }
 
 impl std::fmt::Debug for Destination {
@@ -225,7 +227,14 @@ impl Destination {
             location: location.clone(),
             store,
             timeout,
+            restorer: Restorer::default(),
         })
+    }
+
+    /// Reads what a restore picks as `restorer` picks it (litestream 0.3 unless told).
+    pub fn restoring_with(mut self, restorer: Restorer) -> Self {
+        self.restorer = restorer;
+        self
     }
 
     /// Lists every object under the replica's path, within the timeout.
@@ -235,9 +244,9 @@ impl Destination {
                 (Location::S3 { prefix, .. }, Some(store)) => {
                     let prefix = (!prefix.is_empty())
                         .then(|| object_store::path::Path::from(prefix.as_str()));
-                    newest_of(store.as_ref(), prefix.as_ref()).await
+                    newest_of(store.as_ref(), prefix.as_ref(), self.restorer).await
                 }
-                (Location::Local(dir), _) => list_local(dir).await,
+                (Location::Local(dir), _) => list_local(dir, self.restorer).await,
                 (Location::S3 { .. }, None) => {
                     unreachable!("an s3 location is opened with its client")
                 }
@@ -255,7 +264,7 @@ impl Destination {
 }
 
 /// A directory litestream has not created yet holds nothing: empty, not an error.
-async fn list_local(dir: &std::path::Path) -> Result<Listing, ListError> {
+async fn list_local(dir: &std::path::Path, restorer: Restorer) -> Result<Listing, ListError> {
     match tokio::fs::metadata(dir).await {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => {
@@ -264,7 +273,9 @@ async fn list_local(dir: &std::path::Path) -> Result<Listing, ListError> {
                 message: format!("{} is not a directory", dir.display()),
             })
         }
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Listing::of(&[])),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Listing::of(&[], restorer))
+        }
         Err(err) => {
             return Err(ListError {
                 kind: ErrorKind::Other,
@@ -273,12 +284,13 @@ async fn list_local(dir: &std::path::Path) -> Result<Listing, ListError> {
         }
     }
     let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| ListError::of(&e))?;
-    newest_of(&store, None).await
+    newest_of(&store, None, restorer).await
 }
 
 async fn newest_of(
     store: &dyn ObjectStore,
     prefix: Option<&object_store::path::Path>,
+    restorer: Restorer,
 ) -> Result<Listing, ListError> {
     let mut listed = store.list(prefix);
     let mut objects = Vec::new();
@@ -296,7 +308,7 @@ async fn newest_of(
             modified: SystemTime::from(meta.last_modified),
         });
     }
-    Ok(Listing::of(&objects))
+    Ok(Listing::of(&objects, restorer))
 }
 
 /// S3 connection settings from the file; credentials come only from the environment (see [`crate::litestream::destination`]).

@@ -41,6 +41,9 @@ pub struct Drill {
     /// Free space the drill leaves on the scratch filesystem: it does not start, or is stopped, below it.
     pub reserve: u64,
     pub check: CheckLevel,
+    /// The release view-syncers restore with (`backup.restore_with`): a drill refuses to run another, whose restore
+    /// may pick another generation than theirs.
+    pub restore_with: crate::litestream::layout::Restorer,
     /// Variables added to litestream's environment (tests give the destination's `AWS_*` this way).
     pub env: Vec<(String, String)>,
 }
@@ -188,7 +191,8 @@ impl Drill {
     ) -> Result<Proof, Failure> {
         let started = SystemTime::now();
         // Before anything is written: without litestream no drill can run, and no directory is made for one.
-        self.executable()?;
+        let litestream = self.executable()?;
+        self.same_release(&litestream).await?;
         let scratch = Scratch::create(&self.dir)?;
         let need = expected_bytes.unwrap_or(0).saturating_add(self.reserve);
         let free = free_bytes(&self.dir)?;
@@ -352,6 +356,33 @@ impl Drill {
         Ok(restored_generation(&text))
     }
 
+    /// Refuses an executable whose `litestream version` names another release than `restore_with`: its restore
+    /// would not prove what view-syncers restore. One whose output names no known release is let through (a build
+    /// of its own, a wrapper).
+    async fn same_release(&self, litestream: &Path) -> Result<(), Failure> {
+        let output = tokio::process::Command::new(litestream)
+            .arg("version")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let Ok(Ok(output)) = tokio::time::timeout(Duration::from_secs(10), output).await else {
+            return Ok(());
+        };
+        let text = String::from_utf8_lossy(&output.stdout);
+        match crate::litestream::layout::Restorer::of_version(&text) {
+            Some(release) if release != self.restore_with => Err(Failure::Setup(format!(
+                "{} is litestream {}, but backup.restore_with = \"{}\": drills restore with the release \
+                 view-syncers restore with, which picks the same generation",
+                litestream.display(),
+                text.trim(),
+                self.restore_with.as_str()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// The litestream executable: a path as given, a bare name from `PATH`.
     fn executable(&self) -> Result<PathBuf, Failure> {
         let found = if self.litestream.components().count() > 1 {
@@ -427,7 +458,8 @@ pub fn restored_enough(
     Ok(())
 }
 
-/// The generation litestream 0.3 names in its restore log (`generation=<16 hex digits>`), the first one named.
+/// The generation litestream names in its restore log (`generation=<16 hex digits>`), the first one named: 0.3 at
+/// its info level, 0.5 at debug ("selected v0.3.x snapshot"), which the restore config asks for.
 fn restored_generation(log: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(log);
     text.match_indices("generation=").find_map(|(at, key)| {
@@ -438,7 +470,8 @@ fn restored_generation(log: &[u8]) -> Option<String> {
 }
 
 /// The config a restore reads: the backup URL as view-syncers get it, and the S3 settings the sidecar lists with.
-/// Values are JSON strings, which YAML reads as they are.
+/// Values are JSON strings, which YAML reads as they are. Debug logging: litestream 0.5 names the generation it
+/// restores only there (0.3 logs as before).
 pub fn restore_config(source: &Path, backup_url: &str, s3: &S3Settings) -> String {
     let quote = |text: &str| serde_json::to_string(text).expect("a string serialises");
     let mut replica = format!("      - url: {}\n", quote(backup_url));
@@ -452,7 +485,7 @@ pub fn restore_config(source: &Path, backup_url: &str, s3: &S3Settings) -> Strin
         replica += "        force-path-style: true\n";
     }
     format!(
-        "dbs:\n  - path: {}\n    replicas:\n{replica}",
+        "logging:\n  level: debug\ndbs:\n  - path: {}\n    replicas:\n{replica}",
         quote(&source.to_string_lossy())
     )
 }
@@ -569,7 +602,7 @@ mod tests {
         };
         assert_eq!(
             restore_config(Path::new("/scratch/source.db"), "s3://zb/replica \"x\"", &s3),
-            "dbs:\n  - path: \"/scratch/source.db\"\n    replicas:\n      - url: \"s3://zb/replica \\\"x\\\"\"\n        \
+            "logging:\n  level: debug\ndbs:\n  - path: \"/scratch/source.db\"\n    replicas:\n      - url: \"s3://zb/replica \\\"x\\\"\"\n        \
              endpoint: \"http://127.0.0.1:9000\"\n        region: \"us-east-1\"\n        force-path-style: true\n"
         );
     }
@@ -609,6 +642,7 @@ mod tests {
             timeout: crate::litestream::restore_limit::RestoreLimit::Fixed(Duration::from_secs(1)),
             reserve: 0,
             check: CheckLevel::Quick,
+            restore_with: Default::default(),
             env: Vec::new(),
         };
         // PID 1 runs; no process has the largest PID; this process's own leftovers are from an earlier run.

@@ -12,9 +12,50 @@
 //! - litestream 0.5: `ltx/<level>/<min txid>-<max txid>.ltx`, and Zero 1.10's v5 backups put the same one path segment
 //!   deeper (`<backupPath>/ltx/…`, a path per replica). Recognised so that it can be refused: Zero reads such
 //!   backups itself, so no proxy can keep it from purging.
+//!
+//! Which generation and snapshot a restore starts from depends on the litestream that restores
+//! ([`Restorer`], `backup.restore_with`): 0.3 and 0.5 read the same 0.3 layout but choose differently.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+/// The litestream release view-syncers restore the backup with (`backup.restore_with`). Both read the 0.3 layout
+/// Zero's replication-manager writes, but pick what to restore differently (docs/protocol.md, "The backup layout"):
+/// 0.3 the generation with the latest update time, its snapshots and its WAL up to its last snapshot's index
+/// counted; 0.5 (`RestoreV3`) the generation of the newest snapshot by time, WAL not counted. With two writers on one
+/// path they can restore different generations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Restorer {
+    /// litestream 0.3 (Zero up to 1.9; Zero 1.10 with `ZERO_LITESTREAM_RESTORE_USING_V5=false`).
+    #[default]
+    #[serde(rename = "0.3")]
+    V03,
+    /// litestream 0.5 (Zero 1.10's default, `ZERO_LITESTREAM_RESTORE_USING_V5`).
+    #[serde(rename = "0.5")]
+    V05,
+}
+
+impl Restorer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Restorer::V03 => "0.3",
+            Restorer::V05 => "0.5",
+        }
+    }
+
+    /// The release a `litestream version` output names (`v0.3.13`, `0.5.17`), if it is one of these.
+    pub fn of_version(output: &str) -> Option<Restorer> {
+        let version = output.split_whitespace().next()?.trim_start_matches('v');
+        let mut parts = version.split(['.', '-', '+']);
+        match (parts.next()?, parts.next()?) {
+            ("0", "3") => Some(Restorer::V03),
+            ("0", "5") => Some(Restorer::V05),
+            _ => None,
+        }
+    }
+}
 
 /// One object of a listing: its path below the replica's URL, and when it was last written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,10 +201,18 @@ impl Layout {
         }
     }
 
-    /// Reads a listing's names. Objects outside `generations/`, `ltx/` and `<one segment>/ltx/` are not litestream's
-    /// and are ignored;
-    /// inside a generation every name must be one litestream writes.
+    /// Reads a listing's names as litestream 0.3 restores them ([`Layout::read_for`]).
     pub fn read<'a>(objects: impl IntoIterator<Item = &'a Object>) -> Layout {
+        Layout::read_for(objects, Restorer::V03)
+    }
+
+    /// Reads a listing's names as `restorer` restores them. Objects outside `generations/`, `ltx/` and
+    /// `<one segment>/ltx/` are not litestream's and are ignored; inside a generation every name must be one
+    /// litestream writes.
+    pub fn read_for<'a>(
+        objects: impl IntoIterator<Item = &'a Object>,
+        restorer: Restorer,
+    ) -> Layout {
         let mut generations: BTreeMap<&str, Generation> = BTreeMap::new();
         let mut ltx = false;
         for object in objects {
@@ -206,11 +255,37 @@ impl Layout {
         if ltx {
             return Layout::Ltx;
         }
-        match restore_target(&generations) {
-            Some(id) => generations[id].verdict(id),
-            None => Layout::Empty,
+        match restorer {
+            Restorer::V03 => match restore_target(&generations) {
+                Some(id) => generations[id].verdict(id, None),
+                None => Layout::Empty,
+            },
+            Restorer::V05 => match newest_snapshot(&generations) {
+                Some((id, index)) => generations[id].verdict(id, Some(index)),
+                None => restore_target(&generations)
+                    .map_or(Layout::Empty, |id| generations[id].verdict(id, None)),
+            },
         }
     }
+}
+
+/// The snapshot litestream 0.5's `RestoreV3` starts from when given no time: every generation's snapshots, in
+/// name order and each generation's by index, sorted by creation time with its exchange sort (kept as it is:
+/// snapshots of the same time end where that sort leaves them), and the last one taken. Its WAL is then the
+/// generation's from that snapshot's index on. `None` when no generation has a snapshot.
+fn newest_snapshot<'a>(generations: &BTreeMap<&'a str, Generation>) -> Option<(&'a str, u64)> {
+    let mut snapshots: Vec<(SystemTime, &str, u64)> = generations
+        .iter()
+        .flat_map(|(&id, g)| g.snapshots.iter().map(move |(&index, &t)| (t, id, index)))
+        .collect();
+    for i in 0..snapshots.len() {
+        for j in i + 1..snapshots.len() {
+            if snapshots[i].0 > snapshots[j].0 {
+                snapshots.swap(i, j);
+            }
+        }
+    }
+    snapshots.last().map(|&(_, id, index)| (id, index))
 }
 
 /// The generation `litestream restore` (0.3) picks when given none, as its `CalcRestoreTarget` does: of the
@@ -257,7 +332,8 @@ impl Generation {
         snapshots.chain(wal).max()
     }
 
-    fn verdict(&self, id: &str) -> Layout {
+    /// What a restore of this generation from `snapshot` (its highest-indexed one when `None`) reaches.
+    fn verdict(&self, id: &str, snapshot: Option<u64>) -> Layout {
         let broken = |problem| Layout::Broken {
             generation: id.to_string(),
             problem,
@@ -265,7 +341,11 @@ impl Generation {
         if let Some(path) = &self.unreadable {
             return broken(Problem::UnreadableName { path: path.clone() });
         }
-        let Some((&snapshot_index, &snapshot_time)) = self.snapshots.last_key_value() else {
+        let picked = match snapshot {
+            Some(index) => self.snapshots.get_key_value(&index),
+            None => self.snapshots.last_key_value(),
+        };
+        let Some((&snapshot_index, &snapshot_time)) = picked else {
             return broken(Problem::NoSnapshot);
         };
         let mut newest = snapshot_time;
@@ -534,6 +614,73 @@ mod tests {
         assert_eq!(target(&tie), "00000000000000aa");
         // A's chain is what a restore reaches: its newest object is A's own.
         assert_eq!(Layout::read(&listing).chain().unwrap().newest, at(6));
+    }
+
+    /// litestream 0.5 restores the generation of the newest snapshot: WAL written later elsewhere does not count,
+    /// and it starts from that snapshot even where the generation has one of a higher index but older.
+    #[test]
+    fn litestream_0_5_restores_the_generation_of_the_newest_snapshot() {
+        let a = "generations/00000000000000aa";
+        let b = "generations/00000000000000bb";
+        // A (an old writer still uploading WAL) against B (a newer snapshot): 0.3 takes A, 0.5 takes B.
+        let listing = objects(&[
+            (&format!("{a}/snapshots/00000000.snapshot.lz4"), 1),
+            (&format!("{a}/wal/00000000_00000000.wal.lz4"), 9),
+            (&format!("{b}/snapshots/00000000.snapshot.lz4"), 5),
+            (&format!("{b}/wal/00000000_00000000.wal.lz4"), 7),
+        ]);
+        let chain = |restorer| {
+            Layout::read_for(&listing, restorer)
+                .chain()
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(chain(Restorer::V03).generation, "00000000000000aa");
+        assert_eq!(chain(Restorer::V03).newest, at(9));
+        assert_eq!(chain(Restorer::V05).generation, "00000000000000bb");
+        assert_eq!(chain(Restorer::V05).newest, at(7));
+        // Equal times: the exchange sort leaves the later by name last here.
+        let tie = objects(&[
+            (&format!("{a}/snapshots/00000000.snapshot.lz4"), 4),
+            (&format!("{b}/snapshots/00000000.snapshot.lz4"), 4),
+        ]);
+        let generation = Layout::read_for(&tie, Restorer::V05)
+            .chain()
+            .unwrap()
+            .generation
+            .clone();
+        assert_eq!(generation, "00000000000000bb");
+        // Within a generation, the newest snapshot, not the highest index.
+        let odd = objects(&[
+            (&format!("{a}/snapshots/00000000.snapshot.lz4"), 8),
+            (&format!("{a}/snapshots/00000002.snapshot.lz4"), 3),
+            (&format!("{a}/wal/00000000_00000000.wal.lz4"), 8),
+            (&format!("{a}/wal/00000001_00000000.wal.lz4"), 8),
+            (&format!("{a}/wal/00000002_00000000.wal.lz4"), 8),
+        ]);
+        assert_eq!(
+            Layout::read_for(&odd, Restorer::V05)
+                .chain()
+                .unwrap()
+                .snapshot_index,
+            0
+        );
+        assert_eq!(
+            Layout::read_for(&odd, Restorer::V03)
+                .chain()
+                .unwrap()
+                .snapshot_index,
+            2
+        );
+        // No snapshot anywhere: nothing restores, as with 0.3.
+        let none = objects(&[(&format!("{a}/wal/00000000_00000000.wal.lz4"), 1)]);
+        assert_eq!(
+            Layout::read_for(&none, Restorer::V05),
+            Layout::read_for(&none, Restorer::V03)
+        );
+        assert_eq!(Restorer::of_version("v0.3.13\n"), Some(Restorer::V03));
+        assert_eq!(Restorer::of_version("0.5.17"), Some(Restorer::V05));
+        assert_eq!(Restorer::of_version("development build"), None);
     }
 
     #[test]

@@ -72,7 +72,9 @@ pub async fn gauge_claim(litestream: &LitestreamConfig, backup: &BackupConfig) -
         &backup.s3,
         backup.list_timeout,
         std::env::vars(),
-    ) {
+    )
+    .map(|d| d.restoring_with(backup.restore_with))
+    {
         Ok(destination) => destination.list().await.map_err(|err| err.to_string()),
         Err(err) => Err(err),
     };

@@ -398,6 +398,9 @@ pub fn render(report: &Report) -> String {
                 protocols_line(protocols)
             ));
         }
+        if let Some(warning) = &upstream.readiness_warning {
+            out.push_str(&format!("upstream not ready: {warning}\n"));
+        }
     }
 
     out.push_str("\nCLEANUP\n");
@@ -715,6 +718,7 @@ mod tests {
                 probe_error: Some("upstream cs:4849 unreachable".into()),
                 ..ProtocolsEntry::default()
             }),
+            readiness_warning: None,
         });
         let text = render(&report);
         assert!(text.contains("rows   ~2000000 (estimate)"), "{text}");

@@ -433,6 +433,7 @@ async fn a_slow_restore_times_out_under_a_fixed_timeout_and_proves_the_backup_un
         timeout,
         reserve: 0,
         check: CheckLevel::Quick,
+        restore_with: Default::default(),
         env: Vec::new(),
     };
     let bytes = Some(rig.replica.bytes());
@@ -451,4 +452,137 @@ async fn a_slow_restore_times_out_under_a_fixed_timeout_and_proves_the_backup_un
         RestoreLimit::Auto.for_size(Some(150 << 30)),
         Duration::from_secs(3 * 3600)
     );
+}
+
+/// A drill runs only the litestream release view-syncers restore with (`backup.restore_with`): the 0.3 binary under
+/// "0.5" is refused before anything is restored, and proves the backup under "0.3".
+#[tokio::test]
+async fn a_drill_refuses_a_litestream_of_another_release_than_restore_with() {
+    use litestream_sidecar::cleanup::config::RestoreLimit;
+    use litestream_sidecar::litestream::drill::{CheckLevel, Claims, Drill, Failure};
+    use litestream_sidecar::litestream::layout::Restorer;
+    let rig = Rig::start(Options::default(), 0);
+    let watermark = rig.apply(1, 1).await;
+    let drill = |restore_with| Drill {
+        litestream: rig.litestream.bin.clone(),
+        backup_url: rig.url.clone(),
+        s3: Default::default(),
+        dir: rig.drill_dir(),
+        timeout: RestoreLimit::Auto,
+        reserve: 0,
+        check: CheckLevel::Quick,
+        restore_with,
+        env: Vec::new(),
+    };
+    let bytes = Some(rig.replica.bytes());
+    match drill(Restorer::V05)
+        .run(bytes, None, &Claims::default())
+        .await
+    {
+        Err(Failure::Setup(text)) => assert!(
+            text.contains("is litestream v0.3") && text.contains("backup.restore_with = \"0.5\""),
+            "{text}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(list(&rig.drill_dir()), Vec::<String>::new());
+    let proof = drill(Restorer::V03)
+        .run(bytes, None, &Claims::default())
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!(proof.watermark, watermark);
+    assert!(
+        proof.generation.is_some(),
+        "0.3 names the generation it restored"
+    );
+}
+
+/// Two generations at one path, as an old writer that still uploads WAL beside a newer one leaves them: the real
+/// litestream 0.3 restores the one updated last, the real 0.5 (Zero 1.10's view-syncers) the one with the newest
+/// snapshot. The listing read for each release (`backup.restore_with`) names the generation that release restores,
+/// and a drill with each binary proves that generation's watermark.
+#[tokio::test]
+async fn each_litestream_release_restores_the_generation_the_listing_reads_for_it() {
+    use litestream_sidecar::cleanup::config::RestoreLimit;
+    use litestream_sidecar::litestream::destination::{Destination, Location, S3Settings};
+    use litestream_sidecar::litestream::drill::{CheckLevel, Claims, Drill};
+    use litestream_sidecar::litestream::layout::Restorer;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let mut rig = Rig::start(Options::default(), 0);
+    let old = rig.apply(1, 1).await;
+    let first = rig.dest.generations();
+    assert_eq!(first.len(), 1, "{first:?}");
+    // litestream loses its place (its local state gone): the next run starts a new generation.
+    rig.litestream.kill();
+    let state = rig.replica.path.with_file_name(".replica.db-litestream");
+    std::fs::remove_dir_all(&state).unwrap_or_else(|e| panic!("{}: {e}", state.display()));
+    rig.litestream.start();
+    let new = rig.apply(2, 1).await;
+    rig.litestream.kill();
+    let (a, b) = (first[0].clone(), {
+        let all = rig.dest.generations();
+        all.into_iter()
+            .find(|g| *g != first[0])
+            .expect("a second generation")
+    });
+    // A's snapshot is the oldest object, its WAL the newest; B's snapshot is newer than A's.
+    let at = |secs: u64| UNIX_EPOCH + Duration::from_secs(1_764_900_000 + secs);
+    let touch = |generation: &str, kind: &str, t: SystemTime| {
+        let dir = rig
+            .dir
+            .path()
+            .join("backup/generations")
+            .join(generation)
+            .join(kind);
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let file = std::fs::File::options()
+                .write(true)
+                .open(entry.unwrap().path())
+                .unwrap();
+            file.set_modified(t).unwrap();
+        }
+    };
+    touch(&a, "snapshots", at(100));
+    touch(&a, "wal", at(500));
+    touch(&b, "snapshots", at(300));
+    touch(&b, "wal", at(400));
+
+    for (restorer, bin, generation, watermark) in [
+        (Restorer::V03, litestream::v03(), &a, &old),
+        (Restorer::V05, litestream::v05(), &b, &new),
+    ] {
+        let listing = Destination::open(
+            &Location::Local(rig.dir.path().join("backup")),
+            &S3Settings::default(),
+            Duration::from_secs(10),
+            Vec::new(),
+        )
+        .unwrap()
+        .restoring_with(restorer)
+        .list()
+        .await
+        .unwrap();
+        let chain = listing.layout.chain().expect("restorable");
+        assert_eq!(
+            &chain.generation, generation,
+            "{restorer:?}: {:?}",
+            listing.layout
+        );
+        let proof = Drill {
+            litestream: bin,
+            backup_url: rig.url.clone(),
+            s3: Default::default(),
+            dir: rig.drill_dir(),
+            timeout: RestoreLimit::Auto,
+            reserve: 0,
+            check: CheckLevel::Quick,
+            restore_with: restorer,
+            env: Vec::new(),
+        }
+        .run(None, None, &Claims::default())
+        .await
+        .unwrap_or_else(|failure| panic!("{restorer:?}: {failure}"));
+        assert_eq!(proof.generation.as_ref(), Some(generation), "{restorer:?}");
+        assert_eq!(&proof.watermark, watermark, "{restorer:?}");
+    }
 }

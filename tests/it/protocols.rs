@@ -215,3 +215,31 @@ async fn an_upstream_replaced_by_another_release_is_learned_again() {
     );
     sidecar.stop().await;
 }
+
+/// `proxy_mode = "hide"` in front of an upstream that serves v4 to v6 (Zero 1.10) keeps its replication-manager from
+/// becoming ready after an initial sync: `/status` says so, and only then (docs/deploy-zero-1.9.md, "Zero 1.10").
+#[tokio::test]
+async fn hide_in_front_of_zero_1_10_is_said_in_status() {
+    for (serves, mode, said) in [
+        (ZERO_1_10, "hide", true),
+        (ZERO_1_10, "clamp", false),
+        (ZERO_0_20, "hide", false),
+    ] {
+        let versions = serves.versions.clone();
+        let upstream = Upstream::serving(serves).await;
+        let extra = format!("[litestream]\nproxy_mode = \"{mode}\"\n");
+        let sidecar = start(upstream.config(&extra)).await;
+        learned(&sidecar, versions.clone()).await;
+        let json = status_json(&sidecar).await;
+        let warning = &json["upstream"]["readiness_warning"];
+        assert_eq!(
+            warning.is_string(),
+            said,
+            "{mode} before {versions:?}: {json:#}"
+        );
+        if said {
+            assert!(warning.as_str().unwrap().contains("proxy_mode = \"hide\""));
+        }
+        sidecar.stop().await;
+    }
+}

@@ -135,6 +135,7 @@ impl Monitor {
                     None => std::env::vars().collect(),
                 },
             )
+            .map(|d| d.restoring_with(config.backup.restore_with))
         });
         Self {
             handles: handles.clone(),

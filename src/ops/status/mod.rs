@@ -290,6 +290,8 @@ pub struct Upstream {
     pub last_error: Option<String>,
     /// The protocol versions it serves, as far as the sidecar knows (`upstream.protocols`).
     pub protocols: Option<ProtocolsEntry>,
+    /// Why it will not become ready, where the sidecar's own settings are the cause ([`crate::ops::hidden_gauge`]).
+    pub readiness_warning: Option<String>,
 }
 
 /// What the upstream serves decides which versions get a snapshot status and which subscriptions are relayed
@@ -392,6 +394,8 @@ pub struct ReportInputs {
     pub protocols: crate::protocol::versions::Known,
     /// `upstream.protocols` is a range rather than `auto`.
     pub protocols_fixed: bool,
+    /// `litestream.proxy_mode`.
+    pub proxy_mode: crate::litestream::config::ProxyMode,
     pub cleanup_enabled: bool,
     pub cleanup_delay: Duration,
     pub started: Instant,
@@ -575,6 +579,10 @@ pub fn build(inputs: &ReportInputs, now: Instant, wall_now: SystemTime) -> Repor
             last_attempt_at: inputs.upstream.last_attempt.map(rfc3339),
             last_error: inputs.upstream.last_error.clone(),
             protocols: Some(protocols_entry(inputs)),
+            readiness_warning: crate::ops::hidden_gauge::warning(
+                inputs.proxy_mode,
+                &inputs.protocols,
+            ),
         }),
         cleanup: Some(cleanup(inputs, now, wall_now)),
         last_purge,
@@ -783,6 +791,8 @@ pub struct Sources {
     pub protocols: tokio::sync::watch::Receiver<crate::protocol::versions::Known>,
     /// `upstream.protocols` is a fixed range.
     pub protocols_fixed: bool,
+    /// `litestream.proxy_mode`: `hide` in front of Zero 1.10 is said in `upstream.readiness_warning`.
+    pub proxy_mode: crate::litestream::config::ProxyMode,
     /// `[cleanup]`: whether it purges (`enabled`), which departed subscribers it still tracks (`reconnect_grace`).
     pub cleanup: crate::cleanup::config::CleanupConfig,
     pub started: Instant,
@@ -801,6 +811,7 @@ impl Sources {
             upstream_address: self.upstream_address.clone(),
             protocols: self.protocols.borrow().clone(),
             protocols_fixed: self.protocols_fixed,
+            proxy_mode: self.proxy_mode,
             cleanup_enabled: self.cleanup.enabled,
             cleanup_delay: handles.registry.cleanup_delay(),
             started: self.started,

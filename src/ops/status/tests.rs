@@ -111,6 +111,7 @@ fn inputs(now: Instant, wall_now: SystemTime) -> ReportInputs {
             ..Default::default()
         },
         protocols_fixed: false,
+        proxy_mode: Default::default(),
         cleanup_enabled: true,
         cleanup_delay: secs(120),
         started: now - secs(3600),

@@ -106,8 +106,11 @@ export function assertProxyShowsBackupSoonAfter(watch, backupAt, {withinMs = 10_
 
 /** Zero's line for each watermark it takes from the page (0.20 and 1.9). */
 export const ZERO_READ = /replicated watermark=(\S+) to (\S*) at (\S+)\./;
-/** Zero's line after each purge of its own (0.20: `Purged N changes before W`; 1.9 adds the time it took). */
-export const ZERO_PURGED = /Purged (\d+) changes before (\S+)/;
+/**
+ * Zero's line after each purge of its own (0.20: `Purged N changes before W`; 1.9 adds the time it took; 1.10.0:
+ * `Purged N PG changes before W`).
+ */
+export const ZERO_PURGED = /Purged (\d+) (?:PG )?changes before (\S+)/;
 /**
  * Zero 1.9's lines for a backup it does not trust: a claim it could not match with an upload (`blocked change-log
  * cleanup … stale`), the shutdown that follows (`is wedged`, an UnrecoverableError), no backup at all.

@@ -81,10 +81,14 @@ export class Topology {
    *   cleanup and statuses)
    * @param drillInterval the sidecar's `backup.drill_interval` (unset: its default, an hour; "2s" under "restore").
    *   Drills always run the real litestream, into a directory of the deployment's.
+   * @param drillLitestream the litestream binary the sidecar's drills run (`backup.litestream`; unset: the one Zero
+   *   runs, LITESTREAM_BIN)
+   * @param restoreWith the sidecar's `backup.restore_with` (unset: its default)
    */
   constructor(name = 'main', {
     litestreamEnv = {}, destination = 'file', syncIntervalMs = SYNC_INTERVAL_MS, zeroLitestream = 'gauge',
-    requires = 'listing', drillInterval = requires === 'restore' ? '2s' : undefined, sidecars = 1,
+    requires = 'listing', drillInterval = requires === 'restore' ? '2s' : undefined, sidecars = 1, drillLitestream,
+    restoreWith,
   } = {}) {
     this.name = name;
     if (![1, 2].includes(sidecars)) throw new Error(`one sidecar or a pair, not ${sidecars}`);
@@ -100,6 +104,8 @@ export class Topology {
     this.requires = requires;
     this.drillInterval = drillInterval;
     this.litestreamBin = litestreamBin();
+    this.drillLitestream = drillLitestream ?? this.litestreamBin;
+    this.restoreWith = restoreWith;
     this.dir = mkdtempSync(join(tmpdir(), `sidecar-${PROFILE.tag}-${name}-`));
     this.logDir = join(this.dir, 'logs');
     mkdirSync(this.logDir);
@@ -248,7 +254,8 @@ region = "${S3_REGION}"
 force_path_style = true
 allow_http = true`] : []),
       // Restore drills with the real litestream (under "restore", often: they prove what cleanup and statuses go by).
-      `litestream = "${this.litestreamBin}"
+      `litestream = "${this.drillLitestream}"${this.restoreWith ? `
+restore_with = "${this.restoreWith}"` : ''}
 drill_dir = "${this.drillDir}"${this.drillInterval ? `
 drill_interval = "${this.drillInterval}"` : ''}`,
     ];
@@ -307,7 +314,7 @@ filter = "warn,litestream_sidecar=debug"
   /** The environment every Zero process of the tests runs with. */
   commonZeroEnv() {
     return {
-      ...PROFILE.env(),
+      ...PROFILE.env(this),
       NODE_OPTIONS: `--require=${LOOPBACK_PRELOAD}`,
       INTEROP_ZERO: ZERO_VERSION, // the exporter loads this version's packages
       ZERO_UPSTREAM_DB: this.upstreamURL,

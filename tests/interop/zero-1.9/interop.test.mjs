@@ -8,32 +8,42 @@
 // The sidecar runs with its default `proxy_mode` ("clamp") everywhere but in the cold start (9), which hides the gauge.
 import {after, before, test} from 'node:test';
 import assert from 'node:assert/strict';
-import {existsSync, readFileSync, readdirSync} from 'node:fs';
+import {existsSync, readFileSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {cmdline, environ, isLoopbackOrUnset, listeners, markedPids, sockets, treePids} from '../lib/procs.mjs';
+import {cmdline, markedPids} from '../lib/procs.mjs';
+import {StrayLines, field, sidecarEvents as sidecarEventsOf, sidecarEventsWith} from '../lib/util.mjs';
 import {
-  StrayLines, field, httpGet, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
-} from '../lib/util.mjs';
-import {
-  APP_ID, CDC, CLEANUP_DELAY_MS, SHARD_NUM, LITESTREAM_GAUGE, RECONNECT_GRACE_MS, Topology, ZERO_CLI, ZERO_VERSION,
-  assertGaugeNeverAhead, eventually, progressSamples,
+  LITESTREAM_GAUGE, Topology, ZERO_CLI, ZERO_VERSION, assertGaugeNeverAhead, eventually, progressSamples,
 } from '../lib/topology.mjs';
 import {selection} from '../lib/selection.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
 import {
-  ZERO_READ, assertProxyNeverAboveLog, assertProxyShowsBackupSoonAfter, assertZeroCleanupHarmless, describeWatch,
-  watchProxy,
+  ZERO_READ, assertProxyNeverAboveLog, assertProxyShowsBackupSoonAfter, describeWatch, watchProxy,
 } from '../lib/proxy-watch.mjs';
 import {
   BackupMonitor, BackupPoller, CHECK_INTERVAL_MS, PgPurger, confirmReservation, rowsPurgedBy,
   waitsForBackupBeforeServing,
 } from '../lib/zero-1.10-rules.mjs';
+import {litestreamBin} from '../lib/litestream.mjs';
+import {
+  SUBSCRIPTION_REFUSED, assertLoopbackOnly, assertTelemetryOff, clampedPage as clampedPageOf, keepWriting as keepWritingOf,
+  literally, logLines as logLinesOf, trailingJSON, zeroCleanupHarmless as zeroCleanupHarmlessOf,
+} from '../lib/suite.mjs';
+import {
+  pairTakeover, replicationManagerRestarts, restoreAcrossSidecarKill, stockLitestream, viewSyncerRestartsAfterPurges,
+} from '../lib/scenarios.mjs';
 
 // The main deployment backs up to S3 (moto on loopback) with Zero 1.9's own endpoint settings; the cold start's to a
 // directory.
 const t = new Topology('main', {destination: 's3'});
 const extra = []; // further deployments (the cold start), closed with the main one
 const everyTopology = [t]; // every deployment started, closed or not
+/** A further deployment started by a scenario (lib/scenarios.mjs), and the same once it closed. */
+const track = topo => {
+  extra.push(topo);
+  everyTopology.push(topo);
+};
+const untrack = topo => extra.splice(extra.indexOf(topo), 1);
 /** Lines of a sidecar's output that are not log records (a panic, a stray print): none may appear. */
 const strays = new StrayLines(() => everyTopology.map(topo => topo.procs));
 const clientLog = [];
@@ -47,11 +57,7 @@ const sidecarEvents = (topo = t) => sidecarEventsOf(topo.procs);
 const events = (message, fields = {}, topo = t) => sidecarEventsWith(topo.procs, message, fields);
 
 /** Lines of every run of process `name` matching `pattern`. */
-function logLines(name, pattern, topo = t) {
-  const out = [];
-  for (let p = topo.procs.procs.get(name); p; p = p.previous) out.unshift(...p.matching(pattern));
-  return out;
-}
+const logLines = (name, pattern, topo = t) => logLinesOf(topo, name, pattern);
 
 /** The task ID the test uses to ask Zero's own change-streamer for a snapshot status (scenario 2). */
 const ZERO_COMPARE_TASK = 'interop19-compare-zero';
@@ -75,27 +81,11 @@ function zeroCleanupLines(topo = t) {
   return logLines('replication-manager', ZERO_CLEANUP, topo).filter(l => !l.includes(ZERO_COMPARE_TASK));
 }
 
-/**
- * Zero's own cleanup behind the clamped proxy did no harm (lib/proxy-watch.mjs): every purge of its own deleted
- * 0 rows, every watermark it read is at or below the change log's oldest row, and it never distrusted the backup.
- */
-function zeroCleanupHarmless(topo = t, opts = {}) {
-  return assertZeroCleanupHarmless(topo, logLines('replication-manager', /./, topo), opts);
-}
+/** Zero's own cleanup behind the clamped proxy did no harm (lib/suite.mjs). */
+const zeroCleanupHarmless = (topo = t, opts = {}) => zeroCleanupHarmlessOf(topo, opts);
 
-/**
- * The proxy page and the change log's oldest watermark, read until the log read before the page and the one
- * after it agree (no purge in between): `{page, samples, min}`.
- */
-function clampedPage(topo = t) {
-  return eventually("the proxy page between two equal reads of the change log's oldest watermark", async () => {
-    const before = await topo.changeLogMin();
-    const page = await topo.proxyPage();
-    const after = await topo.changeLogMin();
-    assert.equal(page.status, 200, page.body);
-    return before === after ? {page: page.body, samples: progressSamples(page.body), min: after} : null;
-  });
-}
+/** The proxy page and the change log's oldest watermark between two equal reads of the latter (lib/suite.mjs). */
+const clampedPage = (topo = t) => clampedPageOf(topo);
 
 /** litestream_db_size of `db` on a metrics page, or null. */
 function dbSize(page, db) {
@@ -103,126 +93,14 @@ function dbSize(page, db) {
   return m ? Number(m[1]) : null;
 }
 
-/**
- * A view-syncer's log lines when the change-streamer refused its subscription: Zero 1.9's IncrementalSyncer stops
- * with `WatermarkTooOld: earliest supported watermark is … (requested …)` (or `WrongReplicaVersion: …`).
- */
-const SUBSCRIPTION_REFUSED = /earliest supported watermark|WatermarkTooOld|WrongReplicaVersion/;
 
-/** `text` as a regular expression that matches it literally. */
-const literally = text => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
-/** Zero's text log lines carry the message after the context; this finds the JSON object a line ends with. */
-function trailingJSON(line) {
-  return JSON.parse(line.slice(line.indexOf('{"')));
-}
 
-/**
- * Every process of the run (the sidecar, Zero's processes and workers, litestream, moto) listens on loopback only and
- * has no TCP or UDP socket, connected or connecting, to a non-loopback address (`ss`); `expectedPorts` listen.
- */
-async function assertLoopbackOnly(expectedPorts) {
-  // The expected listeners first (a view-syncer opens its sync port once all its workers are ready).
-  const ourListeners = () => {
-    const ours = markedPids();
-    return listeners().filter(l => l.pids.some(p => ours.includes(p)));
-  };
-  for (const [name, port] of Object.entries(expectedPorts)) {
-    await eventually(`${name} to listen on port ${port}`, () => ourListeners().some(l => l.port === port), {timeout: 60_000});
-  }
-  const ours = markedPids();
-  assert.ok(ours.length > 0);
-  for (const l of ourListeners()) {
-    assert.match(l.host, /^(127\.\d+\.\d+\.\d+|\[::1\])$/, `listener not on loopback: ${l.line}`);
-  }
-  const open = sockets(ours);
-  assert.ok(open.some(s => s.state === 'ESTAB'), 'the processes have connections (to PostgreSQL, to each other)');
-  for (const s of open) {
-    assert.ok(isLoopbackOrUnset(s.local) && isLoopbackOrUnset(s.peer), `a socket off loopback: ${s.line}`);
-  }
-}
 
-/**
- * Every Zero process of the run, its workers and the litestream it spawned, runs with telemetry off (the sidecar and
- * the S3 server, moto, are not Zero's).
- */
-function assertTelemetryOff() {
-  const zero = markedPids().filter(pid => {
-    try {
-      return !['sidecar', 'moto'].includes(environ(pid).get('INTEROP_PROC'));
-    } catch {
-      return false; // gone meanwhile
-    }
-  });
-  let seen = 0;
-  for (const pid of zero) {
-    let env;
-    let argv;
-    try {
-      env = environ(pid);
-      argv = cmdline(pid);
-    } catch {
-      continue;
-    }
-    seen++;
-    const what = `${env.get('INTEROP_PROC')} pid ${pid} (${argv.join(' ').slice(0, 160)})`;
-    assert.equal(env.get('ZERO_ENABLE_TELEMETRY'), 'false', `${what}: ZERO_ENABLE_TELEMETRY`);
-    assert.equal(env.get('DO_NOT_TRACK'), '1', `${what}: DO_NOT_TRACK`);
-    assert.ok(env.get('ZERO_ADMIN_PASSWORD'), `${what}: ZERO_ADMIN_PASSWORD`);
-  }
-  assert.ok(seen >= 2, `Zero's processes were found (${seen})`);
-}
 
-/**
- * Calls `read()` every `interval` ms until `stop()`: `samples` gets [{at, value}] (`at`: Date.now() as the read
- * began); a read that fails is left out (the sidecar restarting, say).
- */
-function sampleEvery(interval, read) {
-  const samples = [];
-  let stopping = false;
-  const done = (async () => {
-    while (!stopping) {
-      const at = Date.now();
-      try {
-        samples.push({at, value: await read()});
-      } catch {
-        // not there at the moment
-      }
-      await sleep(interval);
-    }
-  })();
-  return {samples, stop: async () => {
-    stopping = true;
-    await done;
-  }};
-}
 
-/**
- * Inserts one row upstream every `interval` ms, ids from `first` on, until `stop()`: the change log, the backups and
- * the subscribers' acks keep moving. `rows` lists those committed, [{id, at}] (`at`: Date.now() at the commit).
- */
-function keepWriting(first, interval = 1_000, topo = t) {
-  const rows = [];
-  let stopping = false;
-  let error = null;
-  const done = (async () => {
-    for (let id = first; !stopping; id++) {
-      try {
-        await topo.upstream`INSERT INTO item (id, label, big) VALUES (${id}, ${`row ${id}`}, ${id})`;
-      } catch (e) {
-        error = e;
-        return;
-      }
-      rows.push({id, at: Date.now()});
-      await sleep(interval);
-    }
-  })();
-  return {rows, stop: async () => {
-    stopping = true;
-    await done;
-    if (error) throw error;
-  }};
-}
+/** Inserts a row every `interval` ms from id `first` on, until `stop()` (lib/suite.mjs). */
+const keepWriting = (first, interval = 1_000, topo = t) => keepWritingOf(topo, first, interval);
 
 /** The scenarios this run registers (lib/selection.mjs: its shard, INTEROP_ONLY). */
 const selected = selection(ZERO_VERSION);
@@ -414,40 +292,7 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
 }, {timeout: 240_000});
 
 scenario('3. the replication-manager restarts: streaming resumes, nothing lost or duplicated', async () => {
-  const vsConfig = await t.viewSyncer(VS);
-  const vs = t.procs.get(VS);
-  const before = sidecarEvents().length;
-  await t.stopReplicationManager();
-
-  // While it is down, upstream moves on (the replication slot keeps the changes).
-  await t.upstream`INSERT INTO item (id, label, big) VALUES (30, 'thirty', 30)`;
-  await sleep(1000);
-  const rm = t.startReplicationManager();
-  await rm.waitFor(new RegExp(`assumed ownership at ${t.sidecarAddress.replace(/\./g, '\\.')}`), {timeout: 90_000});
-  const w30 = await t.stored([30]);
-  const w31 = await t.insert([[31, 'thirty-one', 31], [32, 'thirty-two', 32]]);
-  const w33 = await t.insert([[33, 'thirty-three', 33]]);
-  assert.ok(w30 < w31 && w31 < w33);
-
-  await eventually('the view-syncer to catch up after the restart', () => (t.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w33,
-    {timeout: 90_000});
-  const upstream = await t.upstreamItems();
-  assert.deepEqual(t.replicaItems(vsConfig.replica).rows, upstream, 'view-syncer replica equals upstream');
-  assert.equal(t.replicaItems(vsConfig.replica).stateVersion, w33);
-  // Every insert is in the change log once.
-  const dup = await t.change.unsafe(
-    `SELECT change->'new'->>'id' AS id, count(*)::int AS n FROM ${CDC}."changeLog"
-      WHERE change->>'tag' = 'insert' GROUP BY 1 HAVING count(*) > 1`);
-  assert.deepEqual([...dup], [], 'no insert stored twice');
-  await t.waitBackedUp(w33);
-  assert.deepEqual(t.replicaItems(t.rmReplica).rows, upstream, 'backup replica equals upstream');
-
-  // The view-syncer kept running and reconnected through the sidecar.
-  assert.ok(vs.running, 'the view-syncer kept running');
-  const since = sidecarEvents().slice(before);
-  assert.ok(since.some(e => e.message === 'subscribed' && field(e, 'task_id') === vsConfig.taskID), 'the view-syncer resubscribed');
-  assert.equal(await t.ownerAddress(), t.sidecarAddress);
-  await zeroCleanupHarmless();
+  await replicationManagerRestarts(t, {vs: VS, first: 30});
 }, {timeout: 240_000});
 
 let purgedTo;
@@ -498,37 +343,8 @@ scenario("4. the sidecar purges below an aged backup; Zero reads the change log'
 }, {timeout: 360_000});
 
 scenario('5. a view-syncer on a permanent volume restarts after purges: keeps its replica, catches up', async () => {
-  const vsConfig = await t.viewSyncer(VS);
   assert.ok(purgedTo, 'scenario 4 purged');
-  const {stateVersion: at} = t.replicaItems(vsConfig.replica);
-  const minBefore = (await t.changeLogWatermarks())[0];
-  assert.ok(minBefore <= at, `the change log still reaches back to the view-syncer (${minBefore} <= ${at})`);
-  await t.stopViewSyncer(VS);
-  const opened = events('reservation opened', {task_id: vsConfig.taskID}).length;
-
-  // Upstream moves on while it is down; then it starts again with the replica it has.
-  const w50 = await t.insert([[50, 'fifty', 50]]);
-  const vs = await t.startViewSyncer(VS);
-  const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 90_000});
-  assert.ok(accepted.includes(`and watermark ${at} is compatible`), accepted);
-  const status = trailingJSON(accepted);
-  assert.ok(status.minWatermark <= at, `minWatermark ${status.minWatermark} <= ${at}`);
-  assert.ok(status.minWatermark >= minBefore, 'the status names what the change log still has');
-  await vs.waitFor(/restore: \S+ exists; nothing to do/, {timeout: 10_000, what: 'litestream leaving the replica alone'});
-  await vs.waitFor(/database already exists, skipping/, {timeout: 10_000, what: "litestream's own word for it"});
-  assert.deepEqual(vs.matching(/Deleting local replica|restored \/|does not match expected replicaVersion|is earlier than minWatermark/), []);
-
-  const w51 = await t.insert([[51, 'fifty-one', 51]]);
-  await eventually('the view-syncer to catch up', () => (t.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w51,
-    {timeout: 90_000});
-  assert.ok(w50 < w51);
-  assert.deepEqual(t.replicaItems(vsConfig.replica).rows, await t.upstreamItems());
-  assert.equal(events('reservation opened', {task_id: vsConfig.taskID}).length, opened + 1, 'one reservation for the restart');
-  assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), [], 'no WatermarkTooOld');
-  assert.ok(vs.running);
-  assertTelemetryOff();
-  await assertLoopbackOnly({'view-syncer sync port': vsConfig.ports.sync});
-  await zeroCleanupHarmless();
+  await viewSyncerRestartsAfterPurges(t, {name: VS, first: 50, keptLine: /database already exists, skipping/});
 }, {timeout: 240_000});
 
 /** The row scenario 6's sidecar purged below: the change log's oldest until scenario 8 writes again. */
@@ -614,143 +430,17 @@ scenario("7. clamp: Zero reads the change log's oldest watermark from the proxy 
 }, {timeout: 480_000});
 
 scenario('8. a view-syncer mid-restore across a sidecar SIGKILL and restart catches up without WatermarkTooOld', async () => {
-  // The restarted sidecar may purge once it has been up for the cleanup delay and registered (discovery checks
-  // every second) for the reconnect grace plus that delay: some 36 s after the restart, 56 s into the restore. The
-  // restore lasts 20 s more, with cleanup checked every second and the backups and the other view-syncers' acks
-  // past the restore all along: time enough for a sidecar that forgot the reservation to purge past it (it does
-  // within a second of its waits), on a busy machine too.
-  const KILL_AFTER_MS = 20_000;
-  const RESTORE_MS = KILL_AFTER_MS + RECONNECT_GRACE_MS + CLEANUP_DELAY_MS + 20_000;
-  const name = 'vs-restore';
-  const cfg = await t.viewSyncer(name, {uri: `ws://${t.sidecarAddress}/`,
-    litestreamEnv: {INTEROP_LITESTREAM_RESTORE_DELAY_MS: String(RESTORE_MS)}});
-  assert.ok(!existsSync(cfg.replica), 'the view-syncer starts with no replica');
-  const others = [VS, 'vs-uri'];
-  const otherTasks = await Promise.all(others.map(async n => (await t.viewSyncer(n)).taskID));
-  assert.ok(others.every(n => t.procs.get(n).running), "scenario 6's view-syncers are running");
-  const writes = keepWriting(100);
-  const samplers = [];
-  try {
-    const vs = await t.startViewSyncer(name);
-    // Zero passes litestream's output on only once it has exited: the restore's start is Zero's own line.
-    await vs.waitFor(/starting litestream restore/, {timeout: 90_000, what: 'its restore starting'});
-    const restoreStarted = Date.now();
-    assert.equal(events('reservation opened', {task_id: cfg.taskID}).length, 1, 'the restore runs under a reservation');
-    const changeLogMin = sampleEvery(500, async () =>
-      (await t.change.unsafe(`SELECT min(watermark) AS min FROM ${CDC}."changeLog"`))[0].min);
-    samplers.push(changeLogMin);
-
-    await sleep(KILL_AFTER_MS - (Date.now() - restoreStarted));
-    await t.stopSidecar({signal: 'SIGKILL'});
-    const killedAt = Date.now();
-    assert.equal(t.procs.get('sidecar').exitSignal, 'SIGKILL');
-    await t.startSidecar();
-    const statuses = sampleEvery(1_000, () => t.sidecarStatus());
-    samplers.push(statuses);
-
-    // Zero goes on from the backup the restore took at its start, older than the destination's by now.
-    const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/,
-      {timeout: RESTORE_MS + 30_000, what: 'the end of the restore'});
-    const took = vs.matching(/\[litestream-gauge \d+\] restore: took the backup at watermark=\S+;/);
-    assert.equal(took.length, 1, 'one restore');
-    const w0 = took[0].match(/watermark=(\S+);/)[1];
-    assert.ok(accepted.includes(`and watermark ${w0} is compatible`), accepted);
-    const newest = await t.backedUp();
-    assert.ok(newest > w0, `the destination moved on during the restore (${w0} -> ${newest})`);
-    // What its log, the restarted sidecar's and Zero's say when it cannot go on.
-    const stuck = () => {
-      const refused = vs.matching(SUBSCRIPTION_REFUSED)
-        .map(l => l.match(/(WatermarkTooOld|WrongReplicaVersion): [^"\\]*/)?.[0] ?? l.slice(0, 300));
-      const rejected = logLines('replication-manager', /rejecting subscriber at watermark/)
-        .map(l => l.slice(l.indexOf('rejecting')));
-      const purges = events('change log purged').filter(e => Date.parse(e.timestamp) >= killedAt)
-        .map(e => `below ${field(e, 'before')} at ${e.timestamp}`);
-      return Object.assign(new Error(`${name} ${vs.running ? 'runs' : `exited (${vs.exitCode ?? vs.exitSignal})`}, ` +
-        `restored to ${w0}: ${JSON.stringify(refused)}; Zero: ${JSON.stringify(rejected)}; the restarted sidecar ` +
-        `purged ${purges.length} times, first ${purges[0] ?? '-'}, last ${purges.at(-1) ?? '-'}`), {fatal: true});
-    };
-    const subscribed = await eventually('the restored view-syncer to subscribe through the restarted sidecar', () => {
-      const found = events('subscribed', {task_id: cfg.taskID, mode: 'serving'})[0];
-      if (!found && !vs.running) throw stuck();
-      return found;
-    }, {timeout: 60_000});
-    await changeLogMin.stop();
-    assert.equal(field(subscribed, 'watermark'), w0, 'it subscribed from the watermark it restored');
-
-    // Rows written after the restart, and one more now, reach its replica.
-    await writes.stop();
-    const sinceRestart = writes.rows.filter(r => r.at > killedAt).map(r => r.id);
-    const w = await t.insert([[99, 'ninety-nine', 99]]);
-    await eventually(`${name} to catch up to ${w}`, () => {
-      if (vs.matching(SUBSCRIPTION_REFUSED).length > 0 || !vs.running) throw stuck();
-      return (t.tryReplicaItems(cfg.replica)?.stateVersion ?? '') >= w;
-    }, {timeout: 60_000});
-    const upstream = await t.upstreamItems();
-    assert.ok(sinceRestart.length > 0, 'rows were written after the restart');
-    const replica = t.replicaItems(cfg.replica).rows;
-    assert.deepEqual(replica, upstream, 'its replica equals upstream');
-    assert.ok(sinceRestart.every(id => replica.some(([r]) => r === id)), 'with every row written after the restart');
-    assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), [], 'no WatermarkTooOld');
-    assert.ok(vs.running, 'it keeps running');
-    assert.deepEqual(vs.matching(/Unable to reserve snapshot|replica not found|Deleting local replica/), []);
-    assert.equal(vs.matching(/connecting to change-streamer@\S+\/replication\/v6\/snapshot/).length, 1,
-      'Zero reserved once: the reservation from before the restart is the only one');
-
-    // Until it subscribed, nothing at or above the watermark it restored left the change log.
-    assert.ok(changeLogMin.samples.length > 10, 'the change log was sampled during the restore');
-    const gone = changeLogMin.samples.filter(s => !(s.value <= w0));
-    assert.deepEqual(gone.map(s => `+${((s.at - restoreStarted) / 1000).toFixed(1)} s: min ${s.value}`), [],
-      `the change log kept ${w0} and above until ${name} subscribed (killed at +${((killedAt - restoreStarted) / 1000).toFixed(1)} s)`);
-
-    // The restarted sidecar reported the reservation from before the restart until the subscription ended it.
-    await statuses.stop();
-    // `generated_at` has whole seconds: only answers from a second wholly before the subscription (tracked from
-    // its handshake, the reservation ended at Zero's first frame) must list it.
-    const subscribedAt = Date.parse(subscribed.timestamp);
-    const before = statuses.samples.filter(s => Date.parse(s.value.generated_at) + 1000 <= subscribedAt);
-    assert.ok(before.length > 10, `the restarted sidecar answered GET /status during the restore (${before.length})`);
-    // Its slot, in the change DB: the socket died with the killed process, the reservation did not.
-    const reserved = status => (status.slots ?? []).some(r => r.kind === 'reservation' && r.key === cfg.taskID && r.live);
-    // From the restarted sidecar's first read of the slots on (its first check, once the change DB answers).
-    const firstRead = before.findIndex(s => (s.value.slots ?? []).length > 0);
-    assert.ok(firstRead >= 0 && before.length - firstRead > 10,
-      `the restarted sidecar read the slots early in the restore (${firstRead} of ${before.length} answers before)`);
-    const missing = before.slice(firstRead).filter(s => !reserved(s.value));
-    assert.deepEqual(missing.map(s => `${s.value.generated_at}: ${JSON.stringify(s.value.slots)}`), [],
-      `GET /status lists ${cfg.taskID}'s slot from the restart until its subscription`);
-    await eventually(`GET /status to drop ${cfg.taskID}`, async () =>
-      !reserved(await t.sidecarStatus()), {timeout: 10_000});
-
-    // Cleanup had every chance: the backup the restarted sidecar found first was already newer than the restore's;
-    // before the restore ended it had aged past the cleanup delay, the sidecar's waits were over and the other
-    // view-syncers had acknowledged past the restore. (/status lists only the newest backups: the first one is
-    // taken from the first answer that has one.)
-    const found = before.map(s => s.value.backups.find(b => b.current)).find(Boolean);
-    assert.ok(found && found.watermark > w0, `the restarted sidecar found a backup newer than ${w0}: ${JSON.stringify(found)}`);
-    const chance = before.find(({value: s}) =>
-      !['pending', undefined].includes(s.cleanup?.decision) &&
-      !['not_registered', 'recently_registered', 'starting_up'].includes(s.cleanup.hold_reason) &&
-      Date.parse(s.generated_at) - Date.parse(found.backed_up_at) >= s.cleanup.delay_seconds * 1000 &&
-      otherTasks.every(task => s.subscribers.some(x => x.task_id === task && x.state === 'connected')) &&
-      s.subscribers.every(x => x.task_id === cfg.taskID || x.acked > w0));
-    assert.ok(chance, 'cleanup was free to purge past the restore but for its reservation');
-    assert.ok(others.every(n => t.procs.get(n).running), 'the other view-syncers keep running');
-    // One view-syncer fewer on the machine while the cold start runs.
-    await t.stopViewSyncer(name);
-
-    // Every backup litestream's gauge claimed, over three replication-manager runs, is in the bucket: a fresh
-    // restore reaches it.
-    await t.waitBackedUp(w);
-    const check = await assertGaugeNeverAhead(t, {min: 10});
-    assert.ok(check.latest >= w, `a restore of the destination reaches ${w}: ${JSON.stringify(check)}`);
-    // Across the sidecar's restarts too, the proxy never showed Zero a watermark above the change log's oldest row.
-    await mainWatch.stop();
-    assert.ok(assertProxyNeverAboveLog(mainWatch) > 100, describeWatch(mainWatch));
-    await zeroCleanupHarmless();
-  } finally {
-    await writes.stop().catch(() => {});
-    for (const s of samplers) await s.stop();
-  }
+  // The restored view-syncer is stopped at the end: one fewer on the machine while the cold start runs.
+  const {w} = await restoreAcrossSidecarKill(t, {name: 'vs-restore', others: [VS, 'vs-uri'], first: 100});
+  // Every backup litestream's gauge claimed, over three replication-manager runs, is in the bucket: a fresh
+  // restore reaches it.
+  await t.waitBackedUp(w);
+  const check = await assertGaugeNeverAhead(t, {min: 10});
+  assert.ok(check.latest >= w, `a restore of the destination reaches ${w}: ${JSON.stringify(check)}`);
+  // Across the sidecar's restarts too, the proxy never showed Zero a watermark above the change log's oldest row.
+  await mainWatch.stop();
+  assert.ok(assertProxyNeverAboveLog(mainWatch) > 100, describeWatch(mainWatch));
+  await zeroCleanupHarmless();
 }, {timeout: 360_000});
 
 scenario('9. cold start with the first backup late, the gauge hidden from Zero: the view-syncer waits for a status and restores once', async () => {
@@ -799,169 +489,10 @@ scenario('9. cold start with the first backup late, the gauge hidden from Zero: 
 
 scenario('10. a stock litestream: restore drills prove the backups, the sidecar purges only below what they proved', async ctx => {
   // A fresh deployment in the URI topology of scenario 6 where Zero runs the real litestream 0.3.13 itself
-  // (ZERO_LITESTREAM_EXECUTABLE is the binary: no gauge exporter, so litestream's page has no
-  // litestream_replica_progress), and the sidecar, with cleanup.requires = "restore", goes by what its restore
-  // drills (the same binary, every 2 s) restored and checked. The proxy clamps (the default): Zero's backup monitor
-  // is shown a made-up gauge at the change log's oldest watermark (docs/operations.md, "Backups you can restore").
-  const startedAt = Date.now();
-  const stock = new Topology('stock', {zeroLitestream: 'stock', requires: 'restore', drillInterval: '2s'});
-  stock.discovery = 'owner';
-  extra.push(stock);
-  everyTopology.push(stock);
-  const ev = (message, fields) => events(message, fields, stock);
-  await stock.prepare();
-  await stock.startSidecar();
-
-  // The view-syncer first: its reservation is open before any backup exists, so its status must wait for a drill.
-  const vsConfig = await stock.viewSyncer('vs-stock', {uri: `ws://${stock.sidecarAddress}/`});
-  assert.ok(!existsSync(vsConfig.replica), 'the view-syncer starts with no replica');
-  const vs = await stock.startViewSyncer('vs-stock');
-  const timeline = () => reservationTimeline(stock.procs, vsConfig.taskID);
-  await eventually('the view-syncer to reserve a snapshot', () => timeline().opened, {timeout: 60_000});
-  const rm = stock.startReplicationManager();
-  await rm.waitFor(new RegExp(`assumed ownership at ${literally(stock.rmAddress)}`), {timeout: 90_000});
-  const writes = keepWriting(200, 1_000, stock);
-  try {
-    // 1. Zero's replication-manager backs up with the stock litestream and Zero's own config, fork keys and all.
-    const litestreamProc = await eventually("Zero's litestream replicate to run", () =>
-      treePids('replication-manager', stock.procs.deployment).map(pid => {
-        try {
-          return {pid, argv: cmdline(pid), env: environ(pid)};
-        } catch {
-          return null;
-        }
-      }).find(p => p?.argv[0] === stock.litestreamBin && p.argv[1] === 'replicate'), {timeout: 60_000});
-    assert.deepEqual(litestreamProc.argv, [stock.litestreamBin, 'replicate']);
-    assert.equal(litestreamProc.env.get('LITESTREAM_CONFIG'), stock.rmLitestreamConfig);
-    assert.match(readFileSync(stock.rmLitestreamConfig, 'utf8'), /^\s+watermark-table: _zero\.replicationState$/m,
-      "litestream reads Zero's config with the fork's keys");
-    await rm.waitFor(new RegExp(`starting litestream backup to ${literally(stock.backupURL)}`), {timeout: 10_000});
-    const page = await eventually("litestream's page to show the replica", async () => {
-      const body = await stock.litestreamPage();
-      return body.includes(`litestream_db_size{db="${stock.rmReplica}"}`) ? body : null;
-    });
-    assert.deepEqual(progressSamples(page), [], 'a stock litestream has no progress gauge');
-
-    // The view-syncer's status waits for the first drill that proves the backup, then it restores with the stock
-    // litestream, subscribes through the sidecar and streams.
-    await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 90_000});
-    assert.ok(vs.matching(new RegExp(`connecting to change-streamer@ws://${literally(stock.sidecarAddress)}/replication/v6/snapshot`))
-      .length >= 1, 'it reserved at the sidecar');
-    assert.equal(vs.matching(new RegExp(`restoring backup from ${literally(stock.backupURL)}`)).length, 1, 'one restore');
-    assert.equal(environ(vs.pid).get('ZERO_LITESTREAM_EXECUTABLE'), stock.litestreamBin);
-    // (Zero passes the restore's output on once it has exited: litestream 0.3.13's own lines.)
-    await vs.waitFor(/msg="renaming database from temporary location" db=/, {timeout: 10_000, what: "litestream's restore"});
-    await eventually('the view-syncer to subscribe through the sidecar',
-      () => ev('subscribed', {task_id: vsConfig.taskID, mode: 'serving'}).length > 0, {timeout: 90_000});
-    await eventually("the view-syncer's subscription to end its reservation", () => timeline().ended);
-    const w = await stock.insert([[100, 'hundred', 100], [101, 'hundred and one', '9007199254740993']]);
-    await eventually(`the view-syncer to receive ${w}`, () => (stock.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= w,
-      {timeout: 60_000});
-
-    // 2. Drills prove watermarks, and no status went out before the first proof.
-    const proofs = () => ev('restore drill proved the backup').map(e =>
-      ({at: Date.parse(e.timestamp), watermark: field(e, 'proven_watermark'), timestamp: e.timestamp}));
-    const [firstProof] = proofs();
-    const {opened, withheld, pinned, ended} = timeline();
-    assert.ok(Date.parse(opened.timestamp) < firstProof.at, 'the reservation opened before the first proof');
-    assert.equal(withheld?.message, 'snapshot status withheld until litestream reports a first backup');
-    assert.ok(pinned && Date.parse(pinned.timestamp) >= firstProof.at,
-      `its status went out after the first proof (${firstProof.timestamp}), at ${pinned?.timestamp}`);
-    assert.equal(ended.message, 'reservation ended by its subscription');
-    for (const e of ev('reservation pinned')) {
-      assert.ok(Date.parse(e.timestamp) >= firstProof.at, `no status before the first proof: ${JSON.stringify(e)}`);
-    }
-    const status = await stock.sidecarStatus();
-    assert.equal(status.drills.drive_cleanup, true);
-    assert.equal(status.drills.interval_seconds, 2);
-    assert.equal(status.drills.last?.ok, true, JSON.stringify(status.drills.last));
-    assert.equal(status.drills.failures, 0, JSON.stringify(status.drills));
-    assert.ok(status.drills.last_proof.proven_watermark >= firstProof.watermark, JSON.stringify(status.drills));
-    assert.equal(status.drills.last_proof.replica_version, (await stock.replicationState()).replicaVersion);
-
-    // 3. The change log is purged, and only below a watermark a drill proved at least the cleanup delay before.
-    const purges = () => sidecarEvents(stock).filter(e => e.message.startsWith('change log purge') && field(e, 'before'))
-      .map(e => ({at: Date.parse(e.timestamp), before: field(e, 'before'), rows: field(e, 'rows'), timestamp: e.timestamp}));
-    await eventually('the sidecar to purge rows', () => purges().some(p => p.rows > 0), {timeout: 90_000, interval: 500});
-    await writes.stop();
-    const proven = proofs();
-    const done = purges();
-    for (const p of done) {
-      const by = proven.filter(x => x.watermark >= p.before && x.at <= p.at - CLEANUP_DELAY_MS + 1_000);
-      assert.ok(by.length > 0, `the purge below ${p.before} at ${p.timestamp} had a proof of it at least ` +
-        `${CLEANUP_DELAY_MS / 1000} s old; proofs: ${proven.map(x => `${x.watermark}@${x.timestamp}`).join(', ')}`);
-    }
-    for (let i = 1; i < proven.length; i++) {
-      assert.ok(proven[i].watermark >= proven[i - 1].watermark, `the proofs only go forward: ${JSON.stringify(proven)}`);
-    }
-    const last = ev('change log purged').at(-1);
-    const lastBefore = field(last, 'before');
-    const min = (await stock.changeLogWatermarks())[0];
-    assert.ok(min >= lastBefore, `nothing below ${lastBefore} is left (the change log starts at ${min})`);
-    assert.ok(stock.replicaItems(vsConfig.replica).stateVersion >= lastBefore, 'never past the view-syncer');
-    assert.deepEqual(ev('restore drill failed'), [], 'every drill proved the backup');
-
-    // 4. Zero's backup monitor reads the proxy every 60 s from its start: it finds the made-up gauge at the change
-    // log's oldest watermark, named after the backup URL's scheme, and whatever it purges from it deletes nothing.
-    assert.equal(rm.matching(new RegExp(`monitoring backups at http://localhost:${stock.ports.proxy}/metrics`)).length, 1);
-    const replicated = await eventually('Zero to read a backed-up watermark', () =>
-      logLines('replication-manager', ZERO_READ, stock)[0], {timeout: 130_000, interval: 500});
-    const zeroReadAt = Date.now();
-    const zeroSaw = ZERO_READ.exec(replicated);
-    assert.equal(zeroSaw[2], 'file', replicated);
-    // Right after the read Zero checks the upload with the stock `litestream snapshots` and `wal`; a check that
-    // failed would say so within moments.
-    await sleep(3_000);
-    await zeroCleanupHarmless(stock, {minReads: 1});
-    assert.deepEqual(logLines('replication-manager', /unable to fetch metrics|error scheduling cleanup/, stock), [],
-      "Zero's backup monitor read the proxy");
-    assert.equal(await stock.ownerAddress(), stock.rmAddress, 'the sidecar never wrote ownerAddress');
-    // The page Zero's backup monitor reads: litestream's, with one made-up sample at the change log's oldest
-    // watermark, timed at an upload the destination holds.
-    const clamped = await clampedPage(stock);
-    assert.ok(clamped.page.includes(`litestream_db_size{db="${stock.rmReplica}"}`), "the rest is litestream's page");
-    assert.equal(clamped.samples.length, 1, clamped.page);
-    assert.deepEqual({db: clamped.samples[0].db, name: clamped.samples[0].name, watermark: clamped.samples[0].watermark},
-      {db: stock.rmReplica, name: 'file', watermark: clamped.min});
-    assert.ok(clamped.min >= lastBefore, `the sidecar's purges moved it: the log starts at ${clamped.min}`);
-    const listed = await stock.listDestination();
-    const oldest = Math.min(...listed.generations.map(g => g.start.getTime()));
-    // (litestream lists whole seconds; the sidecar's own listing of a directory has the fraction too.)
-    const shownAt = Math.floor(clamped.samples[0].value) * 1000;
-    assert.ok(shownAt >= oldest && shownAt <= listed.newest.getTime(),
-      `the sample's time (${clamped.samples[0].value}) is that of an upload the destination holds ` +
-      `(${new Date(oldest).toISOString()} to ${listed.newest.toISOString()})`);
-
-    // Nothing was lost on the way.
-    const wEnd = await stock.insert([[102, 'hundred and two', 102]]);
-    await eventually(`the view-syncer to receive ${wEnd}`,
-      () => (stock.tryReplicaItems(vsConfig.replica)?.stateVersion ?? '') >= wEnd, {timeout: 60_000});
-    assert.deepEqual(stock.replicaItems(vsConfig.replica).rows, await stock.upstreamItems());
-    assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), [], 'no WatermarkTooOld');
-    assert.equal(ev('reservation opened', {task_id: vsConfig.taskID}).length, 1, 'one reservation');
-    for (const name of ['replication-manager', 'vs-stock']) {
-      assert.deepEqual(logLines(name, /litestream-gauge/, stock), [], `${name} ran no gauge exporter`);
-    }
-    assert.ok(rm.running && vs.running, "Zero's processes keep running");
-    assert.ok(treePids('replication-manager', stock.procs.deployment).includes(litestreamProc.pid),
-      "Zero's litestream kept running");
-    const final = await stock.sidecarStatus();
-    const all = purges();
-    const since = at => `+${((at - startedAt) / 1000).toFixed(1)} s`;
-    ctx.diagnostic(`stock litestream: first proof at ${since(firstProof.at)}, the status ` +
-      `${((Date.parse(pinned.timestamp) - Date.parse(opened.timestamp)) / 1000).toFixed(1)} s after the reservation ` +
-      `opened; ${proofs().length} proofs (drills ${final.drills.runs}, failed ${final.drills.failures}); ` +
-      `${all.length} purges, the first below ${all[0].before} at ${since(all[0].at)}, ` +
-      `${all.reduce((n, p) => n + p.rows, 0)} rows in all; cleanup delay ${final.cleanup.delay_seconds} s; Zero read ` +
-      `${zeroSaw[1]} at ${since(zeroReadAt)}; scenario ${((Date.now() - startedAt) / 1000).toFixed(1)} s`);
-  } finally {
-    await writes.stop().catch(() => {});
-  }
-  // The drills leave nothing behind, not even one cut short by the shutdown.
-  await stock.stopSidecar();
-  assert.deepEqual(readdirSync(stock.drillDir), [], `nothing left in ${stock.drillDir}`);
-  await stock.close();
-  extra.splice(extra.indexOf(stock), 1);
+  // (ZERO_LITESTREAM_EXECUTABLE is the binary: no gauge exporter), and the sidecar, with cleanup.requires =
+  // "restore", goes by what its restore drills proved (lib/scenarios.mjs).
+  await stockLitestream(ctx, {track, untrack, restore: {env: 'ZERO_LITESTREAM_EXECUTABLE', bin: litestreamBin(),
+    line: /msg="renaming database from temporary location" db=/}});
 }, {timeout: 300_000});
 
 /**
@@ -1253,172 +784,8 @@ scenario("11. Zero 1.10's rules, from its tagged source, on a fresh stack: ready
   extra.splice(extra.indexOf(fresh), 1);
 }, {timeout: 600_000});
 
-/** The purger lock's key halves as pg_locks shows them (docs/operations.md, "Two sidecars for one shard"). */
-const PURGER_LOCK_CLASS = 0x6c747363; // "ltsc"
-function purgerLockObjid(schema) {
-  let hash = 0x811c9dc5;
-  for (const byte of Buffer.from(schema, 'utf8')) hash = Math.imul(hash ^ byte, 0x01000193) >>> 0;
-  return hash;
-}
-
 scenario('12. two sidecars behind one health-checked address (haproxy): a view-syncer restoring through the purger keeps its rows across a takeover and that sidecar\'s shutdown, subscribes through the other and catches up with every row', async ctx => {
-  // A fresh URI-topology deployment with a pair of sidecars behind haproxy (lib/topology.mjs): view-syncers go to
-  // sidecar A while its /keepalive answers, and B serves too. A view-syncer restores for longer than the cleanup
-  // delay through A, the purger. 20 s in, the session holding A's purger lock ends (a PostgreSQL failover or a
-  // network blip would) while A is stopped for a moment: B takes the lock at its next check and purges at once,
-  // knowing A's reservation only as a slot in the change DB. Then A shuts down (a rolling update), haproxy sends everything to B, and the restored
-  // view-syncer subscribes through B, which ends the reservation A opened.
-  const TAKEOVER_AT_MS = 20_000;
-  const A_STOPS_AT_MS = 55_000;
-  const RESTORE_MS = 75_000;
-  const startedAt = Date.now();
-  const pair = new Topology('pair', {sidecars: 2});
-  pair.discovery = 'owner';
-  extra.push(pair);
-  everyTopology.push(pair);
-  const [A, B] = pair.sidecarNames;
-  await pair.prepare();
-  // A first, so that it takes the purger lock; then B, standby; then haproxy in front of both.
-  await pair.startSidecar(A);
-  await eventually('A to hold the purger lock', async () => (await pair.sidecarStatus(A)).cleanup?.role === 'purger',
-    {timeout: 30_000});
-  await pair.startSidecar(B);
-  await eventually('B to be standby', async () => (await pair.sidecarStatus(B)).cleanup?.role === 'standby',
-    {timeout: 30_000});
-  await pair.startFront();
-  const rm = pair.startReplicationManager();
-  await rm.waitFor(new RegExp(`assumed ownership at ${literally(pair.rmAddress)}`), {timeout: 90_000});
-  await eventually('litestream to back up the replica', () => pair.backedUp(), {timeout: 90_000});
-  // Both are ready for view-syncers: the standby serves as the purger does.
-  for (const name of [A, B]) {
-    await eventually(`${name} to be ready`, async () =>
-      (await httpGet(`http://${pair.sidecars.get(name).address}/keepalive`)).status === 200, {timeout: 60_000});
-  }
-  const uri = `ws://${pair.frontAddress}/`;
-
-  // A view-syncer that streams all along, and one that restores slowly (from the backup current at its start).
-  const steady = await pair.viewSyncer('vs-steady', {uri});
-  const vsSteady = await pair.startViewSyncer('vs-steady');
-  await vsSteady.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 90_000});
-  await eventually('vs-steady to subscribe through A',
-    () => sidecarEventsWith(pair.procs, 'subscribed', {task_id: steady.taskID, mode: 'serving'}, A).length > 0,
-    {timeout: 60_000});
-  const writes = keepWriting(300, 1_000, pair);
-  const samplers = [];
-  try {
-    const cfg = await pair.viewSyncer('vs-pair-restore', {uri,
-      litestreamEnv: {INTEROP_LITESTREAM_RESTORE_DELAY_MS: String(RESTORE_MS)}});
-    const vs = await pair.startViewSyncer('vs-pair-restore');
-    await vs.waitFor(/starting litestream restore/, {timeout: 90_000, what: 'its restore starting'});
-    const restoreStarted = Date.now();
-    assert.equal(sidecarEventsWith(pair.procs, 'reservation opened', {task_id: cfg.taskID}, A).length, 1,
-      'the restore runs under a reservation A holds');
-    assert.equal(sidecarEventsWith(pair.procs, 'reservation opened', {task_id: cfg.taskID}, B).length, 0);
-    const changeLogMin = sampleEvery(500, async () => pair.changeLogMin());
-    samplers.push(changeLogMin);
-    const statusesB = sampleEvery(1_000, () => pair.sidecarStatus(B));
-    samplers.push(statusesB);
-
-    // The session that holds A's purger lock ends while A is stopped for a moment (SIGSTOP): awake, A would
-    // reconnect within a fraction of a second and take the lock again before B's next check asks for it.
-    await sleep(TAKEOVER_AT_MS - (Date.now() - restoreStarted));
-    const a = pair.procs.get(A);
-    process.kill(a.pid, 'SIGSTOP');
-    let takeoverAt;
-    try {
-      const [{ended}] = await pair.change.unsafe(
-        `SELECT count(pg_terminate_backend(pid))::int AS ended FROM pg_locks WHERE locktype = 'advisory' AND granted
-            AND classid = $1::oid AND objid = $2::oid AND objsubid = 2
-            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-        [PURGER_LOCK_CLASS, purgerLockObjid(`${APP_ID}_${SHARD_NUM}/cdc`)]);
-      assert.equal(ended, 1, "one session held the shard's purger lock");
-      takeoverAt = Date.now();
-      await eventually('B to take over', async () => (await pair.sidecarStatus(B)).cleanup?.role === 'purger',
-        {timeout: 20_000});
-    } finally {
-      process.kill(a.pid, 'SIGCONT');
-    }
-    await eventually('A to be standby', async () => (await pair.sidecarStatus(A)).cleanup?.role === 'standby',
-      {timeout: 20_000});
-
-    // A goes (a rolling update): haproxy finds its /keepalive gone and sends every view-syncer to B.
-    await sleep(A_STOPS_AT_MS - (Date.now() - restoreStarted));
-    const {code} = await pair.stopSidecar({}, A);
-    assert.equal(code, 0, 'A shut down cleanly');
-    const aStoppedAt = Date.now();
-
-    const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/,
-      {timeout: RESTORE_MS + 30_000, what: 'the end of the restore'});
-    const took = vs.matching(/\[litestream-gauge \d+\] restore: took the backup at watermark=\S+;/);
-    assert.equal(took.length, 1, 'one restore');
-    const w0 = took[0].match(/watermark=(\S+);/)[1];
-    assert.ok(accepted.includes(`and watermark ${w0} is compatible`), accepted);
-    const subscribed = await eventually('the restored view-syncer to subscribe through B', () => {
-      const found = sidecarEventsWith(pair.procs, 'subscribed', {task_id: cfg.taskID, mode: 'serving'}, B)[0];
-      if (!found && (!vs.running || vs.matching(SUBSCRIPTION_REFUSED).length > 0)) {
-        throw Object.assign(new Error(`vs-pair-restore cannot go on: ${vs.matching(SUBSCRIPTION_REFUSED).slice(0, 2)}`),
-          {fatal: true});
-      }
-      return found;
-    }, {timeout: 60_000});
-    await changeLogMin.stop();
-    assert.equal(field(subscribed, 'watermark'), w0, 'it subscribed from the watermark it restored');
-    const endedBy = await eventually("B to end A's reservation", () =>
-      sidecarEventsWith(pair.procs, 'reservation ended by its subscription', {task_id: cfg.taskID}, B)[0]);
-    assert.ok(endedBy);
-    await eventually("the reservation's slot to go", async () =>
-      !(await pair.sidecarStatus(B)).slots.some(s => s.kind === 'reservation' && s.key === cfg.taskID));
-
-    // Every row reaches both view-syncers, the one that moved from A to B included.
-    await writes.stop();
-    const w = await pair.insert([[299, 'two hundred ninety-nine', 299]]);
-    const upstream = await pair.upstreamItems();
-    for (const c of [steady, cfg]) {
-      await eventually(`${c.name} to catch up to ${w}`, () => (pair.tryReplicaItems(c.replica)?.stateVersion ?? '') >= w,
-        {timeout: 60_000});
-      assert.deepEqual(pair.replicaItems(c.replica).rows, upstream, `${c.name}'s replica equals upstream`);
-    }
-    assert.ok(writes.rows.length > 40 && writes.rows.every(({id}) => upstream.some(([r]) => r === id)));
-    for (const p of [vs, vsSteady]) {
-      assert.deepEqual(p.matching(SUBSCRIPTION_REFUSED), [], `${p.name}: no WatermarkTooOld`);
-      assert.ok(p.running, `${p.name} keeps running`);
-    }
-    assert.equal(vs.matching(/connecting to change-streamer@\S+\/replication\/v6\/snapshot/).length, 1,
-      'Zero reserved once');
-    assert.ok(sidecarEventsWith(pair.procs, 'subscribed', {task_id: steady.taskID, mode: 'serving'}, B).length > 0,
-      'vs-steady moved to B when A went');
-
-    // Until the restored view-syncer subscribed, nothing at or above the watermark it restored left the change log.
-    const gone = changeLogMin.samples.filter(s => !(s.value <= w0));
-    assert.ok(changeLogMin.samples.length > 50, 'the change log was sampled during the restore');
-    assert.deepEqual(gone.map(s => `+${((s.at - restoreStarted) / 1000).toFixed(1)} s: min ${s.value}`), [],
-      `the change log kept ${w0} and above (takeover at +${((takeoverAt - restoreStarted) / 1000).toFixed(1)} s)`);
-
-    // B purged from the takeover on, and only A's slot kept it from purging past the restore.
-    await statusesB.stop();
-    const asPurger = statusesB.samples.filter(s => s.at > takeoverAt && s.value.cleanup?.role === 'purger' &&
-      Date.parse(s.value.generated_at) + 1000 <= Date.parse(subscribed.timestamp));
-    assert.ok(asPurger.length > 10, `B answered as the purger during the restore (${asPurger.length})`);
-    const slotOfA = ({value}) => value.slots.find(x => x.kind === 'reservation' && x.key === cfg.taskID);
-    const missing = asPurger.filter(s => !(slotOfA(s)?.live && slotOfA(s).this === false));
-    assert.deepEqual(missing.map(s => JSON.stringify(s.value.slots)), [], "B listed A's reservation as a live slot");
-    // Held for the reservation's floor, or purging only up to it: the backups alone would have let B go further.
-    const bounded = asPurger.filter(({value: {cleanup: c}}) => c.hold_reason === 'reservation_floor' ||
-      (c.decision === 'purge' && c.purge_bound?.includes(cfg.taskID)));
-    ctx.diagnostic(`B as purger: ${JSON.stringify(asPurger.slice(-1)[0]?.value.cleanup)}; slot_bound ` +
-      `${JSON.stringify(asPurger.slice(-1)[0]?.value.slot_bound)}`);
-    assert.ok(bounded.length > 0, `B's purges were bounded by A's reservation: ${JSON.stringify(asPurger.map(s => s.value.cleanup))}`);
-    await zeroCleanupHarmless(pair);
-    ctx.diagnostic(`restore ${w0}; takeover at +${((takeoverAt - restoreStarted) / 1000).toFixed(1)} s, A stopped at ` +
-      `+${((aStoppedAt - restoreStarted) / 1000).toFixed(1)} s, subscribed through B at ` +
-      `+${((Date.parse(subscribed.timestamp) - restoreStarted) / 1000).toFixed(1)} s; scenario ` +
-      `${((Date.now() - startedAt) / 1000).toFixed(1)} s`);
-  } finally {
-    await writes.stop().catch(() => {});
-    for (const s of samplers) await s.stop();
-  }
-  await pair.close();
-  extra.splice(extra.indexOf(pair), 1);
+  await pairTakeover(ctx, {track, untrack});
 }, {timeout: 420_000});
 
 // The litestream Zero runs: the scenarios rely on its gauge, its restores and its argv lines.
