@@ -1056,13 +1056,14 @@ async fn too_little_disk_for_a_drill_holds_cleanup_under_restore_with_its_own_re
 /// Two writers on one path: a second litestream, replicating an older copy of the replica, starts a generation
 /// before litestream claims wm(3), and writes again after it. A restore then picks the second generation (its
 /// snapshot older than the claim, its WAL newer, at its snapshot's index, which is what litestream compares), which
-/// reaches only wm(2). The claim was made by the first writer, whose object is the newest before it: the second's
+/// reaches only wm(2) (the first writer stopped after the claim). The claim was made by the first writer, whose
+/// object is the newest before it: the second's
 /// objects, however new, do not cover it, and cleanup holds (drills are off here, so the names alone decide).
 #[tokio::test]
 async fn a_claim_is_covered_only_by_objects_of_the_generation_that_made_it() {
     let db = change_log(3, 1).await;
     let all = db.rows().await;
-    let rig = Rig::start(Options::default(), 0);
+    let mut rig = Rig::start(Options::default(), 0);
     rig.apply(1, 1).await;
     let first = rig.dest.generation();
     // The second writer: an older copy of the replica, on the same path, that never checkpoints here (its WAL
@@ -1106,6 +1107,9 @@ async fn a_claim_is_covered_only_by_objects_of_the_generation_that_made_it() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // The first writer stops there (its host gone, say): no object of its generation comes after the claim, so the
+    // second's next upload is the newest whatever the machine's load, and a restore picks the second.
+    rig.litestream.kill();
     let claimed_at = newest_of(&first).unwrap();
     // The second writes again: a restore picks its generation, which reaches wm(2).
     second.apply(&wm(2), 1);
