@@ -19,10 +19,12 @@ use crate::cleanup::status::{Status, StatusHandle};
 use crate::cleanup::subscribers::Subscribers;
 use crate::cleanup::{Decision, Memory};
 use crate::config::Config;
+use crate::litestream::config::ProxyMode;
 use crate::net::admission::Admission;
 use crate::net::client::HttpClient;
 use crate::net::tls::{Tls, TlsError};
 use crate::ops::metrics::Instruments;
+use crate::protocol::versions::Source;
 use crate::server::{Context, Limits, Readiness};
 use crate::streamer::protocols::UpstreamProtocols;
 use crate::streamer::relay::{self, RelayContext};
@@ -44,6 +46,11 @@ pub enum Error {
     /// A certificate, key or CA file the config names cannot be used.
     #[error(transparent)]
     Tls(TlsError),
+    /// The upstream answered the start's probe with a range behind which `litestream.proxy_mode` cannot work
+    /// ([`crate::ops::hidden_gauge`]): refused before serving, since the deployment would go down at its next
+    /// initial sync.
+    #[error("refusing to start: {0}")]
+    NeverReady(String),
 }
 
 /// The one-line state systemd shows (`systemctl status`): what readiness waits for, else what cleanup does.
@@ -238,6 +245,7 @@ impl App {
             )
             .map_err(Error::Tls)?,
         };
+        self.refuse_a_hidden_gauge(&tls).await?;
         let rt = Runtime {
             handles: self.handles.clone(),
             instruments: self.instruments.clone(),
@@ -438,6 +446,43 @@ impl App {
         );
     }
 
+    fn relay_settings(&self, tls: &Tls) -> Arc<relay::Settings> {
+        let config = &self.config;
+        Arc::new(relay::Settings {
+            upstream: config.upstream.clone(),
+            upstream_tls: tls.upstream.clone(),
+            relay: config.relay.clone(),
+            ping_interval: config.server.ping_interval,
+            peer_timeout: config.server.peer_timeout,
+            max_message_bytes: config.server.max_message_bytes,
+        })
+    }
+
+    /// With `proxy_mode = "hide"` and the upstream's versions to be learned, asks the upstream once before serving:
+    /// a range it cannot work with is refused here, where the operator sees it, rather than found at the next
+    /// initial sync. An upstream that cannot be asked yet (it often starts after the sidecar) delays nothing more;
+    /// what the probe learns later is said in the log and `/status` instead. (A configured range is checked with
+    /// the config.)
+    async fn refuse_a_hidden_gauge(&self, tls: &Tls) -> Result<(), Error> {
+        let mode = self.config.litestream.proxy_mode;
+        if mode != ProxyMode::Hide || self.protocols.is_fixed() {
+            return Ok(());
+        }
+        match relay::probe::once(&self.relay_settings(tls)).await {
+            Ok(versions) => {
+                self.protocols.learned(versions.clone(), Source::Probe);
+                match crate::ops::hidden_gauge::never_ready(mode, &versions) {
+                    Some(why) => Err(Error::NeverReady(why)),
+                    None => Ok(()),
+                }
+            }
+            Err(error) => {
+                info!(%error, "could not ask the upstream which protocol versions it serves before serving; asked again in the background");
+                Ok(())
+            }
+        }
+    }
+
     /// What the main listener's routes serve from: the runtime, and `[server]`, `[upstream]`, `[relay]`.
     fn router(
         &self,
@@ -477,14 +522,7 @@ impl App {
             },
             readiness: Readiness::new(config.discovery.mode, rt.handles.discovery.clone()),
             relay: RelayContext {
-                settings: Arc::new(relay::Settings {
-                    upstream: config.upstream.clone(),
-                    upstream_tls: tls.upstream.clone(),
-                    relay: config.relay.clone(),
-                    ping_interval: config.server.ping_interval,
-                    peer_timeout: config.server.peer_timeout,
-                    max_message_bytes: config.server.max_message_bytes,
-                }),
+                settings: self.relay_settings(tls),
                 handles: rt.handles.clone(),
                 instruments: rt.instruments.clone(),
                 protocols: rt.protocols.clone(),

@@ -418,12 +418,15 @@ async fn async_main(config: litestream_sidecar::Config) -> ExitCode {
     }
 }
 
-/// A failure once running is a runtime failure (1), whatever its cause: config errors (78) are found before.
+/// A failure once running is a runtime failure (1), whatever its cause, but for a setting the upstream's answer
+/// at start shows cannot work (78, as config errors found before).
 fn exit_code(err: &litestream_sidecar::Error) -> ExitCode {
     match err {
         litestream_sidecar::Error::MetricsUrl(_)
         | litestream_sidecar::Error::Listener(_)
         | litestream_sidecar::Error::Tls(_) => ExitCode::FAILURE,
+        // Fixed in the config, as a config error is: systemd's RestartPreventExitStatus keeps it from looping.
+        litestream_sidecar::Error::NeverReady(_) => ExitCode::from(EXIT_CONFIG),
     }
 }
 

@@ -12,9 +12,10 @@ use crate::cleanup::discovery::DiscoveryConfig;
 use crate::keys::{KeyError, Section};
 use crate::litestream::config::{BackupConfig, LitestreamConfig};
 use crate::net::config::ServerConfig;
+use crate::ops::hidden_gauge::never_ready;
 use crate::ops::log::LogConfig;
 use crate::protocol::shard::ZeroConfig;
-use crate::streamer::config::{RelayConfig, UpstreamConfig};
+use crate::streamer::config::{Protocols, RelayConfig, UpstreamConfig};
 
 pub mod reference;
 
@@ -103,6 +104,20 @@ impl RawConfig {
         let upstream = reader.section("upstream", UpstreamConfig::read);
         let relay = reader.section("relay", RelayConfig::read);
         let log = reader.section("log", LogConfig::read);
+        if let (Some(litestream), Some(upstream)) = (&litestream, &upstream) {
+            if let Protocols::Fixed(versions) = &upstream.protocols {
+                if let Some(problem) = never_ready(litestream.proxy_mode, versions) {
+                    reader.problems.push(KeyError {
+                        key: "litestream.proxy_mode".into(),
+                        problem: format!(
+                            "with upstream.protocols = \"{}..{}\": {problem}",
+                            versions.start(),
+                            versions.end()
+                        ),
+                    });
+                }
+            }
+        }
         for name in reader.sections.keys() {
             reader.problems.push(KeyError {
                 key: name.clone(),

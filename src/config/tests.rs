@@ -789,3 +789,39 @@ fn upstream_protocols_are_learned_or_a_range() {
         assert!(errors[0].problem.contains(says), "{value}: {}", errors[0]);
     }
 }
+
+/// `hide` in front of an upstream the operator says is Zero 1.10 or later cannot work: refused at start, with why.
+#[test]
+fn hide_in_front_of_a_v4_floor_is_refused() {
+    let with = |mode: &str, protocols: Option<&str>| {
+        let mut text = MINIMAL.replace(
+            "[litestream]\n",
+            &format!("[litestream]\nproxy_mode = \"{mode}\"\n"),
+        );
+        if let Some(range) = protocols {
+            text.push_str(&format!("[upstream]\nprotocols = \"{range}\"\n"));
+        }
+        text
+    };
+    let errors = errors_of(&with("hide", Some("4..6")));
+    assert_eq!(keys(&errors), ["litestream.proxy_mode"]);
+    assert!(
+        errors[0].problem.contains("upstream.protocols = \"4..6\"")
+            && errors[0]
+                .problem
+                .contains("will not answer / or /keepalive")
+            && errors[0].problem.contains("set proxy_mode = \"clamp\""),
+        "{}",
+        errors[0]
+    );
+    for accepted in [
+        with("hide", Some("1..6")),
+        with("hide", None),
+        with("clamp", Some("4..6")),
+    ] {
+        from_toml_str(&accepted, Some(Default::default()))
+            .unwrap()
+            .validate()
+            .unwrap_or_else(|e| panic!("{accepted}: {e}"));
+    }
+}

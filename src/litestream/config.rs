@@ -109,7 +109,9 @@ keys::section! {
         ///   upload verification and staleness checks and 1.10's readiness gate see a live backup, and any purge Zero
         ///   schedules deletes nothing, since the log holds no row below that watermark.
         /// "hide": no litestream_replica_progress at all, so Zero never schedules a purge of its own; a Zero 1.10
-        ///   replication-manager that waits for a first backup after an initial sync then never becomes ready.
+        ///   replication-manager that waits for a first backup after an initial sync then never becomes ready, so
+        ///   the sidecar refuses to start with "hide" in front of one (upstream.protocols from v4, or its answer
+        ///   at start) and says so in the log and /status when it learns it later.
         proxy_mode: ProxyMode = key(ProxyMode::Clamp),
     }
 }

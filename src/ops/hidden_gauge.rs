@@ -1,18 +1,20 @@
 //! `proxy_mode = "hide"` in front of a Zero 1.10 replication-manager: after an initial sync its readiness gate waits
 //! for a backed-up watermark on the metrics page, which `hide` removes, so it never becomes ready and answers
-//! neither `/` nor `/keepalive` (docs/protocol.md, "What each Zero release changed"). The sidecar cannot see Zero's
-//! version, but it learns the protocol versions the upstream serves: v4 and up only is Zero 1.10 or later. Said in
-//! the log once and in `/status` (`upstream.readiness_warning`) rather than left to an outage nobody can explain.
+//! neither `/` nor `/keepalive` (docs/protocol.md, "What each Zero release changed"). A replication-manager that
+//! restarts with its replica does not wait, so such a deployment runs until its next initial sync (a resync, a new
+//! volume) and then stays down. The sidecar cannot see Zero's version, but it knows the protocol versions the
+//! upstream serves: v4 and up only is Zero 1.10 or later. When it knows that before it serves (`upstream.protocols`,
+//! or the upstream answering its first probe) it refuses to start; when it learns it later, it says so in the log
+//! and in `/status` (`upstream.readiness_warning`) rather than leave an outage nobody can explain.
 
 use crate::litestream::config::ProxyMode;
-use crate::protocol::versions::Known;
+use crate::protocol::versions::{Known, Versions};
 
 /// The lowest protocol version a Zero 1.10 upstream serves; earlier releases serve v1 on.
 const ZERO_1_10_FLOOR: u64 = 4;
 
-/// Why the replication-manager behind this sidecar never becomes ready, or `None` when nothing says so.
-pub fn warning(mode: ProxyMode, known: &Known) -> Option<String> {
-    let versions = known.versions.as_ref()?;
+/// Why a replication-manager that serves `versions` cannot work behind a proxy in `mode`, or `None` when it can.
+pub fn never_ready(mode: ProxyMode, versions: &Versions) -> Option<String> {
     (mode == ProxyMode::Hide && *versions.start() >= ZERO_1_10_FLOOR).then(|| {
         format!(
             "litestream.proxy_mode = \"hide\" removes the backed-up watermark from the page the replication-manager \
@@ -22,6 +24,11 @@ pub fn warning(mode: ProxyMode, known: &Known) -> Option<String> {
             versions.end()
         )
     })
+}
+
+/// [`never_ready`] for what is known of the upstream so far.
+pub fn warning(mode: ProxyMode, known: &Known) -> Option<String> {
+    never_ready(mode, known.versions.as_ref()?)
 }
 
 /// Logs [`warning`] each time it starts to hold (once per upstream that serves such a range), until `shutdown`.
@@ -35,7 +42,7 @@ pub async fn watch(
         let now = warning(mode, &known.borrow_and_update());
         match now {
             Some(text) if !said => {
-                tracing::warn!(reason = %text, "the replication-manager will not become ready");
+                tracing::error!(reason = %text, "the replication-manager will not become ready");
                 said = true;
             }
             None => said = false,

@@ -217,29 +217,57 @@ async fn an_upstream_replaced_by_another_release_is_learned_again() {
 }
 
 /// `proxy_mode = "hide"` in front of an upstream that serves v4 to v6 (Zero 1.10) keeps its replication-manager from
-/// becoming ready after an initial sync: `/status` says so, and only then (docs/deploy-zero-1.9.md, "Zero 1.10").
+/// becoming ready after an initial sync (docs/deploy-zero-1.9.md, "Zero 1.10"). Known before serving, from the
+/// upstream's answer to the start's probe: refused, with why. Learned once serving (the upstream came up later):
+/// said in `/status`. Neither for `clamp`, or for an upstream that serves older versions.
 #[tokio::test]
-async fn hide_in_front_of_zero_1_10_is_said_in_status() {
-    for (serves, mode, said) in [
-        (ZERO_1_10, "hide", true),
-        (ZERO_1_10, "clamp", false),
-        (ZERO_0_20, "hide", false),
-    ] {
+async fn hide_in_front_of_zero_1_10_is_refused_at_start_or_said_in_status() {
+    const HIDE: &str = "[litestream]\nproxy_mode = \"hide\"\n";
+    let upstream = Upstream::serving(ZERO_1_10).await;
+    let refused = start(upstream.config(HIDE)).await;
+    match refused.ended().await {
+        Err(litestream_sidecar::Error::NeverReady(why)) => {
+            assert!(
+                why.contains("proxy_mode = \"hide\"") && why.contains("v4..v6"),
+                "{why}"
+            );
+            assert!(why.contains("set proxy_mode = \"clamp\""), "{why}");
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    assert_eq!(
+        upstream.refused_targets(),
+        ["/replication/v0/changes"],
+        "asked once"
+    );
+
+    // The upstream starts after the sidecar: nothing to refuse at start, said once learned.
+    let addr = upstream.addr;
+    drop(upstream);
+    let sidecar = start(Upstream::config_for(addr, HIDE)).await;
+    let json = status_json(&sidecar).await;
+    assert!(json["upstream"]["readiness_warning"].is_null(), "{json:#}");
+    let _upstream = Upstream::serving_at(addr, ZERO_1_10).await;
+    learned(&sidecar, 4..=6).await;
+    let json = status_json(&sidecar).await;
+    let warning = json["upstream"]["readiness_warning"].as_str();
+    assert!(
+        warning.is_some_and(|w| w.contains("proxy_mode = \"hide\"") && w.contains("v4..v6")),
+        "{json:#}"
+    );
+    sidecar.stop().await;
+
+    for (serves, mode) in [(ZERO_1_10, "clamp"), (ZERO_0_20, "hide")] {
         let versions = serves.versions.clone();
         let upstream = Upstream::serving(serves).await;
         let extra = format!("[litestream]\nproxy_mode = \"{mode}\"\n");
         let sidecar = start(upstream.config(&extra)).await;
         learned(&sidecar, versions.clone()).await;
         let json = status_json(&sidecar).await;
-        let warning = &json["upstream"]["readiness_warning"];
-        assert_eq!(
-            warning.is_string(),
-            said,
+        assert!(
+            json["upstream"]["readiness_warning"].is_null(),
             "{mode} before {versions:?}: {json:#}"
         );
-        if said {
-            assert!(warning.as_str().unwrap().contains("proxy_mode = \"hide\""));
-        }
         sidecar.stop().await;
     }
 }

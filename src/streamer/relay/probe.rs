@@ -114,6 +114,12 @@ pub async fn run(
     }
 }
 
+/// One probe, outside the loop: the answer to a question that cannot wait for [`run`] (the start's check of
+/// `proxy_mode`).
+pub async fn once(settings: &Settings) -> Result<Versions, String> {
+    probe(settings).await
+}
+
 /// One probe: the upgrade, then the upstream's close, each under `upstream.connect_timeout`.
 async fn probe(settings: &Settings) -> Result<Versions, String> {
     let upstream = &settings.upstream;

@@ -7,10 +7,12 @@
 //
 // The main deployment is the URI topology (docs/deploy-zero-1.9.md) on an S3 destination (moto), with the sidecar's
 // default `proxy_mode` ("clamp"); it starts from nothing, so its replication-manager runs an initial sync and waits
-// behind its readiness gate for a first backup. Its scenarios run in order, each relying on what the earlier ones
-// left; the last ones start deployments of their own. A run may hold only some of them (a shard of `make test`,
-// INTEROP_ONLY: lib/selection.mjs): the main deployment starts only for scenarios 1 to 9. What the scenarios share with the 1.9 suite's is in
-// lib/suite.mjs, lib/topology.mjs and lib/proxy-watch.mjs.
+// behind its readiness gate for a first backup, which its litestream is slow to upload; a view-syncer started with it
+// waits for a snapshot status meanwhile (the cold start). Its scenarios run in order, each relying on what the earlier
+// ones left; the last ones start deployments of their own (13: the address topology). A run may hold only some of
+// them (a shard of `make test`, INTEROP_ONLY: lib/selection.mjs): the main deployment starts only for scenarios 1 to 9.
+// What the scenarios share with the 1.9 suite's is in lib/suite.mjs, lib/scenarios.mjs, lib/topology.mjs and
+// lib/proxy-watch.mjs.
 import {after, before} from 'node:test';
 import assert from 'node:assert/strict';
 import {existsSync} from 'node:fs';
@@ -19,7 +21,7 @@ import {cmdline, treePids} from '../lib/procs.mjs';
 import {field, httpGet, reservationTimeline, sidecarEventsWith} from '../lib/util.mjs';
 import {CDC, Topology, ZERO_CLI, ZERO_VERSION, eventually} from '../lib/topology.mjs';
 import {selection} from '../lib/selection.mjs';
-import {RawSubscriber, changesQuery} from '../lib/clients.mjs';
+import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
 import {ZERO_READ, assertProxyNeverAboveLog, watchProxy} from '../lib/proxy-watch.mjs';
 import {
   SUBSCRIPTION_REFUSED, Suite, assertLoopbackOnly, assertTelemetryOff, keepWriting, literally, logLines as logLinesOf,
@@ -29,9 +31,14 @@ import {
   pairTakeover, replicationManagerRestarts, restoreAcrossSidecarKill, stockLitestream, viewSyncerRestartsAfterPurges,
 } from '../lib/scenarios.mjs';
 
+/**
+ * How long the main deployment's litestream holds its first upload back (a slow first snapshot), so that the
+ * view-syncer started with the stack asks for a snapshot well before any backup exists (scenario 2).
+ */
+const FIRST_UPLOAD_DELAY_MS = 15_000;
 // Its sidecar's drills restore with what view-syncers restore with: litestream 0.5 (`backup.restore_with = "0.5"`).
 const t = new Topology('main', {destination: 's3', drillLitestream: process.env.LITESTREAM_V5_BIN, restoreWith: '0.5',
-  drillInterval: '5s'});
+  drillInterval: '5s', litestreamEnv: {INTEROP_LITESTREAM_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
 t.discovery = 'owner';
 const suite = new Suite([t]); // every deployment started and not yet closed
 const track = topo => suite.topologies.push(topo);
@@ -43,6 +50,8 @@ const scenario = (name, ...rest) => {
 };
 const events = (message, fields = {}, topo = t) => sidecarEventsWith(topo.procs, message, fields);
 const logLines = (name, pattern, topo = t) => logLinesOf(topo, name, pattern);
+/** The view-syncer of the main deployment: started with the stack (`before`), it streams through scenario 9. */
+const VS = 'vs1';
 let mainWatch;
 let rmStartedAt;
 /** The replication-manager's /keepalive, sampled from its start until it answered 200 (scenario 1). */
@@ -81,7 +90,13 @@ before(async () => {
     mainWatch = watchProxy(t);
     rmStartedAt = Date.now();
     t.startReplicationManager();
+    t.litestreamEnv = {}; // only the first start's upload is late: the restarts of scenario 3 back up at once
     keepalive = sampleKeepalive(t);
+    // A view-syncer started with the stack, in the URI topology: it asks the sidecar for a snapshot before any backup
+    // exists (scenario 2).
+    const vs = await t.viewSyncer(VS, {uri: `ws://${t.sidecarAddress}/`});
+    assert.ok(!existsSync(vs.replica), 'the view-syncer starts with no replica');
+    await t.startViewSyncer(VS);
   } catch (e) {
     suite.failed = true;
     throw e;
@@ -137,20 +152,32 @@ scenario("1. a fresh stack behind the clamp: the replication-manager is ready on
     `${keepalive.samples.length - 1} refusals`);
 });
 
-const VS = 'vs1';
-
-scenario('2. a view-syncer reserves at the sidecar, restores the v0.3 backup with litestream 0.5 and streams', async () => {
-  const uri = `ws://${t.sidecarAddress}/`;
-  const cfg = await t.viewSyncer(VS, {uri});
-  assert.ok(!existsSync(cfg.replica), 'the view-syncer starts with no replica');
-  const vs = await t.startViewSyncer(VS);
-  const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 120_000});
+scenario('2. a view-syncer started with the stack waits for the late first backup, then restores it once with litestream 0.5 and streams', async () => {
+  const cfg = await t.viewSyncer(VS);
+  const vs = t.procs.get(VS);
+  const rm = t.procs.get('replication-manager');
+  await rm.waitFor(/holding the first upload back/, {timeout: 10_000, what: "litestream's late first upload"});
+  const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 180_000});
+  // It asked before the first backup and got its status only after it: nothing to restore from until then.
+  const firstUpload = t.gaugeServed()[0];
+  assert.ok(firstUpload, 'litestream backed up the replica');
+  const timeline = reservationTimeline(t.procs, cfg.taskID);
+  assert.ok(timeline.opened && Date.parse(timeline.opened.timestamp) < Date.parse(firstUpload.at),
+    `the reservation opened before the first upload (${firstUpload.at}): ${JSON.stringify(timeline.opened)}`);
+  assert.ok(timeline.withheld, 'its status was withheld');
+  assert.ok(Date.parse(timeline.pinned.timestamp) >= Date.parse(firstUpload.at),
+    `its status went out after the first upload (${firstUpload.at}): ${JSON.stringify(timeline.pinned)}`);
+  assert.equal(sidecarEventsWith(t.procs, 'reservation opened', {task_id: cfg.taskID}).length, 1, 'one reservation');
+  assert.deepEqual(vs.matching(/replica not found|Unable to reserve snapshot/), []);
   const status = trailingJSON(accepted);
   assert.equal(status.backupURL, t.backupURL);
   assert.equal(status.replicaVersion, (await t.replicationState()).replicaVersion);
-  assert.ok(status.replicaSize > 0, accepted);
+  // The optional replicaSize goes out only once litestream reports the replica's size, which it may not have yet
+  // when the first backup is read: never 0 or made up.
+  assert.ok(status.replicaSize === undefined || (Number.isSafeInteger(status.replicaSize) && status.replicaSize > 0),
+    accepted);
   assert.ok(vs.matching(new RegExp(`connecting to change-streamer@ws://${literally(t.sidecarAddress)}/replication/v6/snapshot`)).length >= 1);
-  // The restore ran litestream 0.5 (ZERO_LITESTREAM_EXECUTABLE_V5), which read the v0.3 layout.
+  // The restore ran litestream 0.5 (ZERO_LITESTREAM_EXECUTABLE_V5), which read the v0.3 layout, once.
   const restore = vs.matching(/\[litestream-gauge \d+\] argv: \["restore"/);
   assert.equal(restore.length, 1, 'one restore');
   assert.ok(restore[0].endsWith(`,"${cfg.replica}"]`), restore[0]);
@@ -354,7 +381,7 @@ scenario('9. a view-syncer mid-restore across a sidecar SIGKILL and restart catc
   await zeroCleanupHarmless(t);
 }, {timeout: 360_000});
 
-scenario('10. proxy_mode = "hide": the replication-manager never becomes ready after its initial sync, and the sidecar says why', async ctx => {
+scenario('10. proxy_mode = "hide": the replication-manager never becomes ready after its initial sync; the sidecar says why, and refuses to start once it can know', async ctx => {
   const hide = new Topology('hide', {});
   hide.discovery = 'owner';
   hide.proxyMode = 'hide';
@@ -378,6 +405,15 @@ scenario('10. proxy_mode = "hide": the replication-manager never becomes ready a
   assert.ok(rm.running, 'it runs, unready');
   // The clamping sidecar beside it, where this run has the main deployment (a shard may not), says nothing of the kind.
   if (selected.main) assert.equal((await t.sidecarStatus()).upstream.readiness_warning ?? null, null);
+  // Started again, now that the replication-manager answers its probe, the sidecar knows before it serves: it
+  // refuses to start, with why, and exits as on a config error (78: systemd's RestartPreventExitStatus).
+  await hide.stopSidecar();
+  const refused = await hide.startSidecar().then(() => null, e => e);
+  assert.match(refused?.message ?? 'it started', /exited \(78\)/);
+  const stopped = sidecarEventsWith(hide.procs, 'stopped with an error');
+  assert.equal(stopped.length, 1, 'the second run refused');
+  assert.match(field(stopped[0], 'error'), /^refusing to start: litestream\.proxy_mode = "hide" .* serves protocols v4\.\.v6/);
+  assert.ok(rm.running, 'the replication-manager is left as it was');
   ctx.diagnostic(warning);
   await hide.close();
   untrack(hide);
@@ -394,3 +430,85 @@ scenario('11. a stock litestream: restore drills (litestream 0.5) prove the back
 scenario("12. two sidecars behind one health-checked address (haproxy): a view-syncer restoring through the purger keeps its rows across a takeover and that sidecar's shutdown, subscribes through the other and catches up with every row", async ctx => {
   await pairTakeover(ctx, {track, untrack});
 }, {timeout: 420_000});
+
+scenario("13. address topology: a discover-mode view-syncer finds the sidecar through ownerAddress, gets the status Zero's change-streamer gives, restores and streams", async ctx => {
+  // Zero 1.10 still writes ZERO_CHANGE_STREAMER_ADDRESS as ownerAddress (deprecated, honoured): here the sidecar's,
+  // which the sidecar verifies (`discovery.mode = "verify"`).
+  const addr = new Topology('addr', {});
+  track(addr);
+  const clientLog = [];
+  try {
+    await addr.prepare();
+    await addr.startSidecar();
+    const rm = addr.startReplicationManager();
+    await rm.waitFor(new RegExp(`assumed ownership at ${literally(addr.sidecarAddress)}`), {timeout: 180_000});
+    assert.equal(await addr.ownerAddress(), addr.sidecarAddress);
+    await eventually('the sidecar to verify its registration',
+      () => sidecarEventsWith(addr.procs, 'registered as the change-streamer').length > 0, {timeout: 20_000});
+    const {replicaVersion} = await addr.replicationState();
+
+    // One question, the v6 snapshot status, to the sidecar (found through ownerAddress, as a view-syncer finds it)
+    // and to Zero's own change-streamer. Nothing is written upstream meanwhile, so both see one change log; and the
+    // clamped gauge shows Zero the change log's oldest watermark, which Zero 1.10 answers as minWatermark, as the
+    // sidecar does. Asked once the sidecar has read the replica's size, which its status carries.
+    await eventually("the sidecar to read the replica's size", async () => (await addr.sidecarStatus()).replica_bytes > 0,
+      {timeout: 30_000});
+    const viaSidecar = new Pump(await zeroClient(addr.changeURL, clientLog).reserveSnapshot('interop110-compare-sidecar'),
+      'sidecar status');
+    const fromZero = new Pump(await zeroClient(addr.changeURL, clientLog, `ws://${addr.rmAddress}/`)
+      .reserveSnapshot('interop110-compare-zero'), 'Zero status');
+    let ours;
+    let zeros;
+    try {
+      [ours] = await viaSidecar.waitFor('the status', ms => ms.length > 0 && ms);
+      // Zero 1.10 confirms a reservation on its next backup check (every 10 s).
+      [zeros] = await fromZero.waitFor('the status', ms => ms.length > 0 && ms, 60_000);
+    } finally {
+      viaSidecar.cancel();
+      fromZero.cancel();
+    }
+    assert.ok(clientLog.some(l => l.includes(`connecting to change-streamer@ws://${addr.sidecarAddress}/replication/v6/snapshot`)),
+      `discovered the sidecar and asked for a v6 snapshot: ${clientLog.join('\n')}`);
+    assert.deepEqual(Object.keys(ours[1]), ['tag', 'backupURL', 'replicaVersion', 'minWatermark', 'replicaSize']);
+    const {replicaSize, ...rest} = ours[1];
+    assert.ok(Number.isSafeInteger(replicaSize) && replicaSize > 0, `replicaSize ${replicaSize}`);
+    assert.deepEqual(['status', rest], zeros, "the sidecar's status is the one Zero's change-streamer gives, and replicaSize");
+    assert.equal(rest.replicaVersion, replicaVersion);
+
+    // A view-syncer with ZERO_CHANGE_STREAMER_MODE=discover and no replica.
+    const cfg = await addr.viewSyncer('vs-discover');
+    assert.ok(!existsSync(cfg.replica), 'the view-syncer starts with no replica');
+    const vs = await addr.startViewSyncer('vs-discover');
+    const accepted = await vs.waitFor(/Local replica at version \S+ and watermark \S+ is compatible/, {timeout: 120_000});
+    const status = trailingJSON(accepted);
+    assert.equal(status.backupURL, addr.backupURL);
+    assert.equal(status.replicaVersion, replicaVersion);
+    assert.ok(vs.matching(new RegExp(`connecting to change-streamer@ws://${literally(addr.sidecarAddress)}/replication/v6/snapshot`)).length >= 1,
+      'it found the sidecar through ownerAddress');
+    assert.equal(vs.matching(/\[litestream-gauge \d+\] argv: \["restore"/).length, 1, 'one restore');
+    await vs.waitFor(RESTORED_WITH_V5, {timeout: 10_000, what: "litestream 0.5's v0.3 restore"});
+    const subscribedTo = `connection to ws://${addr.sidecarAddress}/replication/v6/changes`;
+    await vs.waitFor(new RegExp(`${literally(subscribedTo)}\\?\\S*taskID=${cfg.taskID}\\S* established`),
+      {timeout: 90_000, what: 'its v6 subscription through the sidecar'});
+    await eventually("its subscription to end its reservation",
+      () => sidecarEventsWith(addr.procs, 'reservation ended by its subscription', {task_id: cfg.taskID}).length === 1);
+
+    const w = await addr.insert([[20, 'twenty', 20], [21, 'twenty-one', 21]]);
+    await eventually('the rows to reach the view-syncer', () => (addr.tryReplicaItems(cfg.replica)?.stateVersion ?? '') >= w,
+      {timeout: 60_000});
+    assert.deepEqual(addr.replicaItems(cfg.replica).rows, await addr.upstreamItems());
+    assert.deepEqual(vs.matching(SUBSCRIPTION_REFUSED), []);
+    // The replication-manager's own backup replicator streams from its change-streamer directly, never through the
+    // address it advertises.
+    assert.deepEqual(sidecarEventsWith(addr.procs, 'subscribed', {mode: 'backup'}), [], 'no backup-mode subscriber through the sidecar');
+    await addr.waitBackedUp(w);
+    assert.equal(await addr.ownerAddress(), addr.sidecarAddress, 'the sidecar never rewrote what Zero wrote');
+    await assertLoopbackOnly({'view-syncer sync port': cfg.ports.sync, sidecar: addr.ports.sidecar});
+    ctx.diagnostic(`status ${JSON.stringify(ours[1])}`);
+  } catch (e) {
+    process.stderr.write(`\n===== log of Zero's client in scenario 13 =====\n${clientLog.join('\n')}\n`);
+    throw e;
+  }
+  await addr.close();
+  untrack(addr);
+}, {timeout: 300_000});

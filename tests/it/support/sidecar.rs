@@ -144,6 +144,14 @@ impl Sidecar {
             .expect("run failed");
     }
 
+    /// How `run` ended by itself (it does only when it cannot start); the timeout only guards against a hang.
+    pub async fn ended(self) -> Result<(), litestream_sidecar::Error> {
+        tokio::time::timeout(Duration::from_secs(15), self.task)
+            .await
+            .expect("run did not end by itself")
+            .expect("run panicked")
+    }
+
     pub fn begin_shutdown(&self) {
         self.shutdown.cancel();
     }

@@ -203,10 +203,12 @@ impl Upstream {
 
     /// The config extra for a sidecar relaying to this upstream (keys of `[server]` may precede it).
     pub fn config(&self, extra: &str) -> Config {
-        config(&format!(
-            "{extra}\n[upstream]\naddress = \"{}\"\n",
-            self.addr
-        ))
+        Self::config_for(self.addr, extra)
+    }
+
+    /// [`Upstream::config`] for an upstream that will listen at `addr` (or has stopped there).
+    pub fn config_for(addr: SocketAddr, extra: &str) -> Config {
+        config(&format!("{extra}\n[upstream]\naddress = \"{addr}\"\n"))
     }
 
     /// The next subscription that reached the upstream.
