@@ -4,7 +4,7 @@
 import {join} from 'node:path';
 import {pathToFileURL} from 'node:url';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {APP_ID, SHARD_NUM, ZERO_CACHE_SRC} from './topology.mjs';
+import {APP_ID, ZERO_CACHE_SRC} from './topology.mjs';
 import {deps} from './zero.mjs';
 
 const {LogContext, WebSocket} = deps;
@@ -15,11 +15,11 @@ const {ChangeStreamerHttpClient} = await import(
 export {ChangeStreamerHttpClient};
 
 /**
- * Zero's client, logging into `lines` (printed with the other logs on failure). Without `uri` it discovers the
- * change-streamer through the change DB's ownerAddress, as a discover-mode view-syncer does; with it (Zero 1.9), it
- * connects there, as a view-syncer with ZERO_CHANGE_STREAMER_URI does.
+ * Zero's client for deployment `topo`'s shard, logging into `lines` (printed with the other logs on failure).
+ * Without `uri` it discovers the change-streamer through the change DB's ownerAddress, as a discover-mode
+ * view-syncer does; with it (Zero 1.9), it connects there, as a view-syncer with ZERO_CHANGE_STREAMER_URI does.
  */
-export function zeroClient(changeDB, lines, uri) {
+export function zeroClient(topo, lines, uri) {
   const sink = {
     log(level, context, ...args) {
       const text = args.map(a => (a instanceof Error ? a.stack : typeof a === 'string' ? a : JSON.stringify(a)));
@@ -27,9 +27,10 @@ export function zeroClient(changeDB, lines, uri) {
     },
   };
   const lc = new LogContext('debug', {client: uri ? `interop ${uri}` : 'interop'}, sink);
+  const shard = {appID: APP_ID, shardNum: topo.shardNum};
   return uri === undefined
-    ? new ChangeStreamerHttpClient(lc, {appID: APP_ID, shardNum: SHARD_NUM}, changeDB)
-    : new ChangeStreamerHttpClient(lc, {appID: APP_ID, shardNum: SHARD_NUM}, changeDB, uri);
+    ? new ChangeStreamerHttpClient(lc, shard, topo.changeURL)
+    : new ChangeStreamerHttpClient(lc, shard, topo.changeURL, uri);
 }
 
 /**

@@ -11,7 +11,6 @@
 // and 1.9: services/change-streamer/{backup-monitor,litestream3-backup-monitor,change-streamer-service}.js).
 import assert from 'node:assert/strict';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {CDC} from './topology.mjs';
 import {progressSamples} from './util.mjs';
 
 /**
@@ -32,7 +31,7 @@ export function watchProxy(topo, {interval = 500} = {}) {
         const page = await topo.proxyPage();
         // (Before Zero has created the change DB's tables there is nothing to read: undefined.)
         const min = await topo.changeLogMin().catch(() => undefined);
-        const [config] = await topo.change.unsafe(`SELECT "replicaVersion" FROM ${CDC}."replicationConfig"`)
+        const [config] = await topo.change.unsafe(`SELECT "replicaVersion" FROM ${topo.cdc}."replicationConfig"`)
           .catch(() => [undefined]);
         reads.push({at, status: page.status, samples: page.status === 200 ? progressSamples(page.body) : [], min,
           replicaVersion: config?.replicaVersion ?? null});
@@ -146,7 +145,7 @@ export async function assertZeroCleanupHarmless(topo, lines, {minReads = 0, what
   const deleted = found.purges.filter(p => p.rows !== 0);
   assert.deepEqual(deleted.map(p => p.line), [], `${what} purged rows of the change log itself`);
   const min = await topo.changeLogMin();
-  const [{replicaVersion}] = await topo.change.unsafe(`SELECT "replicaVersion" FROM ${CDC}."replicationConfig"`);
+  const [{replicaVersion}] = await topo.change.unsafe(`SELECT "replicaVersion" FROM ${topo.cdc}."replicationConfig"`);
   const above = found.reads.filter(r => (min === null ? r.watermark !== replicaVersion : r.watermark > min));
   assert.deepEqual(above.map(r => r.line), [],
     `${what} read watermarks above the change log's oldest row (${min ?? `none; replica version ${replicaVersion}`})`);

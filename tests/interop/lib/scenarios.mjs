@@ -10,7 +10,7 @@ import {
   field, httpGet, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
 } from './util.mjs';
 import {
-  APP_ID, CDC, CLEANUP_DELAY_MS, RECONNECT_GRACE_MS, SHARD_NUM, Topology, eventually, progressSamples,
+  APP_ID, CLEANUP_DELAY_MS, RECONNECT_GRACE_MS, Topology, eventually, progressSamples,
 } from './topology.mjs';
 import {ZERO_READ} from './proxy-watch.mjs';
 import {
@@ -48,7 +48,7 @@ export async function replicationManagerRestarts(t, {vs, first}) {
   assert.equal(t.replicaItems(vsConfig.replica).stateVersion, w33);
   // Every insert is in the change log once.
   const dup = await t.change.unsafe(
-    `SELECT change->'new'->>'id' AS id, count(*)::int AS n FROM ${CDC}."changeLog"
+    `SELECT change->'new'->>'id' AS id, count(*)::int AS n FROM ${t.cdc}."changeLog"
       WHERE change->>'tag' = 'insert' GROUP BY 1 HAVING count(*) > 1`);
   assert.deepEqual([...dup], [], 'no insert stored twice');
   await t.waitBackedUp(w33);
@@ -128,7 +128,7 @@ export async function restoreAcrossSidecarKill(t, {name, others, first}) {
     const restoreStarted = Date.now();
     assert.equal(sidecarEventsWith(t.procs, 'reservation opened', {task_id: cfg.taskID}).length, 1, 'the restore runs under a reservation');
     const changeLogMin = sampleEvery(500, async () =>
-      (await t.change.unsafe(`SELECT min(watermark) AS min FROM ${CDC}."changeLog"`))[0].min);
+      (await t.change.unsafe(`SELECT min(watermark) AS min FROM ${t.cdc}."changeLog"`))[0].min);
     samplers.push(changeLogMin);
 
     await sleep(KILL_AFTER_MS - (Date.now() - restoreStarted));
@@ -494,7 +494,7 @@ export async function pairTakeover(ctx, {track, untrack, options = {}}) {
         `SELECT count(pg_terminate_backend(pid))::int AS ended FROM pg_locks WHERE locktype = 'advisory' AND granted
             AND classid = $1::oid AND objid = $2::oid AND objsubid = 2
             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-        [PURGER_LOCK_CLASS, purgerLockObjid(`${APP_ID}_${SHARD_NUM}/cdc`)]);
+        [PURGER_LOCK_CLASS, purgerLockObjid(`${APP_ID}_${pair.shardNum}/cdc`)]);
       assert.equal(ended, 1, "one session held the shard's purger lock");
       takeoverAt = Date.now();
       await eventually('B to take over', async () => (await pair.sidecarStatus(B)).cleanup?.role === 'purger',

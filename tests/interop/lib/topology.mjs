@@ -33,7 +33,7 @@ import {basename, dirname, join, resolve} from 'node:path';
 import {fileURLToPath, pathToFileURL} from 'node:url';
 import {listGenerations, litestreamBin, restoreTo} from './litestream.mjs';
 import {Procs} from './procs.mjs';
-import {S3_REGION} from './versions.mjs';
+import {S3_REGION, ZERO_VERSIONS, parseShard} from './versions.mjs';
 import {ZERO, ZERO_DIR, ZERO_VERSION, deps} from './zero.mjs';
 
 const {postgres, Database} = deps;
@@ -46,8 +46,19 @@ export const LITESTREAM_GAUGE = join(here, 'litestream-gauge.mjs');
 export const LOOPBACK_PRELOAD = join(here, 'loopback.cjs');
 
 export const APP_ID = 'zero';
-export const SHARD_NUM = 0;
-export const CDC = `"${APP_ID}_${SHARD_NUM}/cdc"`;
+/**
+ * Zero's shard number of each deployment this process starts, one apart. Replication slots are the cluster's, not
+ * a database's, and Zero names them `{app}_{shard}_…`: a replication-manager's initial sync drops every inactive
+ * slot of its app and shard that its own database does not list, so deployments sharing a PostgreSQL cluster (the
+ * suites and shards `make test` runs side by side, the deployments of one suite) must not share a shard number, or
+ * one's initial sync drops the slot of another whose replication-manager is restarting. Each suite and shard has its
+ * own range: 1000 per version of lib/versions.mjs, 100 per shard of it (INTEROP_SHARD), one per deployment.
+ */
+let nextShardNum = (() => {
+  const version = Object.keys(ZERO_VERSIONS).indexOf(ZERO_VERSION);
+  const [k] = parseShard(process.env.INTEROP_SHARD);
+  return 1000 * (version + 1) + 100 * (k - 1);
+})();
 /** The sidecars' `cleanup.initial_delay` and `cleanup.reconnect_grace`, in ms: the waits of a sidecar that starts. */
 export const CLEANUP_DELAY_MS = 30_000;
 export const RECONNECT_GRACE_MS = 5_000;
@@ -91,6 +102,10 @@ export class Topology {
     restoreWith,
   } = {}) {
     this.name = name;
+    /** Zero's shard number here, this deployment's alone (`nextShardNum`). */
+    this.shardNum = nextShardNum++;
+    /** The change DB's schema of this shard, quoted for SQL. */
+    this.cdc = `"${APP_ID}_${this.shardNum}/cdc"`;
     if (![1, 2].includes(sidecars)) throw new Error(`one sidecar or a pair, not ${sidecars}`);
     /** The sidecars' process names; a pair's are reached through haproxy (`startFront`). */
     this.sidecarNames = sidecars === 1 ? ['sidecar'] : ['sidecar', 'sidecar-b'];
@@ -284,7 +299,7 @@ ${backup.join('\n')}
 ` : ''}
 [zero]
 app_id = "${APP_ID}"
-shard_num = ${SHARD_NUM}
+shard_num = ${this.shardNum}
 
 [change_db]
 url = "${this.changeURL}"
@@ -321,7 +336,7 @@ filter = "warn,litestream_sidecar=debug"
       ZERO_CVR_DB: this.cvrURL,
       ZERO_CHANGE_DB: this.changeURL,
       ZERO_APP_ID: APP_ID,
-      ZERO_SHARD_NUM: String(SHARD_NUM),
+      ZERO_SHARD_NUM: String(this.shardNum),
       ZERO_LOG_LEVEL: 'info',
       ZERO_LOG_FORMAT: 'text',
       ZERO_UPSTREAM_MAX_CONNS: '4',
@@ -498,20 +513,20 @@ backend proxies
   // --- observations ---
 
   async ownerAddress() {
-    const rows = await this.change.unsafe(`SELECT "ownerAddress" FROM ${CDC}."replicationState"`).catch(() => []);
+    const rows = await this.change.unsafe(`SELECT "ownerAddress" FROM ${this.cdc}."replicationState"`).catch(() => []);
     return rows[0]?.ownerAddress ?? null;
   }
 
   async replicationState() {
-    const [state] = await this.change.unsafe(`SELECT * FROM ${CDC}."replicationState"`);
-    const [config] = await this.change.unsafe(`SELECT * FROM ${CDC}."replicationConfig"`);
+    const [state] = await this.change.unsafe(`SELECT * FROM ${this.cdc}."replicationState"`);
+    const [config] = await this.change.unsafe(`SELECT * FROM ${this.cdc}."replicationConfig"`);
     return {...state, replicaVersion: config.replicaVersion};
   }
 
   /** Distinct watermarks in the change log with their row counts, ascending. */
   async changeLog() {
     return this.change.unsafe(
-      `SELECT watermark, count(*)::int AS rows FROM ${CDC}."changeLog" GROUP BY watermark ORDER BY watermark`,
+      `SELECT watermark, count(*)::int AS rows FROM ${this.cdc}."changeLog" GROUP BY watermark ORDER BY watermark`,
     );
   }
 
@@ -521,7 +536,7 @@ backend proxies
 
   /** The change log's oldest watermark, or null when it is empty. */
   async changeLogMin() {
-    const [{min}] = await this.change.unsafe(`SELECT min(watermark) AS min FROM ${CDC}."changeLog"`);
+    const [{min}] = await this.change.unsafe(`SELECT min(watermark) AS min FROM ${this.cdc}."changeLog"`);
     return min;
   }
 
@@ -543,7 +558,7 @@ backend proxies
     ids = ids.map(String);
     const found = await eventually(`the change log to store the insert of ${ids}`, async () => {
       const hits = await this.change.unsafe(
-        `SELECT DISTINCT watermark FROM ${CDC}."changeLog"
+        `SELECT DISTINCT watermark FROM ${this.cdc}."changeLog"
           WHERE change->>'tag' = 'insert' AND change->'relation'->>'name' = 'item' AND change->'new'->>'id' = ANY($1)`,
         [ids],
       );
@@ -552,7 +567,7 @@ backend proxies
     if (found.length !== 1) throw new Error(`the rows ${ids} are in more than one transaction: ${JSON.stringify(found)}`);
     const {watermark} = found[0];
     await eventually(`the commit of ${watermark}`, async () =>
-      (await this.change.unsafe(`SELECT 1 FROM ${CDC}."changeLog" WHERE watermark = $1 AND change->>'tag' = 'commit'`,
+      (await this.change.unsafe(`SELECT 1 FROM ${this.cdc}."changeLog" WHERE watermark = $1 AND change->>'tag' = 'commit'`,
         [watermark])).length === 1);
     return watermark;
   }

@@ -258,7 +258,7 @@ before(async () => {
     // The backup replicator subscribes through the sidecar; only once it is ready does Zero spawn litestream.
     await eventually('litestream to back up the replica', () => t.backedUp(), {timeout: 60_000});
     replicaVersion = (await t.replicationState()).replicaVersion;
-    client = zeroClient(t.changeURL, clientLog);
+    client = zeroClient(t, clientLog);
   } catch (e) {
     failed = true;
     throw e;

@@ -19,7 +19,7 @@ import {existsSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
 import {cmdline, treePids} from '../lib/procs.mjs';
 import {field, httpGet, reservationTimeline, sidecarEventsWith} from '../lib/util.mjs';
-import {CDC, Topology, ZERO_CLI, ZERO_VERSION, eventually} from '../lib/topology.mjs';
+import {Topology, ZERO_CLI, ZERO_VERSION, eventually} from '../lib/topology.mjs';
 import {selection} from '../lib/selection.mjs';
 import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
 import {ZERO_READ, assertProxyNeverAboveLog, watchProxy} from '../lib/proxy-watch.mjs';
@@ -299,7 +299,7 @@ scenario('7. statuses wait while the change log starts past the backup; the view
     assert.ok(backup < w1 && w1 < w2);
     // Rows below w2 leave the change log (another purger, or one that trusted a backup that is gone): the log now
     // starts past every backup there is.
-    await t.change.unsafe(`DELETE FROM ${CDC}."changeLog" WHERE watermark < $1`, [w2]);
+    await t.change.unsafe(`DELETE FROM ${t.cdc}."changeLog" WHERE watermark < $1`, [w2]);
     assert.equal(await t.changeLogMin(), w2);
     const vs = await t.startViewSyncer(name);
     const timeline = () => reservationTimeline(t.procs, cfg.taskID);
@@ -344,7 +344,7 @@ scenario('8. under load, subscribers relayed by the sidecar are not dropped as t
   // Zero 1.10 times a subscriber's acks once more than half of its subscribers have acked, from three on: two direct
   // and two relayed subscribers, beside the view-syncer, all keeping up, for longer than its 30 s grace period.
   const {replicaVersion} = await t.replicationState();
-  const [{max: from}] = await t.change.unsafe(`SELECT max(watermark) AS max FROM ${CDC}."changeLog"`);
+  const [{max: from}] = await t.change.unsafe(`SELECT max(watermark) AS max FROM ${t.cdc}."changeLog"`);
   const subs = [];
   for (const [via, n] of [['direct', 1], ['direct', 2], ['relayed', 1], ['relayed', 2]]) {
     const host = via === 'direct' ? t.rmAddress : t.sidecarAddress;
@@ -453,9 +453,9 @@ scenario("13. address topology: a discover-mode view-syncer finds the sidecar th
     // sidecar does. Asked once the sidecar has read the replica's size, which its status carries.
     await eventually("the sidecar to read the replica's size", async () => (await addr.sidecarStatus()).replica_bytes > 0,
       {timeout: 30_000});
-    const viaSidecar = new Pump(await zeroClient(addr.changeURL, clientLog).reserveSnapshot('interop110-compare-sidecar'),
+    const viaSidecar = new Pump(await zeroClient(addr, clientLog).reserveSnapshot('interop110-compare-sidecar'),
       'sidecar status');
-    const fromZero = new Pump(await zeroClient(addr.changeURL, clientLog, `ws://${addr.rmAddress}/`)
+    const fromZero = new Pump(await zeroClient(addr, clientLog, `ws://${addr.rmAddress}/`)
       .reserveSnapshot('interop110-compare-zero'), 'Zero status');
     let ours;
     let zeros;

@@ -197,9 +197,9 @@ scenario('2. address topology: a discover-mode view-syncer reserves, restores an
   // the status carries.
   await eventually("the sidecar to read the replica's size", async () => (await t.sidecarStatus()).replica_bytes > 0,
     {timeout: 30_000});
-  const viaSidecar = new Pump(await zeroClient(t.changeURL, clientLog).reserveSnapshot(SIDECAR_COMPARE_TASK), 'sidecar status');
+  const viaSidecar = new Pump(await zeroClient(t, clientLog).reserveSnapshot(SIDECAR_COMPARE_TASK), 'sidecar status');
   const fromZero = new Pump(
-    await zeroClient(t.changeURL, clientLog, `ws://${t.rmAddress}/`).reserveSnapshot(ZERO_COMPARE_TASK), 'Zero status');
+    await zeroClient(t, clientLog, `ws://${t.rmAddress}/`).reserveSnapshot(ZERO_COMPARE_TASK), 'Zero status');
   let ours;
   let zeros;
   try {
@@ -616,7 +616,7 @@ scenario("11. Zero 1.10's rules, from its tagged source, on a fresh stack: ready
     const vs = await fresh.startViewSyncer('vs-fresh');
     // And a reservation of the test's own every PROBE_EVERY_MS, each status read with the change log around it.
     const probes = [];
-    const client = zeroClient(fresh.changeURL, clientLog, `ws://${fresh.sidecarAddress}/`);
+    const client = zeroClient(fresh, clientLog, `ws://${fresh.sidecarAddress}/`);
     let probing = true;
     const prober = (async () => {
       for (let i = 0; probing; i++) {
