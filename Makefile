@@ -67,7 +67,8 @@ lint:
 # same upstream; the restore drill replicates and restores a database of BENCH_DRILL_MIB MiB (1024) with the real
 # litestream 0.3.13 (scripts/install-litestream.sh) in TMPDIR; `slots` counts the statements a sidecar sends to the
 # change DB at its defaults with 500 reservations and 100 subscribers, and times purge batches with the slot check
-# beside ones without. BENCH names sections to run alone: `make bench BENCH=drill`.
+# beside ones without; the relay also replays Zero 1.9's recorded stream (examples/bench/zero-1.9-stream.jsonl, alone:
+# BENCH=zero-traffic). BENCH names sections to run alone: `make bench BENCH=drill`.
 BENCH ?=
 bench:
 	NGINX="$$(scripts/nginx.sh)" LITESTREAM_BIN="$$(scripts/install-litestream.sh)" \

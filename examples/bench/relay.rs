@@ -3,7 +3,9 @@
 //! relayed subscriber.
 //!
 //! The upstream is a stand-in for Zero's change-streamer in this process: a hand-made handshake, then frames
-//! encoded once (Zero 0.20's msg-first form) and written in large chunks, so that it is never the bottleneck. The
+//! encoded once (Zero 0.20's msg-first form) and written in large chunks, so that it is never the bottleneck; and
+//! Zero 1.9's own frames, recorded from a real change-streamer (`zero_stream`), written a message at a time as
+//! Zero writes them, caught up on at once or live, a transaction at a time. The
 //! subscribers are tokio-tungstenite clients that read every message and ack it in a write of its own, as Zero's
 //! client does. The plain relay copies bytes between the same kinds of sockets (`tokio::io::copy_bidirectional`
 //! on tokio's multi-thread runtime) in a process of its own; the sidecar is the release binary with its defaults,
@@ -40,6 +42,11 @@ enum Workload {
     CatchUp,
     Trickle,
     Big,
+    /// Zero 1.9's recorded stream (`zero_stream`) written as its change-streamer writes it, one write a message,
+    /// all at once: a subscriber catching up.
+    ZeroCatchUp,
+    /// The same, one transaction at a time, each once the subscriber acked the one before: a subscriber keeping up.
+    ZeroLive,
 }
 
 impl Workload {
@@ -48,6 +55,8 @@ impl Workload {
             Workload::CatchUp => "catch-up",
             Workload::Trickle => "live trickle",
             Workload::Big => "1 MiB messages",
+            Workload::ZeroCatchUp => "Zero 1.9's stream, catch-up",
+            Workload::ZeroLive => "Zero 1.9's stream, live",
         }
     }
 }
@@ -58,11 +67,22 @@ const LATENCY_SAMPLES: usize = 2_000;
 const SUBSCRIBERS_FOR_MEMORY: usize = 1_000;
 const CONCURRENCY: usize = 64;
 
-pub async fn run(report: &mut Report) {
+/// What [`run`] measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every workload, then latency and memory.
+    All,
+    /// The workloads of Zero 1.9's recorded stream only (`make bench BENCH=zero-traffic`).
+    ZeroTraffic,
+}
+
+pub async fn run(report: &mut Report, scope: Scope) {
     println!("changes relay");
-    let stream = Arc::new(encode_stream(FRAMES));
-    let frame_bytes = stream.len() as f64 / FRAMES as f64;
+    let stream = Arc::new(vec![encode_stream(FRAMES)]);
+    let frame_bytes = stream[0].len() as f64 / FRAMES as f64;
+    let zero = Arc::new(ZeroStream::recorded());
     println!("  catch-up: {FRAMES} messages of ~{frame_bytes:.0} B written at once; trickle: {TRICKLE_TRANSACTIONS} transactions of {TRICKLE_ROWS} rows, each written once the previous one's acks arrived; 1 MiB: {BIG_MESSAGES} messages of 1 MiB");
+    println!("  Zero 1.9's stream: {} messages ({} transactions, {:.0} B a message on average) as recorded, one write a message", zero.frames.len(), zero.units.len() - 1, zero.bytes as f64 / zero.frames.len() as f64);
     let (upstream_addr, mut upstream) = fake_upstream().await;
     let plain_relay = PlainRelay::start(upstream_addr);
     let plain = plain_relay.addr;
@@ -79,12 +99,19 @@ pub async fn run(report: &mut Report) {
     if nginx.is_none() {
         println!("  (no nginx: set NGINX to its binary, as `make bench` does, to compare with it)");
     }
-    let big = Arc::new(encode_big(BIG_MESSAGES));
-    for (workload, subscriber_counts) in [
+    let big = Arc::new(vec![encode_big(BIG_MESSAGES)]);
+    let workloads = [
         (Workload::CatchUp, &[1usize, 10][..]),
         (Workload::Trickle, &[1, 10][..]),
         (Workload::Big, &[1][..]),
-    ] {
+        (Workload::ZeroCatchUp, &[10][..]),
+        (Workload::ZeroLive, &[10][..]),
+    ];
+    let zero_only = scope == Scope::ZeroTraffic;
+    for (workload, subscriber_counts) in workloads
+        .into_iter()
+        .filter(|(w, _)| !zero_only || matches!(w, Workload::ZeroCatchUp | Workload::ZeroLive))
+    {
         for &subscribers in subscriber_counts {
             // One entry per relay: messages per second of each run, and CPU time over all runs.
             let mut relays: Vec<(&str, SocketAddr, u32, Vec<f64>, Duration)> = vec![
@@ -136,6 +163,19 @@ pub async fn run(report: &mut Report) {
                         Workload::Big => {
                             throughput(*addr, &mut upstream, &big, BIG_MESSAGES + 1, subscribers)
                                 .await
+                        }
+                        Workload::ZeroCatchUp => {
+                            throughput(
+                                *addr,
+                                &mut upstream,
+                                &zero.frames,
+                                zero.frames.len(),
+                                subscribers,
+                            )
+                            .await
+                        }
+                        Workload::ZeroLive => {
+                            replay_live(*addr, &mut upstream, &zero, subscribers).await
                         }
                     };
                     rates.push(count as f64 / started.elapsed().as_secs_f64());
@@ -193,6 +233,9 @@ pub async fn run(report: &mut Report) {
         }
     }
 
+    if zero_only {
+        return;
+    }
     // Resident memory of each relay once every workload has been through it.
     let mut relays = vec![
         ("plain TCP relay", plain, plain_relay.child.id()),
@@ -259,11 +302,12 @@ pub async fn run(report: &mut Report) {
 }
 
 /// Connects `subscribers` clients through `relay`, then lets every upstream connection write the whole stream at
-/// once; bytes per second over all subscribers, until the last one has read (and acked) everything.
+/// once, a write per element of `stream` (Zero writes each message on its own, with `TCP_NODELAY`, as Node's `ws`
+/// does); messages relayed over all subscribers, once the last one has read (and acked) everything.
 async fn throughput(
     relay: SocketAddr,
     upstream: &mut mpsc::UnboundedReceiver<TcpStream>,
-    stream: &Arc<Vec<u8>>,
+    stream: &Arc<Vec<Vec<u8>>>,
     count: usize,
     subscribers: usize,
 ) -> usize {
@@ -272,6 +316,7 @@ async fn throughput(
     for i in 0..subscribers {
         let client = subscribe(relay, &format!("throughput-{i}")).await;
         let conn = upstream.recv().await.expect("upstream connection");
+        conn.set_nodelay(true).expect("TCP_NODELAY");
         let barrier = barrier.clone();
         let stream = stream.clone();
         tokio::spawn(async move {
@@ -282,7 +327,11 @@ async fn throughput(
                 while matches!(read.read(&mut sink).await, Ok(n) if n > 0) {}
             });
             barrier.wait().await;
-            let _ = write.write_all(&stream).await;
+            for chunk in stream.iter() {
+                if write.write_all(chunk).await.is_err() {
+                    break;
+                }
+            }
             let _ = acks.await;
         });
         clients.push(tokio::spawn(read_all(client, count)));
@@ -320,6 +369,90 @@ async fn trickle(
                 let frames = transaction(&mut id, tx, TRICKLE_ROWS);
                 conn.write_all(&frames).await.unwrap();
                 acks.wait_for(&mut conn, id - 1).await;
+            }
+            conn
+        }));
+        clients.push(tokio::spawn(read_all(client, per_subscriber)));
+    }
+    for client in clients {
+        client.await.expect("subscriber");
+    }
+    for feeder in feeders {
+        drop(feeder.await.expect("upstream side"));
+    }
+    per_subscriber * subscribers
+}
+
+/// Zero 1.9's recorded stream (`zero_stream`), encoded as its change-streamer sends it.
+struct ZeroStream {
+    /// Every message's frame, in order: one write each.
+    frames: Arc<Vec<Vec<u8>>>,
+    /// The frames before the first transaction (the status), then each transaction's, as ranges of `frames`: what
+    /// the live replay writes before it waits for the acks. Zero numbers the messages 1, 2, 3…, so the last id of
+    /// a unit is its end.
+    units: Vec<std::ops::Range<usize>>,
+    bytes: usize,
+}
+
+impl ZeroStream {
+    fn recorded() -> Self {
+        let messages = crate::zero_stream::messages();
+        let transactions = crate::zero_stream::transactions(&messages);
+        let offset = |slice: &[&str]| {
+            (slice.as_ptr() as usize - messages.as_ptr() as usize) / std::mem::size_of::<&str>()
+        };
+        let first = transactions.first().map_or(messages.len(), |t| offset(t));
+        let mut units = Vec::with_capacity(transactions.len() + 1);
+        units.push(0..first);
+        let mut end = first;
+        for transaction in &transactions {
+            let start = offset(transaction);
+            assert_eq!(start, end, "nothing but transactions follows the status");
+            end = start + transaction.len();
+            units.push(start..end);
+        }
+        assert_eq!(end, messages.len(), "the recording ends with a transaction");
+        for (i, message) in messages.iter().enumerate() {
+            assert!(
+                message.starts_with(&format!("{{\"id\":{},", i + 1)),
+                "message {} is numbered as Zero numbers them",
+                i + 1
+            );
+        }
+        let frames: Vec<Vec<u8>> = messages.iter().map(|m| encode_frame(m)).collect();
+        let bytes = frames.iter().map(Vec::len).sum();
+        Self {
+            frames: Arc::new(frames),
+            units,
+            bytes,
+        }
+    }
+}
+
+/// Zero's live stream: on each subscription the upstream writes the recording a unit at a time (the status, then
+/// one transaction), a write a message, each unit once every message before it was acked through the relay.
+/// Messages relayed.
+async fn replay_live(
+    relay: SocketAddr,
+    upstream: &mut mpsc::UnboundedReceiver<TcpStream>,
+    zero: &Arc<ZeroStream>,
+    subscribers: usize,
+) -> usize {
+    let per_subscriber = zero.frames.len();
+    let mut clients = Vec::new();
+    let mut feeders = Vec::new();
+    for i in 0..subscribers {
+        let client = subscribe(relay, &format!("zero-live-{i}")).await;
+        let mut conn = upstream.recv().await.expect("upstream connection");
+        conn.set_nodelay(true).expect("TCP_NODELAY");
+        let zero = zero.clone();
+        feeders.push(tokio::spawn(async move {
+            let mut acks = AckCounter::default();
+            for unit in &zero.units {
+                for frame in &zero.frames[unit.clone()] {
+                    conn.write_all(frame).await.unwrap();
+                }
+                acks.wait_for(&mut conn, unit.end as u64).await;
             }
             conn
         }));
