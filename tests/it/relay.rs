@@ -313,11 +313,13 @@ async fn batched_acks_reach_the_upstream_in_order_even_when_no_more_come() {
 }
 
 /// The relay asks the kernel not to wake it for a subscriber's acks until all those sure to come are there
-/// (`relay.ack_wakeup_bytes`, SO_RCVLOWAT); they then leave together, in order.
+/// (`relay.ack_wakeup_bytes`, SO_RCVLOWAT); they then leave together, in order. (A backlog of 1: the three messages
+/// in flight here are below the default's.)
 #[tokio::test]
 async fn acks_wait_in_the_kernel_for_the_rest_of_theirs_then_leave_in_order() {
     let mut upstream = Upstream::start().await;
-    let sidecar = start(upstream.config("[relay]\nack_wakeup_wait = \"1s\"\n")).await;
+    let sidecar =
+        start(upstream.config("[relay]\nack_wakeup_wait = \"1s\"\nack_wakeup_backlog = 1\n")).await;
     let path = changes_path(3, "t1", "serving-replicator-1", "0a", false);
     let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
     // Ack 1 shows one ack per message; it leaves nothing in flight and goes at once.
@@ -343,7 +345,9 @@ async fn acks_wait_in_the_kernel_for_the_rest_of_theirs_then_leave_in_order() {
 #[tokio::test]
 async fn acks_and_a_close_from_a_subscriber_that_pauses_mid_transaction_are_heard_after_the_wait() {
     let mut upstream = Upstream::start().await;
-    let sidecar = start(upstream.config("[relay]\nack_wakeup_wait = \"50ms\"\n")).await;
+    let sidecar =
+        start(upstream.config("[relay]\nack_wakeup_wait = \"50ms\"\nack_wakeup_backlog = 1\n"))
+            .await;
     let path = changes_path(3, "t1", "serving-replicator-1", "0a", false);
     let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
     send_text(&mut client, r#"{"ack":1}"#).await;
@@ -363,6 +367,25 @@ async fn acks_and_a_close_from_a_subscriber_that_pauses_mid_transaction_are_hear
         .unwrap();
     let close = tokio::time::timeout(within, conn.expect_close()).await;
     assert_eq!(close.ok(), Some(Some((1000, String::new()))));
+    sidecar.stop().await;
+}
+
+/// At the default `relay.ack_wakeup_backlog` (8), a live transaction of three messages does not repay a wait: each
+/// of its acks leaves as it comes, though the wait limit is long.
+#[tokio::test]
+async fn a_small_transactions_acks_each_leave_as_they_come() {
+    let mut upstream = Upstream::start().await;
+    let sidecar = start(upstream.config("[relay]\nack_wakeup_wait = \"1s\"\n")).await;
+    let path = changes_path(3, "t1", "serving-replicator-1", "0a", false);
+    let (mut client, mut conn, _) = subscribe(&sidecar, &mut upstream, &path).await;
+    send_text(&mut client, r#"{"ack":1}"#).await;
+    assert_eq!(conn.next_ack().await, 1);
+    relay_transaction(&mut conn, &mut client, 2, 1, "0b").await;
+    for ack in 2..=4 {
+        send_text(&mut client, &format!(r#"{{"ack":{ack}}}"#)).await;
+        let left = tokio::time::timeout(Duration::from_millis(500), conn.next_ack()).await;
+        assert_eq!(left.ok(), Some(ack), "ack {ack} waited for the next");
+    }
     sidecar.stop().await;
 }
 

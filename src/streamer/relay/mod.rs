@@ -303,6 +303,7 @@ impl<'a> Relay<'a> {
             wakeups: AckWakeups::new(
                 ctx.settings.relay.ack_wakeup_bytes,
                 ctx.settings.relay.ack_wakeup_wait,
+                ctx.settings.relay.ack_wakeup_backlog,
             ),
             client_partial: 0,
             ack_held_since: None,

@@ -23,6 +23,12 @@
 //!   ([`AckWakeups::read`]); until it is, and for a subscriber slower than the budget, the relay is woken for each
 //!   ack, with no mark to set and no limit to arm: one ack comes in a segment of its own.
 //!
+//! A wait is only worth its fixed costs (arming the limit's timer, which in a virtual machine is one of the dearest
+//! things the relay does; setting the mark; a wake-up for nothing when the limit passes) when it saves several
+//! reads: acks are awaited together only while at least the caller's backlog of messages is in flight (a
+//! subscriber catching up, a large transaction), and each is read as it comes in a live transaction of a few
+//! messages, which is also where Zero waits for them.
+//!
 //! Waiting for bytes that never come would stall the subscription, so the threshold is only raised while the
 //! subscriber has been seen to follow that protocol, and it drops back to one byte (wake for anything) as soon as
 //! anything else may be on its way:
@@ -86,6 +92,8 @@ pub struct AckWakeups {
     cap: u64,
     /// How long the first ack of a wait is expected to wait for the last at most.
     budget: Duration,
+    /// Fewest messages in flight for which acks are awaited together.
+    backlog: u64,
     /// The subscriber acked message 1 with `{"ack":1}`: it follows one ack per message.
     confirmed: bool,
     /// Something broke the one-ack-per-message pattern: never raised again on this connection.
@@ -111,10 +119,12 @@ impl AckWakeups {
     /// `cap`: `relay.ack_wakeup_bytes`; `wait`: `relay.ack_wakeup_wait`, after which the caller reads anyway
     /// ([`AckWakeups::waited_too_long`]). It is also the budget: what the subscriber is seen to send within it is
     /// awaited, and an ack slower than usual is read at the limit, so that no ack waits longer whatever the pace.
-    pub fn new(cap: u64, wait: Duration) -> Self {
+    /// `backlog`: `relay.ack_wakeup_backlog`, the fewest messages in flight worth a wait.
+    pub fn new(cap: u64, wait: Duration, backlog: u64) -> Self {
         Self {
             cap,
             budget: wait,
+            backlog: backlog.max(1),
             confirmed: false,
             off: cap == 0,
             relayed: 0,
@@ -221,6 +231,10 @@ impl AckWakeups {
         }
         if self.acked >= self.relayed {
             return None;
+        }
+        if self.relayed - self.acked < self.backlog {
+            // Too few in flight to repay a wait's fixed costs: each ack as it comes.
+            return Some(1);
         }
         let last = self
             .relayed

@@ -42,7 +42,7 @@ fn us(n: u64) -> Duration {
 /// A subscription whose first message was acked at `t0` and read `pace` later: it follows one ack per message,
 /// and its pace is `pace`.
 fn confirmed_at(cap: u64, t0: Instant, pace: Duration) -> AckWakeups {
-    let mut w = AckWakeups::new(cap, WAIT);
+    let mut w = AckWakeups::new(cap, WAIT, 1);
     w.relayed(Some(br#"{"msg":["status"],"id":1}"#), t0);
     w.acked(1);
     w.read(t0 + pace);
@@ -127,7 +127,7 @@ fn acks_awaited_follow_the_subscribers_pace() {
 #[test]
 fn one_ack_at_a_time_until_the_pace_is_known() {
     let t = Instant::now();
-    let mut w = AckWakeups::new(1024, WAIT);
+    let mut w = AckWakeups::new(1024, WAIT, 1);
     relay(&mut w, 5, t);
     assert_eq!(w.threshold(0), Some(1), "not confirmed");
     w.acked(1);
@@ -216,11 +216,11 @@ fn the_part_of_a_frame_already_read_counts_toward_the_wait() {
 #[test]
 fn held_acks_wait_only_for_a_read_due_within_the_budget() {
     let t0 = Instant::now();
-    let unmeasured = AckWakeups::new(0, WAIT);
+    let unmeasured = AckWakeups::new(0, WAIT, 1);
     assert!(!unmeasured.may_hold(t0, t0), "pace unknown");
 
     // 100 us per ack, woken for each (ack_wakeup_bytes = 0): the next read is due 100 us after the last.
-    let mut w = AckWakeups::new(0, WAIT);
+    let mut w = AckWakeups::new(0, WAIT, 1);
     w.relayed(Some(br#"{"id":1,"msg":["status"]}"#), t0);
     w.acked(1);
     w.read(t0 + us(100));
@@ -244,7 +244,7 @@ fn held_acks_wait_only_for_a_read_due_within_the_budget() {
 #[test]
 fn nothing_is_awaited_until_the_first_ack_shows_one_ack_per_message() {
     let t = Instant::now();
-    let mut w = AckWakeups::new(1024, WAIT);
+    let mut w = AckWakeups::new(1024, WAIT, 1);
     relay(&mut w, 5, t);
     assert_eq!(w.threshold(0), Some(1));
     w.acked(1);
@@ -255,7 +255,7 @@ fn nothing_is_awaited_until_the_first_ack_shows_one_ack_per_message() {
 #[test]
 fn off_is_off() {
     let t = Instant::now();
-    let mut w = AckWakeups::new(0, WAIT);
+    let mut w = AckWakeups::new(0, WAIT, 1);
     relay(&mut w, 5, t);
     w.acked(1);
     w.read(t);
@@ -266,7 +266,7 @@ fn off_is_off() {
 fn a_skipped_or_repeated_ack_turns_it_off_for_good() {
     let t = Instant::now();
     for acks in [&[1, 3][..], &[1, 2, 2], &[2]] {
-        let mut w = AckWakeups::new(1024, WAIT);
+        let mut w = AckWakeups::new(1024, WAIT, 1);
         relay(&mut w, 10, t);
         for &id in acks {
             w.acked(id);
@@ -297,7 +297,7 @@ fn other_frames_and_other_streams_turn_it_off_for_good() {
     relay(&mut w, 5, t);
     assert_eq!(w.threshold(0), Some(1));
 
-    let mut w = AckWakeups::new(1024, WAIT);
+    let mut w = AckWakeups::new(1024, WAIT, 1);
     w.relayed(
         Some(br#"{"control":"stream-options","capabilities":["cumulative-ack-v1"]}"#),
         t,
@@ -339,4 +339,33 @@ fn a_pending_pong_and_the_wait_limit_each_lower_it() {
     assert_eq!(w.threshold(0), None);
     w.pinged();
     assert_eq!(w.threshold(0), Some(1));
+}
+
+/// Below the backlog each ack is read as it comes (no mark, no limit to arm); from it on, the acks in flight are
+/// awaited together as before, and it falls back as they are read.
+#[test]
+fn a_few_messages_in_flight_wake_for_each_ack() {
+    let t = Instant::now();
+    let mut w = AckWakeups::new(1024, WAIT, 8);
+    w.relayed(Some(br#"{"id":1,"msg":["status"]}"#), t);
+    w.acked(1);
+    w.read(t);
+    relay(&mut w, 7, t);
+    assert_eq!(
+        w.threshold(0),
+        Some(1),
+        "7 in flight, below the backlog of 8"
+    );
+    relay(&mut w, 1, t);
+    assert_eq!(w.threshold(0), Some(ack_bytes(2, 9)), "8 in flight");
+    w.acked(2);
+    w.read(t);
+    assert_eq!(w.threshold(0), Some(1), "7 in flight again");
+    // A backlog of 0 is taken as 1: whatever is in flight is awaited.
+    let mut w = AckWakeups::new(1024, WAIT, 0);
+    w.relayed(Some(br#"{"id":1,"msg":["status"]}"#), t);
+    w.acked(1);
+    w.read(t);
+    relay(&mut w, 2, t);
+    assert_eq!(w.threshold(0), Some(ack_bytes(2, 3)));
 }
