@@ -136,6 +136,9 @@ fn context() -> RelayContext {
     let mut relay = config.relay;
     relay.max_buffered_bytes = 64;
     relay.ack_batch_window = Duration::from_millis(1);
+    // The tables' transactions are a few messages: acks gathered from any backlog, since the wake-up's other rules
+    // are what they test (the backlog itself: wakeup/tests.rs and tests/it/relay.rs).
+    relay.ack_wakeup_backlog = 1;
     RelayContext {
         settings: Arc::new(Settings {
             upstream: config.upstream,
