@@ -374,12 +374,7 @@ async fn trickle(
         }));
         clients.push(tokio::spawn(read_all(client, per_subscriber)));
     }
-    for client in clients {
-        client.await.expect("subscriber");
-    }
-    for feeder in feeders {
-        drop(feeder.await.expect("upstream side"));
-    }
+    join_live(clients, feeders).await;
     per_subscriber * subscribers
 }
 
@@ -458,13 +453,21 @@ async fn replay_live(
         }));
         clients.push(tokio::spawn(read_all(client, per_subscriber)));
     }
+    join_live(clients, feeders).await;
+    per_subscriber * subscribers
+}
+
+/// Waits for a live workload's subscribers to have read everything, then closes its upstream connections.
+async fn join_live(
+    clients: Vec<tokio::task::JoinHandle<()>>,
+    feeders: Vec<tokio::task::JoinHandle<TcpStream>>,
+) {
     for client in clients {
         client.await.expect("subscriber");
     }
     for feeder in feeders {
         drop(feeder.await.expect("upstream side"));
     }
-    per_subscriber * subscribers
 }
 
 /// Counts the ack frames (masked, short) a subscriber's acks arrive in on the upstream's socket.

@@ -4,7 +4,8 @@
 import {join} from 'node:path';
 import {pathToFileURL} from 'node:url';
 import {setTimeout as sleep} from 'node:timers/promises';
-import {APP_ID, ZERO_CACHE_SRC} from './topology.mjs';
+import assert from 'node:assert/strict';
+import {APP_ID, ZERO_CACHE_SRC, eventually} from './topology.mjs';
 import {deps} from './zero.mjs';
 
 const {LogContext, WebSocket} = deps;
@@ -151,4 +152,28 @@ export class RawSubscriber {
 /** The query string a Zero 0.20 subscriber sends. */
 export function changesQuery({taskID = '', id, mode = 'serving', watermark, replicaVersion, initial = false}) {
   return new URLSearchParams({taskID, id, mode, watermark, replicaVersion, initial: initial ? 'true' : 'false'}).toString();
+}
+
+/**
+ * One question, the v6 snapshot status, asked of `topo`'s sidecar (found through ownerAddress, as a discover-mode
+ * view-syncer finds it) and of Zero's own change-streamer, with Zero's client: `[ours, zeros]`, each `['status',
+ * {…}]`. Asked once the sidecar has read the replica's size, which its status carries; Zero may first list the
+ * backup destination, or wait for its next backup check, before it answers. Both reservations are cancelled.
+ */
+export async function snapshotStatuses(topo, lines, {sidecarTask, zeroTask}) {
+  await eventually("the sidecar to read the replica's size", async () => (await topo.sidecarStatus()).replica_bytes > 0,
+    {timeout: 30_000});
+  const viaSidecar = new Pump(await zeroClient(topo, lines).reserveSnapshot(sidecarTask), 'sidecar status');
+  const fromZero = new Pump(await zeroClient(topo, lines, `ws://${topo.rmAddress}/`).reserveSnapshot(zeroTask),
+    'Zero status');
+  try {
+    const [ours] = await viaSidecar.waitFor('the status', ms => ms.length > 0 && ms);
+    const [zeros] = await fromZero.waitFor('the status', ms => ms.length > 0 && ms, 60_000);
+    const asked = `connecting to change-streamer@ws://${topo.sidecarAddress}/replication/v6/snapshot`;
+    assert.ok(lines.some(l => l.includes(asked)), `discovered the sidecar and asked for a v6 snapshot: ${lines.join('\n')}`);
+    return [ours, zeros];
+  } finally {
+    viaSidecar.cancel();
+    fromZero.cancel();
+  }
 }

@@ -21,7 +21,7 @@ import {cmdline, treePids} from '../lib/procs.mjs';
 import {field, httpGet, reservationTimeline, sidecarEventsWith} from '../lib/util.mjs';
 import {Topology, ZERO_CLI, ZERO_VERSION, eventually} from '../lib/topology.mjs';
 import {selection} from '../lib/selection.mjs';
-import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
+import {RawSubscriber, changesQuery, snapshotStatuses} from '../lib/clients.mjs';
 import {ZERO_READ, assertProxyNeverAboveLog, watchProxy} from '../lib/proxy-watch.mjs';
 import {
   SUBSCRIPTION_REFUSED, Suite, assertLoopbackOnly, assertTelemetryOff, keepWriting, literally, logLines as logLinesOf,
@@ -447,28 +447,11 @@ scenario("13. address topology: a discover-mode view-syncer finds the sidecar th
       () => sidecarEventsWith(addr.procs, 'registered as the change-streamer').length > 0, {timeout: 20_000});
     const {replicaVersion} = await addr.replicationState();
 
-    // One question, the v6 snapshot status, to the sidecar (found through ownerAddress, as a view-syncer finds it)
-    // and to Zero's own change-streamer. Nothing is written upstream meanwhile, so both see one change log; and the
-    // clamped gauge shows Zero the change log's oldest watermark, which Zero 1.10 answers as minWatermark, as the
-    // sidecar does. Asked once the sidecar has read the replica's size, which its status carries.
-    await eventually("the sidecar to read the replica's size", async () => (await addr.sidecarStatus()).replica_bytes > 0,
-      {timeout: 30_000});
-    const viaSidecar = new Pump(await zeroClient(addr, clientLog).reserveSnapshot('interop110-compare-sidecar'),
-      'sidecar status');
-    const fromZero = new Pump(await zeroClient(addr, clientLog, `ws://${addr.rmAddress}/`)
-      .reserveSnapshot('interop110-compare-zero'), 'Zero status');
-    let ours;
-    let zeros;
-    try {
-      [ours] = await viaSidecar.waitFor('the status', ms => ms.length > 0 && ms);
-      // Zero 1.10 confirms a reservation on its next backup check (every 10 s).
-      [zeros] = await fromZero.waitFor('the status', ms => ms.length > 0 && ms, 60_000);
-    } finally {
-      viaSidecar.cancel();
-      fromZero.cancel();
-    }
-    assert.ok(clientLog.some(l => l.includes(`connecting to change-streamer@ws://${addr.sidecarAddress}/replication/v6/snapshot`)),
-      `discovered the sidecar and asked for a v6 snapshot: ${clientLog.join('\n')}`);
+    // The v6 snapshot status from the sidecar and from Zero's own change-streamer, which confirms it on its next
+    // backup check (every 10 s). Nothing is written upstream meanwhile, so both see one change log; and the clamped
+    // gauge shows Zero the change log's oldest watermark, which Zero 1.10 answers as minWatermark, as the sidecar does.
+    const [ours, zeros] = await snapshotStatuses(addr, clientLog,
+      {sidecarTask: 'interop110-compare-sidecar', zeroTask: 'interop110-compare-zero'});
     assert.deepEqual(Object.keys(ours[1]), ['tag', 'backupURL', 'replicaVersion', 'minWatermark', 'replicaSize']);
     const {replicaSize, ...rest} = ours[1];
     assert.ok(Number.isSafeInteger(replicaSize) && replicaSize > 0, `replicaSize ${replicaSize}`);

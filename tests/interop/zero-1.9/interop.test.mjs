@@ -16,7 +16,7 @@ import {
   LITESTREAM_GAUGE, Topology, ZERO_CLI, ZERO_VERSION, assertGaugeNeverAhead, eventually, progressSamples,
 } from '../lib/topology.mjs';
 import {selection} from '../lib/selection.mjs';
-import {Pump, RawSubscriber, changesQuery, zeroClient} from '../lib/clients.mjs';
+import {Pump, RawSubscriber, changesQuery, snapshotStatuses, zeroClient} from '../lib/clients.mjs';
 import {
   ZERO_READ, assertProxyNeverAboveLog, assertProxyShowsBackupSoonAfter, describeWatch, watchProxy,
 } from '../lib/proxy-watch.mjs';
@@ -191,27 +191,9 @@ scenario('1. loopback only, telemetry off: every listener and connection of the 
 const VS = 'vs1';
 
 scenario('2. address topology: a discover-mode view-syncer reserves, restores and streams through the sidecar', async () => {
-  // The same question to the sidecar (found through ownerAddress, as a view-syncer finds it) and to Zero's own
-  // change-streamer: the v6 snapshot status. Nothing is written upstream meanwhile, so both see one change log.
-  // Asked once the sidecar has read the replica's size (litestream's page says 0 until its first sync), which
-  // the status carries.
-  await eventually("the sidecar to read the replica's size", async () => (await t.sidecarStatus()).replica_bytes > 0,
-    {timeout: 30_000});
-  const viaSidecar = new Pump(await zeroClient(t, clientLog).reserveSnapshot(SIDECAR_COMPARE_TASK), 'sidecar status');
-  const fromZero = new Pump(
-    await zeroClient(t, clientLog, `ws://${t.rmAddress}/`).reserveSnapshot(ZERO_COMPARE_TASK), 'Zero status');
-  let ours;
-  let zeros;
-  try {
-    [ours] = await viaSidecar.waitFor('the status', ms => ms.length > 0 && ms);
-    // Zero 1.9 first lists the backup destination (litestream snapshots / wal) before it answers.
-    [zeros] = await fromZero.waitFor('the status', ms => ms.length > 0 && ms, 60_000);
-  } finally {
-    viaSidecar.cancel();
-    fromZero.cancel();
-  }
-  assert.ok(clientLog.some(l => l.includes(`connecting to change-streamer@ws://${t.sidecarAddress}/replication/v6/snapshot`)),
-    'discovered the sidecar and asked for a v6 snapshot');
+  // The v6 snapshot status from the sidecar and from Zero's own change-streamer (Zero 1.9 first lists the backup
+  // destination, litestream snapshots / wal). Nothing is written upstream meanwhile, so both see one change log.
+  const [ours, zeros] = await snapshotStatuses(t, clientLog, {sidecarTask: SIDECAR_COMPARE_TASK, zeroTask: ZERO_COMPARE_TASK});
   assert.equal(ours[0], 'status');
   assert.deepEqual(Object.keys(ours[1]).sort(), ['backupURL', 'minWatermark', 'replicaSize', 'replicaVersion', 'tag']);
   assert.deepEqual(Object.keys(ours[1]).slice(-2), ['minWatermark', 'replicaSize'], 'replicaSize follows minWatermark');
