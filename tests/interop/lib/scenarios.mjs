@@ -10,7 +10,7 @@ import {
   field, httpGet, reservationTimeline, sidecarEvents as sidecarEventsOf, sidecarEventsWith,
 } from './util.mjs';
 import {
-  APP_ID, CLEANUP_DELAY_MS, RECONNECT_GRACE_MS, Topology, eventually, progressSamples,
+  APP_ID, CLEANUP_DELAY_MS, Topology, eventually, progressSamples,
 } from './topology.mjs';
 import {ZERO_READ} from './proxy-watch.mjs';
 import {
@@ -113,7 +113,7 @@ export async function restoreAcrossSidecarKill(t, {name, others, first}) {
   // past the restore all along: time enough for a sidecar that forgot the reservation to purge past it (it does
   // within a second of its waits), on a busy machine too.
   const KILL_AFTER_MS = 20_000;
-  const RESTORE_MS = KILL_AFTER_MS + RECONNECT_GRACE_MS + CLEANUP_DELAY_MS + 20_000;
+  const RESTORE_MS = KILL_AFTER_MS + t.reconnectGraceMs + CLEANUP_DELAY_MS + 20_000;
   const cfg = await t.viewSyncer(name, {uri: `ws://${t.sidecarAddress}/`,
     litestreamEnv: {INTEROP_LITESTREAM_RESTORE_DELAY_MS: String(RESTORE_MS)}});
   assert.ok(!existsSync(cfg.replica), 'the view-syncer starts with no replica');

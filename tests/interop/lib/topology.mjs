@@ -62,6 +62,12 @@ let nextShardNum = (() => {
 /** The sidecars' `cleanup.initial_delay` and `cleanup.reconnect_grace`, in ms: the waits of a sidecar that starts. */
 export const CLEANUP_DELAY_MS = 30_000;
 export const RECONNECT_GRACE_MS = 5_000;
+/**
+ * The reconnect grace of a deployment whose scenarios restart a view-syncer and expect it to keep its replica: a
+ * departed subscriber holds cleanup only that long, and on a loaded 2-core machine a view-syncer took 15 s from its
+ * stop to its next reservation (Node's start-up), past RECONNECT_GRACE_MS, so the sidecar rightly purged past it.
+ */
+export const VIEW_SYNCER_RESTART_GRACE_MS = 30_000;
 /** How often the replication-manager's litestream uploads (its replica's `sync-interval`), in ms. */
 export const SYNC_INTERVAL_MS = 1_200;
 /** The S3 credentials of the deployments on moto (which accepts any) and the bucket (the region: lib/versions.mjs). */
@@ -95,13 +101,18 @@ export class Topology {
    * @param drillLitestream the litestream binary the sidecar's drills run (`backup.litestream`; unset: the one Zero
    *   runs, LITESTREAM_BIN)
    * @param restoreWith the sidecar's `backup.restore_with` (unset: its default)
+   * @param reconnectGraceMs the sidecars' `cleanup.reconnect_grace`: how long a subscriber that left still holds
+   *   cleanup at what it acknowledged (RECONNECT_GRACE_MS unless a scenario restarts a view-syncer and expects it
+   *   back within it)
    */
   constructor(name = 'main', {
     litestreamEnv = {}, destination = 'file', syncIntervalMs = SYNC_INTERVAL_MS, zeroLitestream = 'gauge',
     requires = 'listing', drillInterval = requires === 'restore' ? '2s' : undefined, sidecars = 1, drillLitestream,
-    restoreWith,
+    restoreWith, reconnectGraceMs = RECONNECT_GRACE_MS,
   } = {}) {
     this.name = name;
+    /** Its sidecars' `cleanup.reconnect_grace`, in ms. */
+    this.reconnectGraceMs = reconnectGraceMs;
     /** Zero's shard number here, this deployment's alone (`nextShardNum`). */
     this.shardNum = nextShardNum++;
     /** The change DB's schema of this shard, quoted for SQL. */
@@ -308,7 +319,7 @@ url = "${this.changeURL}"
 enabled = true
 initial_delay = "${CLEANUP_DELAY_MS / 1000}s"
 reservations = "pin"
-reconnect_grace = "${RECONNECT_GRACE_MS / 1000}s"
+reconnect_grace = "${this.reconnectGraceMs / 1000}s"
 without_subscribers = "${this.discovery === 'owner' ? 'after_grace' : 'hold'}"
 # Inside the deployment's directory, not the default under /var/lib. Each deployment here is a fresh one: no hold
 # for the first start without a state file.

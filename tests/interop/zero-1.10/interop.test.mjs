@@ -19,7 +19,7 @@ import {existsSync} from 'node:fs';
 import {setTimeout as sleep} from 'node:timers/promises';
 import {cmdline, treePids} from '../lib/procs.mjs';
 import {field, httpGet, reservationTimeline, sidecarEventsWith} from '../lib/util.mjs';
-import {Topology, ZERO_CLI, ZERO_VERSION, eventually} from '../lib/topology.mjs';
+import {Topology, VIEW_SYNCER_RESTART_GRACE_MS, ZERO_CLI, ZERO_VERSION, eventually} from '../lib/topology.mjs';
 import {selection} from '../lib/selection.mjs';
 import {RawSubscriber, changesQuery, snapshotStatuses} from '../lib/clients.mjs';
 import {ZERO_READ, assertProxyNeverAboveLog, watchProxy} from '../lib/proxy-watch.mjs';
@@ -37,8 +37,11 @@ import {
  */
 const FIRST_UPLOAD_DELAY_MS = 15_000;
 // Its sidecar's drills restore with what view-syncers restore with: litestream 0.5 (`backup.restore_with = "0.5"`).
+// Scenario 5 stops a view-syncer, writes, and starts it again: it keeps its replica only if it is back within the
+// reconnect grace, and a loaded machine took 15 s from its stop to its reservation (VIEW_SYNCER_RESTART_GRACE_MS).
 const t = new Topology('main', {destination: 's3', drillLitestream: process.env.LITESTREAM_V5_BIN, restoreWith: '0.5',
-  drillInterval: '5s', litestreamEnv: {INTEROP_LITESTREAM_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)}});
+  drillInterval: '5s', litestreamEnv: {INTEROP_LITESTREAM_FIRST_UPLOAD_DELAY_MS: String(FIRST_UPLOAD_DELAY_MS)},
+  reconnectGraceMs: VIEW_SYNCER_RESTART_GRACE_MS});
 t.discovery = 'owner';
 const suite = new Suite([t]); // every deployment started and not yet closed
 const track = topo => suite.topologies.push(topo);
