@@ -108,7 +108,8 @@ export async function viewSyncerRestartsAfterPurges(t, {name, first, keptLine}) 
  */
 export async function restoreAcrossSidecarKill(t, {name, others, first}) {
   // The restarted sidecar may purge once it has been up for the cleanup delay and registered (discovery checks
-  // every second) for the reconnect grace plus that delay: some 36 s after the restart, 56 s into the restore. The
+  // every second) for the reconnect grace plus that delay: with a 5 s grace some 36 s after the restart, 56 s into
+  // the restore. The
   // restore lasts 20 s more, with cleanup checked every second and the backups and the other view-syncers' acks
   // past the restore all along: time enough for a sidecar that forgot the reservation to purge past it (it does
   // within a second of its waits), on a busy machine too.
