@@ -377,6 +377,8 @@ pub struct Inbox {
     reads: Reads,
     /// The buffer was grown for a frame larger than a read's room: it is given back as soon as it empties.
     grown: bool,
+    /// The last read left room in the buffer: the socket had nothing more at that moment.
+    drained: bool,
 }
 
 impl Inbox {
@@ -387,6 +389,7 @@ impl Inbox {
             max_payload,
             reads,
             grown: false,
+            drained: false,
         }
     }
 
@@ -404,7 +407,16 @@ impl Inbox {
         if self.buf.capacity() - self.buf.len() < wanted {
             self.buf.reserve(room);
         }
-        reader.read_buf(&mut self.buf).await
+        let offered = self.buf.capacity() - self.buf.len();
+        let read = reader.read_buf(&mut self.buf).await;
+        self.drained = matches!(read, Ok(n) if n < offered);
+        read
+    }
+
+    /// Whether the last read took everything the socket had (it left room in the buffer): what it brought can be
+    /// written on at once, as no more is waiting to join it in the same write.
+    pub fn drained(&self) -> bool {
+        self.drained
     }
 
     /// The bytes read and not yet taken out.
@@ -626,6 +638,18 @@ impl Outbox {
     /// Writes everything queued. Cancel-safe: progress is kept in the outbox.
     pub async fn flush<W: AsyncWrite + Unpin>(&mut self, writer: &mut W) -> std::io::Result<()> {
         std::future::poll_fn(|cx| self.poll_flush(cx, writer)).await
+    }
+
+    /// Writes what the socket takes now, without waiting: `None` when it took less than everything (the task is
+    /// then woken once it can take more, and [`Outbox::flush`] goes on from there). Cancel-safe, like `flush`.
+    pub async fn flush_now<W: AsyncWrite + Unpin>(
+        &mut self,
+        writer: &mut W,
+    ) -> Option<std::io::Result<()>> {
+        match std::future::poll_fn(|cx| Poll::Ready(self.poll_flush(cx, writer))).await {
+            Poll::Ready(result) => Some(result),
+            Poll::Pending => None,
+        }
     }
 
     fn poll_flush<W: AsyncWrite + Unpin>(

@@ -436,6 +436,44 @@ async fn a_stream_inbox_offers_every_read_a_whole_reads_room() {
     }
 }
 
+/// The relay writes a read on in the same turn only when the read took everything there was ([`Inbox::drained`]):
+/// a read that filled its room leaves more in the socket to join the same write.
+#[tokio::test]
+async fn a_read_that_fills_its_room_is_not_drained() {
+    let frame = client_frame(true, 0x1, &[b'a'; 100]);
+    let mut inbox = Inbox::new(true, 1 << 20, Reads::Small);
+    let mut source = &frame[..];
+    inbox.fill(&mut source).await.unwrap();
+    // 256 bytes of room, 106 bytes there: all of it.
+    assert!(inbox.drained());
+    drop(inbox.take_frames(frame.len()));
+    let long = vec![0u8; 4096];
+    let mut source = &long[..];
+    let n = inbox.fill(&mut source).await.unwrap();
+    assert_eq!(n, inbox.buffered().len());
+    assert!(n < long.len(), "the read took only its room");
+    assert!(!inbox.drained());
+}
+
+/// `flush_now` writes what the writer takes at once and leaves the rest to `flush`, losing nothing.
+#[tokio::test]
+async fn flush_now_writes_what_the_socket_takes_and_leaves_the_rest() {
+    use tokio::io::AsyncReadExt;
+    let mut outbox = Outbox::new(Role::Server);
+    outbox.push_framed(Bytes::from(vec![0x81u8; 100]));
+    let (mut writer, mut reader) = tokio::io::duplex(64);
+    // The pipe takes 64 of the 100 bytes: not everything left.
+    assert!(outbox.flush_now(&mut writer).await.is_none());
+    assert_eq!(outbox.len(), 36);
+    let mut first = vec![0u8; 64];
+    reader.read_exact(&mut first).await.unwrap();
+    assert!(matches!(outbox.flush_now(&mut writer).await, Some(Ok(()))));
+    assert!(outbox.is_empty());
+    let mut rest = vec![0u8; 36];
+    reader.read_exact(&mut rest).await.unwrap();
+    assert_eq!([first, rest].concat(), vec![0x81u8; 100]);
+}
+
 #[tokio::test]
 async fn a_client_outbox_masks_every_frame() {
     let big = vec![b'x'; 5000];

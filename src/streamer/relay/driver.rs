@@ -210,6 +210,9 @@ pub(super) async fn handle_changes(
                     Ok(n) if n > 0 => {
                         upstream_liveness.heard();
                         relay.on_read(Side::Upstream, &mut from_upstream);
+                        if from_upstream.drained() {
+                            write_through(&mut relay, Side::Client, &mut client_writer).await;
+                        }
                     }
                     result => {
                         debug!(error = ?result.err(), "upstream connection lost");
@@ -223,6 +226,9 @@ pub(super) async fn handle_changes(
                         client_liveness.heard();
                         relay.on_read(Side::Client, &mut from_client);
                         ack_wakeup_waiting = false;
+                        if from_client.drained() {
+                            write_through(&mut relay, Side::Upstream, &mut upstream_writer).await;
+                        }
                     }
                     result => {
                         debug!(error = ?result.err(), "subscriber connection lost");
@@ -282,6 +288,23 @@ pub(super) async fn handle_changes(
     drop(relay);
     info!(outcome = ?outcome, "subscription ended");
     outcome
+}
+
+/// Writes what a read just queued toward `side` in the same turn of the loop, rather than in the next: the read
+/// took all the socket had, so nothing more would join it, and a turn polls every socket and timer again. What the
+/// socket does not take now is left to the loop's flush. The loop's checks (held acks, a gone side) apply alike.
+async fn write_through<W: tokio::io::AsyncWrite + Unpin>(
+    relay: &mut Relay<'_>,
+    side: Side,
+    writer: &mut W,
+) {
+    if !relay.wants_write(side) {
+        return;
+    }
+    if let Some(Err(err)) = relay.peer(side).outbox.flush_now(writer).await {
+        debug!(error = %err, ?side, "connection lost");
+        relay.on_lost(side);
+    }
 }
 
 /// When `timer` fires; never without one. A timer that cannot be read ends the wait as if it had fired: the acks
