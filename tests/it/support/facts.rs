@@ -95,8 +95,16 @@ pub async fn wait_until_serving(addr: SocketAddr, guard: Duration) -> serde_json
     status_at(addr).await
 }
 
-/// The monitor's decision once it has checked `ticks` more times.
+/// The monitor's decision once it has checked `ticks` more times after the sidecar read the shard's memory from the
+/// change DB. Until it has, every check holds for it (`state_unreadable`), for as long as a loaded machine takes to
+/// connect and read; a decision counted from the start would then be that hold, not the one a test asks about.
 pub async fn decisions(sidecar: &Sidecar, ticks: u64) -> Decision {
+    within(
+        "the shard's memory read from the change DB",
+        Duration::from_secs(60),
+        || async { sidecar.status.get().memory != litestream_sidecar::cleanup::Memory::Loading },
+    )
+    .await;
     let target = sidecar.status.get().checks + ticks;
     eventually("monitor checks", || sidecar.status.get().checks >= target).await;
     sidecar.status.get().last_decision.expect("a decision")
