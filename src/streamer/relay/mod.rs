@@ -33,7 +33,7 @@
 //! - `driver`: [`serve`], the upgrade answered, and the loop that drives one connection's sockets and timers.
 //! - `acks`: the commits a subscriber has been sent and not yet acknowledged.
 //! - `probe`: asking the upstream which protocol versions it serves, without a subscription.
-//! - `tests`: the state machine as a table.
+//! - `tests/`: the state machine as a table (`table.rs`), ack tracking (`acks.rs`), the other pieces one at a time.
 
 mod acks;
 mod driver;
