@@ -181,18 +181,10 @@ pub fn rss_kib_of(pid: u32) -> u64 {
 
 /// CPU time process `pid` has used so far, user and system: the scheduler's nanosecond run time of each of its
 /// threads, or, where the kernel does not keep it, the clock ticks of 10 ms (too coarse for short runs).
-/// CPU time `pid` has spent in user space, its own code (`utime` in `/proc/PID/stat`, in clock ticks of 10 ms:
-/// the kernel splits the scheduler's exact run time by its tick samples, so it is exact enough over seconds).
-/// The rest of [`cpu_time_of`] is the kernel's work on its behalf, which on loopback includes the receiving side's
-/// TCP processing of every segment it sends.
+/// CPU time `pid` has spent in user space, its own code (`utime`). The rest of [`cpu_time_of`] is the kernel's work
+/// on its behalf, which on loopback includes the receiving side's TCP processing of every segment it sends.
 pub fn user_time_of(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses and may contain spaces.
-    let ticks = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(11)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    Duration::from_millis(ticks * 10)
+    stat_ticks(pid, &[UTIME])
 }
 
 pub fn cpu_time_of(pid: u32) -> Duration {
@@ -210,13 +202,26 @@ pub fn cpu_time_of(pid: u32) -> Duration {
     if let Some(ns) = run_time.filter(|ns| *ns > 0) {
         return Duration::from_nanos(ns);
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat_ticks(pid, &[UTIME, STIME])
+}
+
+/// `utime` and `stime` among the fields of `/proc/PID/stat` after the command name.
+const UTIME: usize = 11;
+const STIME: usize = 12;
+
+/// The sum of `fields` of `/proc/PID/stat`, in clock ticks of 10 ms. The kernel splits the scheduler's exact run
+/// time by its tick samples, so over seconds the split is exact enough; 0 for a process that is gone.
+fn stat_ticks(pid: u32, fields: &[usize]) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name, which is in parentheses and may contain spaces.
-    let fields: Vec<&str> = stat
+    let after: Vec<&str> = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest.split_whitespace().collect())
         .unwrap_or_default();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let ticks: u64 = fields
+        .iter()
+        .filter_map(|&i| after.get(i)?.parse::<u64>().ok())
+        .sum();
     Duration::from_millis(ticks * 10)
 }
 
