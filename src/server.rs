@@ -426,21 +426,107 @@ mod tests {
         }
     }
 
+    /// Upgrades any request and, on the upgraded socket, writes whether it was taken back as plain TCP, then
+    /// echoes what it reads.
+    struct UpgradeProbe {
+        tracker: TaskTracker,
+    }
+
+    impl Handler for UpgradeProbe {
+        async fn handle(
+            self: Arc<Self>,
+            mut req: Request<Incoming>,
+            _: SocketAddr,
+        ) -> Response<Full<Bytes>> {
+            let (response, upgrade) = crate::net::http::accept_upgrade(&mut req).unwrap();
+            crate::net::http::spawn_upgraded(
+                &self.tracker,
+                upgrade,
+                tracing::Span::none(),
+                |ws| async move {
+                    let mut socket = crate::net::upgraded::Socket::take(ws.into_inner());
+                    let said = format!("plain={}\n", socket.is_plain());
+                    let (mut reader, mut writer) = socket.split();
+                    writer.write_all(said.as_bytes()).await.unwrap();
+                    tokio::io::copy(&mut reader, &mut writer).await.unwrap();
+                },
+            );
+            response
+        }
+    }
+
+    fn test_limits() -> Limits {
+        Limits {
+            admission: Admission::new(4, Family::default()),
+            header_read_timeout: Duration::from_secs(5),
+            max_header_bytes: 8192,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plain_upgraded_socket_is_taken_back_with_the_bytes_sent_along_with_its_request() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
+        let probe = UpgradeProbe {
+            tracker: tracker.clone(),
+        };
+        let server = tokio::spawn(serve_http(
+            listener,
+            None,
+            Arc::new(probe),
+            test_limits(),
+            shutdown.clone(),
+            tracker,
+        ));
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // The request and the first bytes after it in one write: the server reads them together.
+        client
+            .write_all(
+                b"GET /ws HTTP/1.1\r\nHost: sidecar\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                  Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\nearly",
+            )
+            .await
+            .unwrap();
+        let mut received = Vec::new();
+        let mut chunk = [0u8; 1024];
+        let expected = b"plain=true\nearly late";
+        let mut sent_late = false;
+        while !received.ends_with(expected) {
+            let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+                .await
+                .expect("the probe's answer within 10 s")
+                .unwrap();
+            assert!(
+                n > 0,
+                "closed early: {}",
+                String::from_utf8_lossy(&received)
+            );
+            received.extend_from_slice(&chunk[..n]);
+            if !sent_late && received.ends_with(b"early") {
+                sent_late = true;
+                client.write_all(b" late").await.unwrap();
+            }
+        }
+        let received = String::from_utf8_lossy(&received);
+        assert!(received.starts_with("HTTP/1.1 101"), "{received}");
+        let body = &received[received.find("\r\n\r\n").unwrap() + 4..];
+        assert_eq!(body, "plain=true\nearly late");
+        shutdown.cancel();
+        drop(client);
+        server.await.unwrap();
+    }
+
     #[tokio::test]
     async fn accepted_connections_send_each_write_at_once() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let limits = Limits {
-            admission: Admission::new(4, Family::default()),
-            header_read_timeout: Duration::from_secs(5),
-            max_header_bytes: 8192,
-        };
         let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
         let server = tokio::spawn(serve_http(
             listener,
             None,
             Arc::new(NoDelayProbe),
-            limits,
+            test_limits(),
             shutdown.clone(),
             tracker,
         ));

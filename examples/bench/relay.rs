@@ -9,8 +9,10 @@
 //! subscribers are tokio-tungstenite clients that read every message and ack it in a write of its own, as Zero's
 //! client does. The plain relay copies bytes between the same kinds of sockets (`tokio::io::copy_bidirectional`
 //! on tokio's multi-thread runtime) in a process of its own; the sidecar is the release binary with its defaults,
-//! and again with `relay.ack_wakeup_bytes = 0` (woken for every ack), to show what gathering acks saves. All run
-//! interleaved, so that a noisy neighbour on the machine slows all alike.
+//! and again with `relay.ack_wakeup_bytes = 0` (woken for every ack), to show what gathering acks saves; with
+//! `BENCH_BASELINE_BIN` set, another build (an earlier commit's) runs beside them with the same defaults, so that a
+//! change is measured against what it changes in the same runs. All run interleaved, so that a noisy neighbour on
+//! the machine slows all alike.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -63,6 +65,8 @@ impl Workload {
 const RUNS: usize = 8;
 /// The sidecar with `relay.ack_wakeup_bytes = 0`.
 const EVERY_ACK: &str = "sidecar, woken for every ack";
+/// `BENCH_BASELINE_BIN`'s build, with the sidecar's defaults.
+const BASELINE: &str = "sidecar, baseline build";
 const LATENCY_SAMPLES: usize = 2_000;
 const SUBSCRIBERS_FOR_MEMORY: usize = 1_000;
 const CONCURRENCY: usize = 64;
@@ -94,6 +98,9 @@ pub async fn run(report: &mut Report, scope: Scope) {
     let sidecar: SocketAddr = daemon.addr.parse().unwrap();
     // The same build woken for every ack, to show what gathering them in the kernel saves.
     let every_ack = Daemon::start(&format!("{config}[relay]\nack_wakeup_bytes = 0\n"));
+    let baseline = std::env::var_os("BENCH_BASELINE_BIN")
+        .filter(|binary| !binary.is_empty())
+        .map(|binary| Daemon::start_binary(std::path::Path::new(&binary), &config));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let nginx = Nginx::start(upstream_addr);
     if nginx.is_none() {
@@ -137,6 +144,15 @@ pub async fn run(report: &mut Report, scope: Scope) {
                     Duration::ZERO,
                 ),
             ];
+            if let Some(baseline) = &baseline {
+                relays.push((
+                    BASELINE,
+                    baseline.addr.parse().unwrap(),
+                    baseline.child.id(),
+                    Vec::new(),
+                    Duration::ZERO,
+                ));
+            }
             if let Some(nginx) = &nginx {
                 relays.insert(
                     1,
@@ -220,6 +236,19 @@ pub async fn run(report: &mut Report, scope: Scope) {
                 "",
                 None,
             );
+            if baseline.is_some() {
+                let user = |name: &str| cpu_per_message[name] - kernel_per_message[name];
+                report.add(
+                    "  sidecar / the baseline build, CPU per message (user space)",
+                    format!(
+                        "{:.2} ({:.2})",
+                        cpu_per_message["sidecar"] / cpu_per_message[BASELINE],
+                        user("sidecar") / user(BASELINE)
+                    ),
+                    "",
+                    None,
+                );
+            }
             let ratio = medians["sidecar"] / medians["plain TCP relay"];
             let target = if subscribers == 1 { 0.9 } else { 0.95 };
             report.add(

@@ -90,11 +90,16 @@ pub struct Daemon {
 impl Daemon {
     /// Starts the release binary with `config`, in which `{addr}` stands for a free loopback address.
     pub fn start(config: &str) -> Daemon {
+        Self::start_binary(&release_binary(), config)
+    }
+
+    /// Starts another build of the sidecar, `binary`, with `config` as in [`Daemon::start`].
+    pub fn start_binary(binary: &Path, config: &str) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sidecar.toml");
         let addr = free_addr();
         std::fs::write(&path, config.replace("{addr}", &addr)).unwrap();
-        let mut child = Command::new(release_binary())
+        let mut child = Command::new(binary)
             .arg("--config")
             .arg(&path)
             // Each daemon its own state, gone with it: the default path is the host's, shared by every run.

@@ -161,6 +161,14 @@ pub struct Admitted {
     _place: OwnedSemaphorePermit,
 }
 
+impl Admitted {
+    /// The socket, for a relay that reads and writes it directly (`net::upgraded`); the place is kept as long
+    /// as this is.
+    pub fn stream_mut(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+}
+
 impl AsyncRead for Admitted {
     fn poll_read(
         mut self: Pin<&mut Self>,

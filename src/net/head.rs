@@ -73,6 +73,11 @@ impl<S> Rewind<S> {
     pub fn new(prefix: bytes::Bytes, inner: S) -> Self {
         Self { prefix, inner }
     }
+
+    /// The bytes not read back yet, and the socket.
+    pub fn into_parts(self) -> (bytes::Bytes, S) {
+        (self.prefix, self.inner)
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {

@@ -9,6 +9,7 @@
 //!   `unsafe` to register).
 //! - [`tls`]: TLS for the listener (reloaded on SIGHUP), toward the upstream, and for `status`.
 //! - `http`: the answers the router and the handlers write themselves: plain text, and WebSocket upgrades.
+//! - [`upgraded`]: a relayed WebSocket's socket taken back from hyper, plain TCP read and written directly.
 //! - [`ws`]: WebSocket plumbing shared by the handlers (cancel-safe reads and flushes, limits, liveness, closing).
 
 pub mod address;
@@ -21,4 +22,5 @@ pub(crate) mod http;
 pub(crate) mod sockopt;
 pub(crate) mod timer;
 pub mod tls;
+pub mod upgraded;
 pub mod ws;

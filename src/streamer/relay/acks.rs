@@ -56,11 +56,12 @@ impl AckTracker {
         }
     }
 
-    pub(super) fn sent_commit(&mut self, id: u64, watermark: String) {
+    /// Commit `id` was relayed at `now` (the time of the read that brought it: a clock read per commit would cost
+    /// more than the precision is worth).
+    pub(super) fn sent_commit(&mut self, id: u64, watermark: String, now: Instant) {
         if self.pending.len() >= self.max_pending {
             merge_half(&mut self.pending);
         }
-        let now = Instant::now();
         self.handle.sent(&watermark, now);
         self.pending.push_back((id, watermark, now));
     }

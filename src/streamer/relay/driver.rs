@@ -17,6 +17,7 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use crate::cleanup::reservations::Ticket;
 use crate::net::http::{accept_upgrade, plain, spawn_upgraded};
 use crate::net::timer::PreciseTimer;
+use crate::net::upgraded::Socket;
 use crate::net::ws::{self, Inbox, Io, Liveness, Reads, WriteStall};
 use crate::protocol::{self, SubscriberContext, Version};
 
@@ -111,8 +112,10 @@ pub(super) async fn handle_changes(
     mut client_socket: Option<RawFd>,
 ) -> SubscriptionEnd {
     let settings = ctx.settings.clone();
-    let (mut client_reader, mut client_writer) = tokio::io::split(client.into_inner());
-    let (mut upstream_reader, mut upstream_writer) = tokio::io::split(upstream);
+    let mut client = Socket::take(client.into_inner());
+    let mut upstream = Socket::take(upstream);
+    let (mut client_reader, mut client_writer) = client.split();
+    let (mut upstream_reader, mut upstream_writer) = upstream.split();
     let mut from_client = Inbox::new(true, settings.max_message_bytes, Reads::Bulk);
     let mut from_upstream = Inbox::new(false, settings.max_message_bytes, Reads::Bulk);
     let linger = tokio::time::sleep(Duration::ZERO);

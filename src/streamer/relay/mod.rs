@@ -659,7 +659,7 @@ impl<'a> Relay<'a> {
                                 return;
                             }
                             if let Downstream::Commit { id, watermark } = inspect(message) {
-                                acks.sent_commit(id, watermark);
+                                acks.sent_commit(id, watermark, now);
                             }
                         },
                     );

@@ -35,8 +35,8 @@ fn acks_advance_to_the_newest_acknowledged_commit() {
     });
     let mut acks = AckTracker::new(handle, 4);
     // status 1, begin 2, data 3, commit 4 (0b), begin 5, commit 6 (0c)
-    acks.sent_commit(4, "0b".into());
-    acks.sent_commit(6, "0c".into());
+    acks.sent_commit(4, "0b".into(), Instant::now());
+    acks.sent_commit(6, "0c".into(), Instant::now());
     for id in 1..=3 {
         acks.acked(id);
     }
@@ -50,7 +50,7 @@ fn acks_advance_to_the_newest_acknowledged_commit() {
 
     // Past the limit, pending commits are merged: acks still advance, never past what was acknowledged.
     for i in 0..10u64 {
-        acks.sent_commit(10 + i, format!("1{i}"));
+        acks.sent_commit(10 + i, format!("1{i}"), Instant::now());
     }
     assert!(acks.pending.len() <= 4);
     acks.acked(14);

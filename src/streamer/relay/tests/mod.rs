@@ -281,3 +281,49 @@ async fn an_upstreams_refusal_of_the_version_teaches_its_range() {
         );
     }
 }
+
+/// The upstream's first frame often shares a segment with its 101: it is read from the dialed socket first, which
+/// is taken back from hyper as plain TCP.
+#[tokio::test]
+async fn a_dialed_upstream_is_taken_back_as_tcp_with_the_frame_that_came_with_its_101() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut upstream = context().settings.upstream.clone();
+    upstream.address = listener.local_addr().unwrap().to_string();
+    let zero = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !request.ends_with(b"\r\n\r\n") {
+            let n = socket.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the dial closed before its request ended");
+            request.extend_from_slice(&chunk[..n]);
+        }
+        let mut answer =
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"
+                .to_vec();
+        answer.extend_from_slice(&s(true, TEXT, STATUS));
+        socket.write_all(&answer).await.unwrap();
+        let mut rest = Vec::new();
+        socket.read_to_end(&mut rest).await.unwrap();
+        rest
+    });
+    let io = super::upstream::connect(&upstream, None, "/replication/v6/changes")
+        .await
+        .unwrap();
+    let mut socket = crate::net::upgraded::Socket::take(io);
+    assert!(socket.is_plain());
+    let (mut reader, mut writer) = socket.split();
+    let expected = s(true, TEXT, STATUS);
+    let mut read = vec![0u8; expected.len()];
+    tokio::time::timeout(Duration::from_secs(10), reader.read_exact(&mut read))
+        .await
+        .expect("the status within 10 s")
+        .unwrap();
+    assert_eq!(read, expected);
+    writer.write_all(b"ack").await.unwrap();
+    drop((reader, writer));
+    drop(socket);
+    assert_eq!(zero.await.unwrap(), b"ack");
+}
