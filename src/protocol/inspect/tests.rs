@@ -193,3 +193,79 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_word_has_a_byte_exactly_when_one_of_its_bytes_is_it() {
+    for byte in [0u8, b'"', b'\\', b'{', b']', 0x80, 0xff] {
+        for at in 0..8 {
+            for other in [
+                0u8,
+                1,
+                byte.wrapping_sub(1),
+                byte.wrapping_add(1),
+                0x7f,
+                0x80,
+                0xff,
+            ] {
+                let mut bytes = [other; 8];
+                if other == byte {
+                    continue;
+                }
+                assert_eq!(
+                    has_byte(u64::from_le_bytes(bytes), byte),
+                    0,
+                    "{bytes:?} {byte}"
+                );
+                bytes[at] = byte;
+                assert_ne!(
+                    has_byte(u64::from_le_bytes(bytes), byte),
+                    0,
+                    "{bytes:?} {byte}"
+                );
+            }
+        }
+    }
+}
+
+proptest::proptest! {
+    /// Eight bytes at a time finds what a byte at a time finds, wherever the search starts and the words fall.
+    #[test]
+    fn find_agrees_with_a_byte_at_a_time(
+        bytes in proptest::collection::vec(proptest::sample::select(&b"ab\"\\{}[]"[..]), 0..40),
+        from in 0usize..44,
+    ) {
+        let hit = |b: u8| b == b'"' || b == b'\\';
+        let found = find(&bytes, from, |w| has_byte(w, b'"') | has_byte(w, b'\\') != 0, hit);
+        let expected = bytes.get(from..).and_then(|rest| rest.iter().position(|&b| hit(b)).map(|at| from + at));
+        proptest::prop_assert_eq!(found, expected);
+    }
+
+    /// Zero's own head, matched as fixed text, says what the key-by-key reading says of the same frame.
+    #[test]
+    fn zeros_head_reads_as_the_general_head_does(
+        id in "[0-9]{1,21}",
+        tag in "(commit|begin|data|status|commi|commitx|co\\\\u006dmit)",
+        rest in "[{}\\[\\]\",:a-z0-9]{0,20}",
+    ) {
+        let frame = format!(r#"{{"id":{id},"msg":["{tag}"{rest}"#);
+        let general = |frame: &[u8]| {
+            // The key-by-key reading alone: a space before the first key keeps the fixed text from matching.
+            let spaced = [b"{ ".as_slice(), &frame[1..]].concat();
+            match read_head(&spaced) {
+                Some(Head::Commit { id, at }) => Some((true, id, at - 1)),
+                Some(Head::Other) => Some((false, None, 0)),
+                None => None,
+            }
+        };
+        let fast = match zero_head(frame.as_bytes()) {
+            Some(Head::Commit { id, at }) => Some((true, id, at)),
+            Some(Head::Other) => Some((false, None, 0)),
+            None => None,
+        };
+        match fast {
+            Some(fast) => proptest::prop_assert_eq!(Some(fast), general(frame.as_bytes())),
+            // Left to the general reading, which then finds nothing it can read either.
+            None => proptest::prop_assert_eq!(general(frame.as_bytes()), None),
+        }
+    }
+}
