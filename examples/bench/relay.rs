@@ -168,6 +168,9 @@ pub async fn run(report: &mut Report, scope: Scope) {
             let mut messages = 0;
             // Each relay's CPU time in user space over all runs: its own code, beside the kernel's work for it.
             let mut user = std::collections::HashMap::new();
+            // Each relay's CPU time in each run: the ratios of one run to the next show the spread.
+            let mut per_run: std::collections::HashMap<&str, Vec<Duration>> =
+                std::collections::HashMap::new();
             // Interleaved, so that a noisy neighbour on the machine slows all alike.
             for _ in 0..RUNS {
                 for (name, addr, pid, rates, cpu) in relays.iter_mut() {
@@ -198,7 +201,9 @@ pub async fn run(report: &mut Report, scope: Scope) {
                         }
                     };
                     rates.push(count as f64 / started.elapsed().as_secs_f64());
-                    *cpu += cpu_time_of(*pid) - before;
+                    let spent = cpu_time_of(*pid) - before;
+                    *cpu += spent;
+                    per_run.entry(*name).or_default().push(spent);
                     *user.entry(*name).or_insert(Duration::ZERO) +=
                         user_time_of(*pid).saturating_sub(user_before);
                     messages = count;
@@ -236,14 +241,24 @@ pub async fn run(report: &mut Report, scope: Scope) {
                 "",
                 None,
             );
+            // The lowest and highest ratio of one run's CPU times, the runs being interleaved.
+            let spread = |a: &str, b: &str| {
+                let ratios = per_run[a]
+                    .iter()
+                    .zip(&per_run[b])
+                    .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64());
+                let (low, high) = ratios.fold((f64::MAX, 0f64), |(l, h), r| (l.min(r), h.max(r)));
+                format!("runs {low:.2}-{high:.2}")
+            };
             if baseline.is_some() {
                 let user = |name: &str| cpu_per_message[name] - kernel_per_message[name];
                 report.add(
                     "  sidecar / the baseline build, CPU per message (user space)",
                     format!(
-                        "{:.2} ({:.2})",
+                        "{:.2} ({:.2}; {})",
                         cpu_per_message["sidecar"] / cpu_per_message[BASELINE],
-                        user("sidecar") / user(BASELINE)
+                        user("sidecar") / user(BASELINE),
+                        spread("sidecar", BASELINE)
                     ),
                     "",
                     None,
@@ -267,7 +282,7 @@ pub async fn run(report: &mut Report, scope: Scope) {
                 let cpu = cpu_per_message["sidecar"] / cpu_per_message["nginx"];
                 report.add(
                     "  sidecar / nginx, CPU per message",
-                    format!("{cpu:.2}"),
+                    format!("{cpu:.2} ({})", spread("sidecar", "nginx")),
                     "<= 0.8",
                     Some(cpu <= 0.8),
                 );
