@@ -211,7 +211,7 @@ export class Topology {
       this.backupDir = join(this.dir, 'backup');
       this.backupURL = pathToFileURL(this.backupDir).toString();
     }
-    for (const d of ['rm', ...this.sidecarNames]) mkdirSync(join(this.dir, d));
+    for (const d of ['rm', 'tmp', ...this.sidecarNames]) mkdirSync(join(this.dir, d));
     // Every gauge value the replication-manager's exporter serves, over all its runs (assertGaugeNeverAhead).
     this.gaugeLog = join(this.dir, 'rm', 'litestream-gauge.jsonl');
     // zero-cache loads ./.env (dotenvx); an empty one keeps the environment given here the only source.
@@ -341,6 +341,9 @@ filter = "warn,litestream_sidecar=debug"
   commonZeroEnv() {
     return {
       ...PROFILE.env(this),
+      // Zero's view-syncers keep SQLite files in the temporary directory (mutagen-*) and leave them behind:
+      // this deployment's own, removed with it.
+      TMPDIR: join(this.dir, 'tmp'),
       NODE_OPTIONS: `--require=${LOOPBACK_PRELOAD}`,
       INTEROP_ZERO: ZERO_VERSION, // the exporter loads this version's packages
       ZERO_UPSTREAM_DB: this.upstreamURL,
