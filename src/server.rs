@@ -455,30 +455,37 @@ mod tests {
         }
     }
 
-    fn test_limits() -> Limits {
-        Limits {
+    /// Serves `handler` on a loopback port: its address, the shutdown signal and the server's task.
+    async fn serve<H: Handler>(
+        handler: H,
+        tracker: TaskTracker,
+    ) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
             admission: Admission::new(4, Family::default()),
             header_read_timeout: Duration::from_secs(5),
             max_header_bytes: 8192,
-        }
+        };
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve_http(
+            listener,
+            None,
+            Arc::new(handler),
+            limits,
+            shutdown.clone(),
+            tracker,
+        ));
+        (addr, shutdown, server)
     }
 
     #[tokio::test]
     async fn a_plain_upgraded_socket_is_taken_back_with_the_bytes_sent_along_with_its_request() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
+        let tracker = TaskTracker::new();
         let probe = UpgradeProbe {
             tracker: tracker.clone(),
         };
-        let server = tokio::spawn(serve_http(
-            listener,
-            None,
-            Arc::new(probe),
-            test_limits(),
-            shutdown.clone(),
-            tracker,
-        ));
+        let (addr, shutdown, server) = serve(probe, tracker).await;
         let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
         // The request and the first bytes after it in one write: the server reads them together.
         client
@@ -519,17 +526,7 @@ mod tests {
 
     #[tokio::test]
     async fn accepted_connections_send_each_write_at_once() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
-        let server = tokio::spawn(serve_http(
-            listener,
-            None,
-            Arc::new(NoDelayProbe),
-            test_limits(),
-            shutdown.clone(),
-            tracker,
-        ));
+        let (addr, shutdown, server) = serve(NoDelayProbe, TaskTracker::new()).await;
         let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
         client
             .write_all(b"GET / HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")

@@ -71,6 +71,10 @@ const LATENCY_SAMPLES: usize = 2_000;
 const SUBSCRIBERS_FOR_MEMORY: usize = 1_000;
 const CONCURRENCY: usize = 64;
 
+/// A relay under measurement: its name, address and process, and the messages per second and CPU time of each
+/// run.
+type Measured<'a> = (&'a str, SocketAddr, u32, Vec<f64>, Vec<Duration>);
+
 /// What [`run`] measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -120,28 +124,29 @@ pub async fn run(report: &mut Report, scope: Scope) {
         .filter(|(w, _)| !zero_only || matches!(w, Workload::ZeroCatchUp | Workload::ZeroLive))
     {
         for &subscribers in subscriber_counts {
-            // One entry per relay: messages per second of each run, and CPU time over all runs.
-            let mut relays: Vec<(&str, SocketAddr, u32, Vec<f64>, Duration)> = vec![
+            // One entry per relay: messages per second and CPU time of each run (the ratios of one run to the next
+            // show the spread).
+            let mut relays: Vec<Measured> = vec![
                 (
                     "plain TCP relay",
                     plain,
                     plain_relay.child.id(),
                     Vec::new(),
-                    Duration::ZERO,
+                    Vec::new(),
                 ),
                 (
                     "sidecar",
                     sidecar,
                     daemon.child.id(),
                     Vec::new(),
-                    Duration::ZERO,
+                    Vec::new(),
                 ),
                 (
                     EVERY_ACK,
                     every_ack.addr.parse().unwrap(),
                     every_ack.child.id(),
                     Vec::new(),
-                    Duration::ZERO,
+                    Vec::new(),
                 ),
             ];
             if let Some(baseline) = &baseline {
@@ -150,7 +155,7 @@ pub async fn run(report: &mut Report, scope: Scope) {
                     baseline.addr.parse().unwrap(),
                     baseline.child.id(),
                     Vec::new(),
-                    Duration::ZERO,
+                    Vec::new(),
                 ));
             }
             if let Some(nginx) = &nginx {
@@ -161,16 +166,13 @@ pub async fn run(report: &mut Report, scope: Scope) {
                         nginx.addr,
                         nginx.child.id(),
                         Vec::new(),
-                        Duration::ZERO,
+                        Vec::new(),
                     ),
                 );
             }
             let mut messages = 0;
             // Each relay's CPU time in user space over all runs: its own code, beside the kernel's work for it.
             let mut user = std::collections::HashMap::new();
-            // Each relay's CPU time in each run: the ratios of one run to the next show the spread.
-            let mut per_run: std::collections::HashMap<&str, Vec<Duration>> =
-                std::collections::HashMap::new();
             // Interleaved, so that a noisy neighbour on the machine slows all alike.
             for _ in 0..RUNS {
                 for (name, addr, pid, rates, cpu) in relays.iter_mut() {
@@ -201,9 +203,7 @@ pub async fn run(report: &mut Report, scope: Scope) {
                         }
                     };
                     rates.push(count as f64 / started.elapsed().as_secs_f64());
-                    let spent = cpu_time_of(*pid) - before;
-                    *cpu += spent;
-                    per_run.entry(*name).or_default().push(spent);
+                    cpu.push(cpu_time_of(*pid) - before);
                     *user.entry(*name).or_insert(Duration::ZERO) +=
                         user_time_of(*pid).saturating_sub(user_before);
                     messages = count;
@@ -217,7 +217,7 @@ pub async fn run(report: &mut Report, scope: Scope) {
                 let rate = median(rates);
                 let per_message =
                     |time: Duration| time.as_secs_f64() * 1e6 / (messages * RUNS) as f64;
-                let per = per_message(*cpu);
+                let per = per_message(cpu.iter().sum());
                 let in_user = per_message(user[name]).min(per);
                 report.add(
                     format!("{name_of}, {subscribers} sub: {name}"),
@@ -243,9 +243,10 @@ pub async fn run(report: &mut Report, scope: Scope) {
             );
             // The lowest and highest ratio of one run's CPU times, the runs being interleaved.
             let spread = |a: &str, b: &str| {
-                let ratios = per_run[a]
+                let runs = |name: &str| &relays.iter().find(|r| r.0 == name).unwrap().4;
+                let ratios = runs(a)
                     .iter()
-                    .zip(&per_run[b])
+                    .zip(runs(b))
                     .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64());
                 let (low, high) = ratios.fold((f64::MAX, 0f64), |(l, h), r| (l.min(r), h.max(r)));
                 format!("runs {low:.2}-{high:.2}")

@@ -84,6 +84,7 @@ impl Socket {
     }
 
     /// Whether the socket was taken back as plain TCP.
+    #[cfg(test)]
     pub fn is_plain(&self) -> bool {
         matches!(self, Socket::Tcp { .. })
     }
