@@ -184,14 +184,14 @@ pub fn rss_kib_of(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// CPU time process `pid` has used so far, user and system: the scheduler's nanosecond run time of each of its
-/// threads, or, where the kernel does not keep it, the clock ticks of 10 ms (too coarse for short runs).
 /// CPU time `pid` has spent in user space, its own code (`utime`). The rest of [`cpu_time_of`] is the kernel's work
 /// on its behalf, which on loopback includes the receiving side's TCP processing of every segment it sends.
 pub fn user_time_of(pid: u32) -> Duration {
     stat_ticks(pid, &[UTIME])
 }
 
+/// CPU time process `pid` has used so far, user and system: the scheduler's nanosecond run time of each of its
+/// threads, or, where the kernel does not keep it, the clock ticks of 10 ms (too coarse for short runs).
 pub fn cpu_time_of(pid: u32) -> Duration {
     let run_time = std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
