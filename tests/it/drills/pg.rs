@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use litestream_sidecar::cleanup::subscribers::SubscriberHandle;
 use litestream_sidecar::cleanup::{Decision, HoldReason};
 use litestream_sidecar::App;
 
@@ -67,6 +68,32 @@ async fn reserve(sidecar: &Sidecar, task: &str) -> RawClient {
         &format!("/replication/v6/snapshot?taskID={task}"),
     )
     .await
+}
+
+/// A subscriber still at wm(1), below every backup these tests claim: while it is tracked nothing can be purged,
+/// however old the proof. A fault's test keeps it until the fault is in place and then lets it go
+/// ([`let_go`]), so that the fault alone holds from there on: on a slow run the proof could otherwise age past
+/// the cleanup delay (30 s) before the fault came, and be purged below before there was anything to hold.
+fn behind(sidecar: &Sidecar) -> SubscriberHandle {
+    sidecar.subscribers.connect(subscriber("vs-behind", &wm(1)))
+}
+
+/// Lets the subscriber from [`behind`] go, and waits until the policy no longer tracks it (past its reconnect
+/// grace, 2 s) and a check has decided without it.
+async fn let_go(sidecar: &Sidecar, behind: SubscriberHandle) {
+    drop(behind);
+    within(
+        "the subscriber behind untracked",
+        Duration::from_secs(10),
+        || async {
+            let tracked = sidecar
+                .subscribers
+                .for_policy(tokio::time::Instant::now(), Duration::from_secs(2));
+            tracked.iter().all(|s| s.id != "vs-behind")
+        },
+    )
+    .await;
+    decisions(sidecar, 1).await;
 }
 
 /// No status on `raw` for `pings` pings (100 ms apart).
@@ -238,8 +265,18 @@ async fn a_wal_index_missing_from_the_chain_is_an_index_gap_that_holds_cleanup_u
     let gauge = MetricsServer::start(&progress_page(&[(&wm(4), claimed)])).await;
     let sidecar = sidecar(&rig, &db, &gauge.url(), "listing", "").await;
     let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(4)));
-    // The whole chain: restorable, the claim covered, and only too recent to purge below.
-    settles_on(&sidecar, hold(HoldReason::BackupTooRecent)).await;
+    let held = behind(&sidecar);
+    // The whole chain: restorable and the claim covered, so held only by the claim's age or, once it has aged, by
+    // the subscriber behind it.
+    let young_or_behind = [
+        hold(HoldReason::BackupTooRecent),
+        hold(HoldReason::SubscriberBehind),
+    ];
+    within("held by age or behind", Duration::from_secs(30), || async {
+        young_or_behind.contains(&decisions(&sidecar, 1).await)
+    })
+    .await;
+    assert!(young_or_behind.contains(&decisions(&sidecar, 1).await));
     let json = report(&sidecar).await;
     assert_eq!(json["destination"]["layout"], "restorable", "{json:#}");
     assert_eq!(json["destination"]["last_wal_index"], last);
@@ -287,6 +324,8 @@ async fn a_wal_index_missing_from_the_chain_is_an_index_gap_that_holds_cleanup_u
     .await;
     let mut reservation = reserve(&sidecar, "vs-2").await;
     withheld(&mut reservation, 10).await;
+    // From here only the missing index holds.
+    let_go(&sidecar, held).await;
     // The claim ages (30 s): still held, nothing restorable covers it.
     settles_within(
         &sidecar,
@@ -331,6 +370,7 @@ async fn a_middle_wal_segment_deleted_under_restore_is_restored_less_until_a_dri
     let gone = middle_segment(&rig).await;
     let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
     let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(4)));
+    let held = behind(&sidecar);
     proves(&sidecar, &wm(4)).await;
 
     // wm(2)'s segment gone: the names still look whole, but a restore silently stops at wm(1). Less than the
@@ -358,6 +398,8 @@ async fn a_middle_wal_segment_deleted_under_restore_is_restored_less_until_a_dri
         "{json:#}"
     );
     assert_eq!(json["drills"]["restored_less"]["restored"], wm(1));
+    let_go(&sidecar, held).await;
+    settles_on(&sidecar, hold(HoldReason::RestoredLess)).await;
     assert_eq!(db.rows().await, all, "nothing purged");
     let mut reservation = reserve(&sidecar, "vs-2").await;
     withheld(&mut reservation, 20).await;
@@ -370,19 +412,29 @@ async fn a_middle_wal_segment_deleted_under_restore_is_restored_less_until_a_dri
     )
     .await;
 
-    // Back in place: proven at wm(4) again, which clears it; that proof is new, so it ages anew.
+    // Back in place: proven at wm(4) again, which clears it. A restore now gets what the first proof claimed, so
+    // cleanup resumes from it: below wm(4) once that proof has aged (30 s), never further.
     std::fs::rename(&moved, &gone.path).unwrap();
     proves(&sidecar, &wm(4)).await;
     within("the proof kept again", Duration::from_secs(10), || async {
         kept_proof(&db).await.is_some_and(|(w, _)| w == wm(4))
     })
     .await;
-    settles_on(&sidecar, hold(HoldReason::BackupTooRecent)).await;
     assert_eq!(
         report(&sidecar).await["drills"]["restored_less"],
         Value::Null
     );
-    assert_eq!(db.rows().await, all);
+    within("the purge below wm(4)", Duration::from_secs(60), || async {
+        let rows = db.rows().await;
+        assert!(
+            rows == all || rows == rows_of(4, 4, 1),
+            "purged past the proof: {rows:?}"
+        );
+        rows == rows_of(4, 4, 1)
+    })
+    .await;
+    settles_on(&sidecar, hold(HoldReason::NothingNew)).await;
+    assert_eq!(db.rows().await, rows_of(4, 4, 1));
     left_nothing(&sidecar, &rig.drill_dir()).await;
     sidecar.stop().await;
     db.drop().await;
@@ -404,6 +456,7 @@ async fn a_deleted_snapshot_is_reported_fails_drills_and_holds_cleanup_and_statu
     }
     let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
     let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(3)));
+    let held = behind(&sidecar);
     proves(&sidecar, &wm(3)).await;
     let mut before = reserve(&sidecar, "vs-before").await;
     let status = status_of(&mut before).await;
@@ -421,6 +474,8 @@ async fn a_deleted_snapshot_is_reported_fails_drills_and_holds_cleanup_and_statu
     let last = fails(&sidecar, "restore").await;
     let error = last["error"].as_str().unwrap();
     assert!(error.contains("snapshot"), "{error}");
+    settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
+    let_go(&sidecar, held).await;
     settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
     let json = report(&sidecar).await;
     let unknown = json["cleanup"]["backup_unknown"].as_str().unwrap();
@@ -480,6 +535,7 @@ async fn a_truncated_or_corrupted_object_fails_drills_and_holds_cleanup() {
     }
     let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
     let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(3)));
+    let held = behind(&sidecar);
     proves(&sidecar, &wm(3)).await;
 
     // wm(2)'s WAL segment cut in half, as an upload that stopped part-way: its name is as good as ever.
@@ -495,12 +551,15 @@ async fn a_truncated_or_corrupted_object_fails_drills_and_holds_cleanup() {
         report(&sidecar).await["destination"]["layout"],
         "restorable"
     );
+    let_go(&sidecar, held).await;
+    settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
     let mut reservation = reserve(&sidecar, "vs-2").await;
     withheld(&mut reservation, 10).await;
     drop(reservation);
     assert_eq!(db.rows().await, all, "nothing purged");
 
-    // Whole again: proven again.
+    // Whole again: proven again (held behind again until the next fault is in place).
+    let held = behind(&sidecar);
     overwrite(segment, &whole);
     proves(&sidecar, &wm(3)).await;
     reported(
@@ -523,6 +582,8 @@ async fn a_truncated_or_corrupted_object_fails_drills_and_holds_cleanup() {
     let last = fails(&sidecar, "restore").await;
     let error = last["error"].as_str().unwrap();
     assert!(error.contains("snapshot"), "{error}");
+    settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
+    let_go(&sidecar, held).await;
     settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
     let mut reservation = reserve(&sidecar, "vs-3").await;
     withheld(&mut reservation, 10).await;
@@ -670,6 +731,7 @@ async fn an_unreachable_s3_destination_fails_the_drill_and_holds_cleanup() {
     let started = tokio::time::Instant::now() - Duration::from_secs(60);
     let sidecar = start_app(App::new(config).backup_env(env).started_at(started)).await;
     let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(2)));
+    let held = behind(&sidecar);
     let json = proves(&sidecar, &wm(2)).await;
     assert_eq!(json["destination"]["layout"], "restorable", "{json:#}");
     assert!(json["destination"]["objects"].as_u64().unwrap() >= 2);
@@ -687,6 +749,8 @@ async fn an_unreachable_s3_destination_fails_the_drill_and_holds_cleanup() {
     )
     .await;
     assert_eq!(json["drills"]["last_proof"]["proven_watermark"], wm(2));
+    settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
+    let_go(&sidecar, held).await;
     settles_on(&sidecar, hold(HoldReason::BackupUnknown)).await;
     let mut reservation = reserve(&sidecar, "vs-2").await;
     withheld(&mut reservation, 10).await;
@@ -792,6 +856,7 @@ async fn a_middle_wal_segment_deleted_is_restored_less_which_holds_until_a_later
     let gauge = MetricsServer::start(&progress_page(&[(&wm(4), claimed)])).await;
     let sidecar = sidecar(&rig, &db, &gauge.url(), "listing", "").await;
     let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(6)));
+    let held = behind(&sidecar);
     let json = proves(&sidecar, &wm(4)).await;
     let generation = rig.dest.generation();
     assert_eq!(json["drills"]["last"]["generation"], generation.as_str());
@@ -821,6 +886,8 @@ async fn a_middle_wal_segment_deleted_is_restored_less_which_holds_until_a_later
     assert_eq!(less["generation"], generation.as_str());
     // The names still say it restores: only the drill knows.
     assert_eq!(json["destination"]["layout"], "restorable");
+    settles_on(&sidecar, hold(HoldReason::RestoredLess)).await;
+    let_go(&sidecar, held).await;
     settles_on(&sidecar, hold(HoldReason::RestoredLess)).await;
     let json = report(&sidecar).await;
     assert!(
