@@ -70,11 +70,22 @@ export ZERO_ENABLE_TELEMETRY=false DO_NOT_TRACK=1
 unset AWS_CA_BUNDLE
 
 export INTEROP_RUN_ID="interop${VERSION//./}-$$-$(date +%s)"
+# The ports the suites' processes hand out, a file each naming the pid that holds it (lib/util.mjs `freePort`):
+# suites running side by side never hand out the same port, even while what listens on it restarts.
+export INTEROP_PORTS_DIR=${INTEROP_PORTS_DIR:-/tmp/litestream-sidecar-ports}
 kill_marked() {
-  local pid
+  local pid file
   for pid in $(grep -lsa "INTEROP_CHILD_OF=$INTEROP_RUN_ID" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
     [[ $pid != "$$" ]] && kill -KILL "$pid" 2>/dev/null || true
   done
+  # The ports of processes gone (killed, so they could not release them), this run's and any earlier one's.
+  for file in "$INTEROP_PORTS_DIR"/*; do
+    [[ -f $file ]] || continue
+    pid=$(cat "$file" 2>/dev/null) || continue
+    # (empty: its process is writing it)
+    [[ -z $pid ]] || kill -0 "$pid" 2>/dev/null || rm -f "$file"
+  done
+  rmdir "$INTEROP_PORTS_DIR" 2>/dev/null || true
 }
 trap kill_marked EXIT
 trap 'exit 130' INT

@@ -2,12 +2,72 @@
 // waiting for a condition, plain HTTP GETs, reading litestream's progress gauge off a metrics page, and the
 // sidecar's JSON log events (and a reservation's course in them) and the lines of its output that are not log records.
 import assert from 'node:assert/strict';
-import {readFileSync} from 'node:fs';
+import {mkdirSync, readFileSync, unlinkSync, writeFileSync} from 'node:fs';
 import {createServer} from 'node:net';
+import {tmpdir} from 'node:os';
+import {join} from 'node:path';
 import {setTimeout as sleep} from 'node:timers/promises';
 
 /** Ports handed out by `freePort` in this process (each is handed out once). */
 const handedOut = new Set();
+
+/**
+ * Where every process on the machine that runs `freePort` records the ports it handed out, a file each holding its
+ * pid (scripts/interop.sh sets it for the suites it runs side by side; it sweeps the files of processes gone). A
+ * port free when it is checked is not free for long: a process of another suite may be handed it before ours binds
+ * it, or bind it while ours restarts (seen as EADDRINUSE). The kernel cannot hold a port for a process not started
+ * yet, so the runs hold them for one another here.
+ */
+const RESERVED = process.env.INTEROP_PORTS_DIR || join(tmpdir(), 'litestream-sidecar-ports');
+
+function alive(pid) {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return e.code === 'EPERM';
+  }
+}
+
+/** Records `port` as this process's, unless a live process holds it; a dead one's record is taken over. */
+export function reservePort(port) {
+  const file = join(RESERVED, String(port));
+  for (let attempt = 0; attempt < 2; attempt++) {
+    try {
+      writeFileSync(file, String(process.pid), {flag: 'wx'});
+      return true;
+    } catch (e) {
+      if (e.code === 'ENOENT') {
+        mkdirSync(RESERVED, {recursive: true});
+        continue;
+      }
+      if (e.code !== 'EEXIST') throw e;
+    }
+    let owner;
+    try {
+      owner = Number(readFileSync(file, 'utf8'));
+    } catch {
+      return false; // released or taken over just now: another port will do
+    }
+    if (!owner || alive(owner)) return false;
+    try {
+      unlinkSync(file);
+    } catch {
+      // another process took it over first; writing it again below decides
+    }
+  }
+  return false;
+}
+
+process.on('exit', () => {
+  for (const port of handedOut) {
+    try {
+      if (readFileSync(join(RESERVED, String(port)), 'utf8') === String(process.pid)) unlinkSync(join(RESERVED, String(port)));
+    } catch {
+      // gone already
+    }
+  }
+});
 
 /**
  * The kernel's ephemeral port range (/proc/sys/net/ipv4/ip_local_port_range): ports it gives to `listen(0)` and to
@@ -34,7 +94,8 @@ function canListen(port, host) {
 /**
  * A free TCP port on 127.0.0.1 (and, for `localhost` listeners, on ::1 where that exists), chosen below the
  * kernel's ephemeral range: a port from that range can be taken as the local port of any outgoing connection on
- * the machine between this check and the moment a process binds it (seen as EADDRINUSE on a busy machine).
+ * the machine between this check and the moment a process binds it (seen as EADDRINUSE on a busy machine). It
+ * stays this process's for its life, also while what listens on it restarts (see `RESERVED`).
  */
 export async function freePort({alsoV6 = false} = {}) {
   const [ephemeralLow] = ephemeralRange();
@@ -45,6 +106,7 @@ export async function freePort({alsoV6 = false} = {}) {
     if (handedOut.has(port)) continue;
     if (!(await canListen(port, '127.0.0.1'))) continue;
     if (alsoV6 && !(await canListen(port, '::1'))) continue;
+    if (!reservePort(port)) continue;
     handedOut.add(port);
     return port;
   }

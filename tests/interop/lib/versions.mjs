@@ -53,7 +53,8 @@ function nodeFirstTelemetryOff() {
  * - `litestreamV5`: its view-syncers restore with litestream 0.5 by default (scripts/interop.sh installs it).
  * - `libTests`: tests of the harness itself (lib/*.test.mjs) that scripts/interop.sh runs before the suite, each with
  *   one version only: the gauge exporter's with 0.20 (its suite is the shorter beside 1.9's in `make test`), the model
- *   of Zero 1.10's rules with 1.9 (whose scenario 11 relies on it; it takes a second).
+ *   of Zero 1.10's rules with 1.9 (whose scenario 11 relies on it; it takes a second), the free ports held across
+ *   the suites side by side (lib/util.mjs) with 1.10.
  * - `suite`: its scenarios by number, in the groups `make test` splits the suite by (`shardOf`, below): `main`, the
  *   scenarios of the suite's main deployment, which run in this order in one process (each relies on what the ones
  *   before it left: rows, purges, processes); `own`, every other scenario, each starting a deployment of its own;
@@ -146,11 +147,11 @@ export const ZERO_VERSIONS = {
     // Run by `make interop` and scripts/interop.sh 1.10; which PostgreSQL majors `make test` gives it is decided
     // there (scripts/test.sh), not here.
     makeTest: true,
-    libTests: [],
+    libTests: ['util.test.mjs'],
     suite: {
       main: {scenarios: [1, 2, 3, 4, 5, 6, 7, 8, 9], seconds: 275},
       own: {10: 54, 11: 64, 12: 108, 13: 50},
-      libTests: {seconds: 0},
+      libTests: {seconds: 1},
     },
     profile: {
       tag: 'interop110',
