@@ -5,7 +5,6 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use crate::support::process::Process;
 
@@ -85,9 +84,13 @@ async fn no_secret_in_logs_pages_check_config_or_errors() {
     // unreachable, a peer refused by server.allow (this test's peer is loopback, outside 10.0.0.0/8).
     let sidecar = Process::spawn_with_env(Path::new(&config), AWS_ENV).await;
     litestream.set_status(500);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    sidecar
+        .wait_logged("cannot read litestream metrics", 1)
+        .await;
     litestream.set_status(200);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    sidecar
+        .wait_logged("litestream metrics readable again", 1)
+        .await;
     assert_eq!(refused_upgrade(sidecar.addr).await, 403);
     for path in ["/metrics", "/status", "/keepalive", "/"] {
         let (_, page) = crate::support::http(sidecar.addr, "GET", path).await;

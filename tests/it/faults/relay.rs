@@ -369,6 +369,17 @@ async fn a_thousand_subscribers_stream_while_one_stops_reading() {
         metrics.contains("litestream_sidecar_relay_write_stalls_total 1\n"),
         "{metrics}"
     );
+    // The log is read on a thread of its own, and may be a line behind the metric: wait for the subscription's
+    // end, logged after its warning.
+    crate::support::eventually("the stalled subscription's end logged", || {
+        sidecar
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e["message"] == "subscription ended" && e["outcome"] == "ClientStalled")
+    })
+    .await;
     let warnings = sidecar.warnings();
     let stalls: Vec<_> = warnings
         .iter()
