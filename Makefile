@@ -55,10 +55,12 @@ test-image:
 
 # Also every config key's meaning in sidecar.toml and docs/configuration.md against its doc comment (the
 # config_reference example; `cargo run --example config_reference -- --write` rewrites both), and the Kubernetes
-# examples: the schema and what the guides promise of them (scripts/lint-kubernetes.sh).
+# examples: the schema and what the guides promise of them (scripts/lint-kubernetes.sh), and the code's docs: every
+# link in them resolves (rustdoc, private items included).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps --document-private-items --quiet
 	$(CARGO) run --locked --quiet --example config_reference -- --check
 	scripts/lint-kubernetes.sh
 

@@ -17,6 +17,9 @@
 
 // Denied rather than forbidden so that `net::sockopt` alone can allow it.
 #![deny(unsafe_code)]
+// The library is the daemon's inside, read with `cargo doc --document-private-items`: its module docs name the
+// private files and items that do the work.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod app;
 pub mod cleanup;

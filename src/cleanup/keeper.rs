@@ -3,9 +3,10 @@
 //! At start it creates or migrates the sidecar's schema, imports a state file an earlier release left (once: it is
 //! renamed after), and reads the shard's memory for the cleanup loop. Then every change of the open reservations
 //! is written within moments, and a status goes out only once its reservation's row has committed
-//! ([`Registry::durable`]): a view-syncer that starts to restore must not depend on a reservation that only this
-//! process knows. Subscribers' rows and a heartbeat for every row it holds follow every [`HEARTBEAT`], and sooner
-//! when a subscriber comes or goes; a subscription's row is written in the transaction that ends its reservation.
+//! ([`crate::cleanup::reservations::Registry::durable`]): a view-syncer that starts to restore must not depend on
+//! a reservation that only this process knows. Subscribers' rows and a heartbeat for every row it holds follow
+//! every [`HEARTBEAT`], and sooner when a subscriber comes or goes; a subscription's row is written in the
+//! transaction that ends its reservation.
 //!
 //! While the change DB cannot be written, statuses wait and cleanup holds ([`Memory::Unwritable`]).
 

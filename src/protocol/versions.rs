@@ -99,7 +99,8 @@ pub struct Known {
     pub source: Option<Source>,
     /// Since when `versions` has been what it is (wall clock).
     pub since: Option<SystemTime>,
-    /// When the upstream last said it: a client refused on an older range has it asked again ([`RECHECK_AFTER`]).
+    /// When the upstream last said it: a client refused on an older range has it asked again
+    /// ([`crate::streamer::protocols::RECHECK_AFTER`]).
     pub confirmed: Option<Instant>,
     /// A probe is under way.
     pub probing: bool,

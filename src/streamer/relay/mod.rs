@@ -237,9 +237,9 @@ impl Side {
     }
 }
 
-/// One relayed connection as a state machine without I/O: [`handle_changes`] owns the sockets, asks what to read
-/// and write ([`Relay::wants_read`], [`Relay::wants_write`], [`Relay::is_done`]), writes the outboxes, and feeds
-/// every socket event to one of the `on_*` methods.
+/// One relayed connection as a state machine without I/O: [`driver::handle_changes`] owns the sockets, asks what
+/// to read and write ([`Relay::wants_read`], [`Relay::wants_write`], [`Relay::is_done`]), writes the outboxes, and
+/// feeds every socket event to one of the `on_*` methods.
 struct Relay<'a> {
     ctx: &'a RelayContext,
     /// The protocol version of the request's path.
