@@ -131,14 +131,23 @@ for major in $MAJORS; do
   version=$("$bin/postgres" --version | awk '{print $3}')
   [[ ${version%%.*} == "$major" ]] || { echo "with-postgres: $bin is PostgreSQL $version, not $major" >&2; exit 1; }
   data=$TMP/data$major
-  port=$(free_port)
   as_owner "$bin/initdb" -D "$data" -A trust -U postgres --no-sync -E UTF8 >"$TMP/initdb$major.log" 2>&1 \
     || { cat "$TMP/initdb$major.log" >&2; exit 1; }
   STARTED+=("$bin|$data")
-  as_owner "$bin/pg_ctl" -D "$data" -l "$TMP/postgres$major.log" -w -t 60 start \
-    -o "-p $port -k $TMP -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
-        -c full_page_writes=off -c wal_level=logical -c max_connections=200" >/dev/null \
-    || { cat "$TMP/postgres$major.log" >&2; exit 1; }
+  # The port was free when it was picked; anything on the machine may take it before PostgreSQL binds it (the
+  # local port of an outgoing connection, say): then another is picked.
+  for attempt in 1 2 3 4 5; do
+    port=$(free_port)
+    as_owner "$bin/pg_ctl" -D "$data" -l "$TMP/postgres$major.log" -w -t 60 start \
+      -o "-p $port -k $TMP -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
+          -c full_page_writes=off -c wal_level=logical -c max_connections=200" >/dev/null && break
+    if [[ $attempt -lt 5 ]] && grep -q "could not bind" "$TMP/postgres$major.log"; then
+      echo "with-postgres: port $port was taken before PostgreSQL $major bound it; another" >&2
+      continue
+    fi
+    cat "$TMP/postgres$major.log" >&2
+    exit 1
+  done
   url="postgres://postgres@127.0.0.1:$port/postgres"
   URLS+=("$major=$url")
   if [[ -z ${SIDECAR_TEST_DATABASE_URL:-} ]]; then
