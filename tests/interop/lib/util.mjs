@@ -29,12 +29,16 @@ function alive(pid) {
   }
 }
 
-/** Records `port` as this process's, unless a live process holds it; a dead one's record is taken over. */
+/**
+ * Records `port` as this process's until it exits, unless a live process holds it; a dead one's record is taken
+ * over.
+ */
 export function reservePort(port) {
   const file = join(RESERVED, String(port));
   for (let attempt = 0; attempt < 2; attempt++) {
     try {
       writeFileSync(file, String(process.pid), {flag: 'wx'});
+      handedOut.add(port);
       return true;
     } catch (e) {
       if (e.code === 'ENOENT') {
@@ -61,8 +65,9 @@ export function reservePort(port) {
 
 process.on('exit', () => {
   for (const port of handedOut) {
+    const file = join(RESERVED, String(port));
     try {
-      if (readFileSync(join(RESERVED, String(port)), 'utf8') === String(process.pid)) unlinkSync(join(RESERVED, String(port)));
+      if (readFileSync(file, 'utf8') === String(process.pid)) unlinkSync(file);
     } catch {
       // gone already
     }
@@ -107,7 +112,6 @@ export async function freePort({alsoV6 = false} = {}) {
     if (!(await canListen(port, '127.0.0.1'))) continue;
     if (alsoV6 && !(await canListen(port, '::1'))) continue;
     if (!reservePort(port)) continue;
-    handedOut.add(port);
     return port;
   }
   throw new Error(`no free port in ${low}-${high}`);

@@ -66,8 +66,13 @@ test("a port this process holds is not another's, and freePort never hands it ou
   assert.equal(readFileSync(join(dir, String(port)), 'utf8'), String(process.pid));
 });
 
-test('a process that exits releases what it held', async () => {
+test('a process that exits releases what it held, ports reserved by number too', async () => {
   const other = await holder(null, {exit: true});
   await other.exited;
   assert.equal(existsSync(join(dir, String(other.port))), false, `${readdirSync(dir)}`);
+  const port = other.port + 1;
+  const byNumber = await holder(port, {exit: true});
+  assert.equal(byNumber.held, true);
+  await byNumber.exited;
+  assert.equal(existsSync(join(dir, String(port))), false, `${readdirSync(dir)}`);
 });
