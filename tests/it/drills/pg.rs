@@ -79,7 +79,7 @@ fn behind(sidecar: &Sidecar) -> SubscriberHandle {
 }
 
 /// Lets the subscriber from [`behind`] go, and waits until the policy no longer tracks it (past its reconnect
-/// grace, 2 s) and a check has decided without it.
+/// grace, 2 s): the checks that follow decide without it.
 async fn let_go(sidecar: &Sidecar, behind: SubscriberHandle) {
     drop(behind);
     within(
@@ -93,7 +93,27 @@ async fn let_go(sidecar: &Sidecar, behind: SubscriberHandle) {
         },
     )
     .await;
-    decisions(sidecar, 1).await;
+}
+
+/// Waits (up to 60 s) until the purge has left exactly `left` of `all`, failing as soon as more is seen gone, and
+/// for the checks to settle with nothing more to purge.
+async fn purged_to(
+    sidecar: &Sidecar,
+    db: &TestSchema,
+    all: &[(String, i64)],
+    left: &[(String, i64)],
+) {
+    within("the purge", Duration::from_secs(60), || async {
+        let rows = db.rows().await;
+        assert!(
+            rows == all || rows == left,
+            "purged past the proof: {rows:?}"
+        );
+        rows == left
+    })
+    .await;
+    settles_on(sidecar, hold(HoldReason::NothingNew)).await;
+    assert_eq!(db.rows().await, left);
 }
 
 /// No status on `raw` for `pings` pings (100 ms apart).
@@ -216,17 +236,7 @@ async fn restore_proofs_without_any_gauge_bound_the_purge_and_the_statuses() {
     );
 
     // The proof ages past the cleanup delay (30 s): the purge goes below wm(3), never further.
-    within("the purge below wm(3)", Duration::from_secs(60), || async {
-        let rows = db.rows().await;
-        assert!(
-            rows == all || rows == rows_of(3, 5, 2),
-            "purged past the proof: {rows:?}"
-        );
-        rows == rows_of(3, 5, 2)
-    })
-    .await;
-    settles_on(&sidecar, hold(HoldReason::NothingNew)).await;
-    assert_eq!(db.rows().await, rows_of(3, 5, 2));
+    purged_to(&sidecar, &db, &all, &rows_of(3, 5, 2)).await;
     let json = report(&sidecar).await;
     assert_eq!(json["last_purge"]["before"], wm(3), "{json:#}");
     assert_eq!(json["drills"]["last_proof"]["proven_watermark"], wm(3));
@@ -424,17 +434,7 @@ async fn a_middle_wal_segment_deleted_under_restore_is_restored_less_until_a_dri
         report(&sidecar).await["drills"]["restored_less"],
         Value::Null
     );
-    within("the purge below wm(4)", Duration::from_secs(60), || async {
-        let rows = db.rows().await;
-        assert!(
-            rows == all || rows == rows_of(4, 4, 1),
-            "purged past the proof: {rows:?}"
-        );
-        rows == rows_of(4, 4, 1)
-    })
-    .await;
-    settles_on(&sidecar, hold(HoldReason::NothingNew)).await;
-    assert_eq!(db.rows().await, rows_of(4, 4, 1));
+    purged_to(&sidecar, &db, &all, &rows_of(4, 4, 1)).await;
     left_nothing(&sidecar, &rig.drill_dir()).await;
     sidecar.stop().await;
     db.drop().await;
