@@ -662,10 +662,13 @@ scenario('7. cold start with the first backup late, the gauge hidden from Zero: 
   const pinnedAt = Date.parse(pinned.timestamp);
   const waiting = samples.filter(s => s.at < pinnedAt);
   const [first, last] = [waiting[0], waiting.at(-1)];
-  assert.ok(first && first.at < openedAt + PING_INTERVAL_MS, 'a look at the socket before the first ping');
+  assert.ok(first, 'a look at the socket while the reservation waited');
+  // The socket the reservation opened on, as the sidecar logged its peer: however late the first look came on a
+  // loaded machine, a socket reopened since would show another port.
+  const openedOn = field(opened, 'peer');
   for (const s of waiting) {
     assert.equal(s.sockets.length, 1, `one connection to the sidecar while waiting: ${JSON.stringify(s.sockets)}`);
-    assert.equal(s.sockets[0].local, first.sockets[0].local, 'the same socket all along (never reopened)');
+    assert.equal(s.sockets[0].local, openedOn, 'the socket the reservation opened on, all along (never reopened)');
   }
   // The status follows the first backup (the sidecar's next check, then a listing of the destination).
   const backupSeen = samples.find(s => s.backedUp !== null);
@@ -683,12 +686,13 @@ scenario('7. cold start with the first backup late, the gauge hidden from Zero: 
   assert.equal(received % 2, 0, `only 2-byte pings reached the view-syncer before its status (${received} bytes)`);
   assert.equal(sent % 6, 0, `only 6-byte pongs left it (${sent} bytes)`);
   const [pings, pongs] = [received / 2, sent / 6];
-  const due = Math.floor((last.at - openedAt) / PING_INTERVAL_MS);
-  assert.ok(Math.abs(pings - due) <= 1, `a ping every ${PING_INTERVAL_MS} ms: ${pings} in ${last.at - openedAt} ms`);
+  // The pings due between the first look and the last.
+  const due = Math.floor((last.at - openedAt) / PING_INTERVAL_MS) - Math.floor((first.at - openedAt) / PING_INTERVAL_MS);
+  assert.ok(Math.abs(pings - due) <= 1, `a ping every ${PING_INTERVAL_MS} ms: ${pings} in ${last.at - first.at} ms`);
   assert.ok(pongs >= pings - 1 && pongs <= pings, `the view-syncer answered them (${pongs} pongs to ${pings} pings)`);
   const measured = `reservation open ${(waitMs / 1000).toFixed(1)} s before its status (first upload held back ` +
-    `${FIRST_UPLOAD_DELAY_MS / 1000} s); ${pings} pings sent and ${pongs} pongs answered in the first ` +
-    `${((last.at - openedAt) / 1000).toFixed(1)} s of it, on one socket; no restore attempted meanwhile; status ` +
+    `${FIRST_UPLOAD_DELAY_MS / 1000} s); ${pings} pings sent and ${pongs} pongs answered from ` +
+    `${((first.at - openedAt) / 1000).toFixed(1)} s to ${((last.at - openedAt) / 1000).toFixed(1)} s of it, on one socket; no restore attempted meanwhile; status ` +
     `${backupSeen ? `${((pinnedAt - backupSeen.at) / 1000).toFixed(1)} s after the gauge's first backup was seen` : 'sent'}`;
   ctx.diagnostic(`cold start: ${measured}`);
 
