@@ -607,13 +607,21 @@ async fn litestream_killed_mid_upload_leaves_a_proven_watermark_that_bounds_clea
     let sidecar = sidecar(&rig, &db, &rig.litestream.metrics_url(), "restore", "").await;
     let _subscriber = sidecar.subscribers.connect(subscriber("vs-1", &wm(N)));
 
-    // Steady writes: the replicator applies a transaction every 100 ms.
+    // Steady writes: the replicator applies a transaction every 100 ms. The last five wait for litestream's kill,
+    // so that some are never uploaded however slowly the machine runs.
     let path = rig.replica.path.clone();
-    let writer = std::thread::spawn(move || {
-        let replica = Replica::open(&path);
-        for n in 1..=N {
-            replica.apply(&wm(n), 1);
-            std::thread::sleep(Duration::from_millis(100));
+    let killed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = std::thread::spawn({
+        let killed = killed.clone();
+        move || {
+            let replica = Replica::open(&path);
+            for n in 1..=N {
+                while n > N - 5 && !killed.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                replica.apply(&wm(n), 1);
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
     });
     // Once litestream has uploaded a few, it is killed wherever it is.
@@ -626,6 +634,7 @@ async fn litestream_killed_mid_upload_leaves_a_proven_watermark_that_bounds_clea
     .await;
     rig.litestream.kill();
     let at_kill = rig.replica.state_version();
+    killed.store(true, std::sync::atomic::Ordering::SeqCst);
     writer.join().unwrap();
     assert_eq!(rig.replica.state_version(), wm(N));
 
